@@ -1,0 +1,32 @@
+# rlkit: `make test` and (with the notebooks/book issue) `make reproduce` do all the set-up themselves.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+# CPU wheel served on the dev/CI machines; an unpinned torch would pull a multi-GB CUDA build.
+TORCH  := torch==2.13.0
+STAMP  := $(VENV)/.installed
+
+.PHONY: venv test test-fast lint clean help
+
+help:
+	@echo "make venv      create .venv and install rlkit with all extras (+ torch, verl)"
+	@echo "make test      make venv, then run the whole test suite"
+	@echo "make clean     remove .venv and caches"
+
+venv: $(STAMP)
+
+# Re-installs only when the dependency list changes; otherwise `make venv` takes well under a second.
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet "$(TORCH)"
+	$(PIP) install --quiet "$(TORCH)" -e ".[dev,notebooks,book,verl]"
+	$(PY) -c "import torch, verl, rlkit; print('torch', torch.__version__, '| verl', verl.__version__, '| rlkit', rlkit.__version__)"
+	touch $(STAMP)
+
+test: venv
+	$(PY) -m pytest -q -p no:cacheprovider
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

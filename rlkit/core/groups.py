@@ -1,0 +1,82 @@
+"""Per-group statistics keyed by prompt id, vectorized with scatter ops (no Python loop over samples or groups).
+
+``group_ids`` may be an integer tensor, a list, or a numpy array of any hashable ids (verl passes uid
+strings in a numpy object array). :func:`group_index` maps them once to dense integers ``0..G-1``
+(first-appearance order, via ``pandas.factorize``, a C hash table); every statistic is then an
+``index_add_`` over that index.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+Tensor = torch.Tensor
+
+
+def group_index(group_ids: Any, device: torch.device | str | None = None) -> tuple[Tensor, int]:
+    """Dense group index ``(B,)`` (int64) and the number of groups ``G`` for any 1-D sequence of hashable ids."""
+    if isinstance(group_ids, Tensor):
+        if group_ids.dim() != 1:
+            raise ValueError(f"group_ids must be 1-D, got shape {tuple(group_ids.shape)}")
+        group_ids = group_ids.detach().cpu().numpy()
+    if isinstance(group_ids, np.ndarray):
+        if group_ids.ndim != 1:
+            raise ValueError(f"group_ids must be 1-D, got shape {group_ids.shape}")
+        values = group_ids
+    else:
+        values = np.empty(len(group_ids), dtype=object)  # keeps tuples and mixed types as single ids
+        values[:] = list(group_ids)
+    codes, uniques = pd.factorize(values, use_na_sentinel=True)
+    if (codes < 0).any():
+        raise ValueError("group_ids contains missing values (None or NaN); every sample needs a group id")
+    return torch.as_tensor(codes, dtype=torch.long, device=device), len(uniques)
+
+
+def group_sum(values: Tensor, index: Tensor, num_groups: int) -> Tensor:
+    """Σ of ``values`` ``(B,)`` within each group → ``(G,)``."""
+    out = torch.zeros(num_groups, dtype=values.dtype, device=values.device)
+    return out.index_add(0, index.to(values.device), values)
+
+
+def group_mean_std(
+    values: Tensor,
+    index: Tensor,
+    num_groups: int,
+    *,
+    mask: Tensor | None = None,
+    unbiased: bool = True,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-group mean, std and count → three ``(G,)`` tensors.
+
+    ``values`` is ``(B,)`` (one value per sample) or ``(B, T)`` with a ``mask``: then every valid token is one
+    observation, so the mean is length-weighted (HAPO's token-level group statistics). Two-pass, so the
+    variance does not cancel catastrophically. With ``unbiased`` a group of one has std 0 (callers such as
+    :func:`rlkit.methods.grpo.grpo_advantage` apply their own size-1 convention).
+    """
+    index = index.to(values.device)
+    if values.dim() == 1:
+        if mask is not None:
+            raise ValueError("mask is only meaningful for (B, T) values")
+        weights = torch.ones_like(values)
+    elif values.dim() == 2:
+        if mask is None:
+            raise ValueError("(B, T) values need the (B, T) response mask")
+        weights = mask.to(values.dtype)
+        values = torch.where(weights.bool(), values, torch.zeros_like(values))
+    else:
+        raise ValueError(f"values must be (B,) or (B, T), got shape {tuple(values.shape)}")
+
+    def per_group(x: Tensor) -> Tensor:  # Σ over a sample's valid tokens, then over the group
+        return group_sum(x if x.dim() == 1 else x.sum(-1), index, num_groups)
+
+    count = per_group(weights)
+    mean = per_group(values * weights) / count.clamp(min=1.0)
+    centred = values - (mean[index].unsqueeze(-1) if values.dim() == 2 else mean[index])
+    sq = per_group(centred**2 * weights)
+    denom = (count - 1.0).clamp(min=1.0) if unbiased else count.clamp(min=1.0)
+    var = torch.where(count > (1.0 if unbiased else 0.0), sq / denom, torch.zeros_like(sq))
+    return mean, var.sqrt(), count

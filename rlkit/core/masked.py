@@ -1,0 +1,62 @@
+"""Masked reductions over a ``(B, T)`` response mask.
+
+``mask`` is 1 for tokens the policy generated and 0 for padding and tool output. Masks are 0/1 (bool, int or
+float); an empty mask gives a mean of 0 rather than NaN. Values outside the mask may be anything, NaN
+included: they never reach a result.
+"""
+
+from __future__ import annotations
+
+import torch
+
+Tensor = torch.Tensor
+
+
+def masked_sum(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Σ values·mask over ``dim`` (all elements when ``dim`` is None)."""
+    mask = mask.to(values.dtype)
+    kept = torch.where(mask.bool(), values, torch.zeros_like(values))
+    return (kept * mask).sum() if dim is None else (kept * mask).sum(dim=dim)
+
+
+def masked_count(mask: Tensor, dim: int | None = None) -> Tensor:
+    """Number of valid elements (as float) over ``dim``."""
+    mask = mask.float()
+    return mask.sum() if dim is None else mask.sum(dim=dim)
+
+
+def masked_mean(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Σ values·mask / Σ mask; 0 where the mask is empty."""
+    count = masked_count(mask, dim).to(values.dtype)
+    return masked_sum(values, mask, dim) / count.clamp(min=1.0)
+
+
+def masked_var(values: Tensor, mask: Tensor, *, unbiased: bool = True) -> Tensor:
+    """Variance of the valid elements (two-pass). ``unbiased`` applies Bessel's n/(n−1); n ≤ 1 gives 0."""
+    mean = masked_mean(values, mask)
+    var = masked_mean((values - mean) ** 2, mask)
+    if unbiased:
+        n = masked_count(mask).to(values.dtype)
+        var = torch.where(n > 1, var * n / (n - 1).clamp(min=1.0), torch.zeros_like(var))
+    return var
+
+
+def masked_std(values: Tensor, mask: Tensor, *, unbiased: bool = True) -> Tensor:
+    """Standard deviation of the valid elements (see :func:`masked_var`)."""
+    return masked_var(values, mask, unbiased=unbiased).sqrt()
+
+
+def masked_whiten(values: Tensor, mask: Tensor, *, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
+    """(x − μ)/√(σ² + eps) with μ, σ² (unbiased) over the valid elements; μ is added back if not ``shift_mean``."""
+    mean = masked_mean(values, mask)
+    whitened = (values - mean) * torch.rsqrt(masked_var(values, mask) + eps)
+    return whitened if shift_mean else whitened + mean
+
+
+def check_shapes(mask: Tensor, **tensors: Tensor | None) -> None:
+    """Raise a ValueError naming any ``(B, T)`` tensor whose shape differs from the mask's (None is skipped)."""
+    if mask.dim() != 2:
+        raise ValueError(f"mask must be (B, T), got shape {tuple(mask.shape)}")
+    for name, t in tensors.items():
+        if t is not None and t.shape != mask.shape:
+            raise ValueError(f"{name} has shape {tuple(t.shape)} but the response mask is {tuple(mask.shape)}")

@@ -1,0 +1,1 @@
+"""aepo: being written (placeholder so the package imports)."""

@@ -1,0 +1,1 @@
+"""aspo: being written (placeholder so the package imports)."""

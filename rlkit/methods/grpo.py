@@ -1,0 +1,112 @@
+"""GRPO — the baseline every other method is compared to.
+
+Shao et al., *DeepSeekMath* (arXiv 2402.03300), §4.1, outcome supervision:
+
+    Â_i = (r_i − mean_j r_j) / (std_j r_j + ε),   j over the G responses to the same prompt      (group advantage)
+
+broadcast to every response token, trained with the PPO clipped surrogate (:mod:`rlkit.core.ppo`).
+
+Conventions are verl's ``compute_grpo_outcome_advantage`` (0.9.1), so a run moves between rlkit and verl
+without changing a number:
+
+- std is the unbiased (Bessel) std; ε = 1e-6 is added to it, not to the variance;
+- an all-equal group gets Â = 0 (its std is 0 and the numerator is 0);
+- a group of one response gets mean 0 and std 1, i.e. Â = r / (1 + ε) — verl's choice, kept for equivalence.
+  (It is not a baseline at all: SPO, :mod:`rlkit.methods.spo`, is the method for one response per prompt.)
+
+Deviations: none from verl. ``norm_by_std=False`` drops the std (Dr. GRPO, arXiv 2503.20783).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rlkit.core.groups import group_index, group_mean_std
+from rlkit.core.masked import check_shapes
+from rlkit.core.ppo import clipped_surrogate, log_ratio, reduce_policy_loss
+from rlkit.registry import register_advantage, register_policy_loss
+
+Tensor = torch.Tensor
+
+
+@dataclass
+class Config:
+    """GRPO hyperparameters (DeepSeekMath; verl's defaults)."""
+
+    norm_by_std: bool = True
+    """Divide by the group std (GRPO); False is Dr. GRPO's mean-only baseline."""
+    eps: float = 1e-6
+    """Added to the group std."""
+    clip_low: float = 0.2
+    """ε_low: the ratio is clipped below at 1 − clip_low."""
+    clip_high: float = 0.2
+    """ε_high: the ratio is clipped above at 1 + clip_high (DAPO's clip-higher uses 0.28)."""
+    clip_c: float | None = None
+    """Dual-clip constant c > 1 for negative advantages (verl uses 3.0); None disables it."""
+    agg: str = "token-mean"
+    """Loss aggregation (see :mod:`rlkit.core.aggregation`)."""
+
+
+def _sequence_rewards(rewards: Tensor, mask: Tensor) -> Tensor:
+    if rewards.dim() != 1 or rewards.shape[0] != mask.shape[0]:
+        raise ValueError(
+            f"rewards must be one scalar per response, shape ({mask.shape[0]},); got {tuple(rewards.shape)} "
+            "(for verl's token-level rewards pass token_level_rewards.sum(-1))"
+        )
+    return rewards.detach()
+
+
+@register_advantage("grpo")
+def grpo_advantage(
+    rewards: Tensor, group_ids: Any, mask: Tensor, *, norm_by_std: bool = True, eps: float = 1e-6
+) -> Tensor:
+    """Group-relative advantage ``(B, T)``: (r − group mean) / (group std + eps), broadcast over the mask.
+
+    ``rewards`` ``(B,)``; ``group_ids`` ``(B,)`` ids of any hashable type (the prompt each response answers).
+    """
+    check_shapes(mask)
+    rewards = _sequence_rewards(rewards, mask)
+    index, num_groups = group_index(group_ids, rewards.device)
+    if index.shape[0] != rewards.shape[0]:
+        raise ValueError(f"{index.shape[0]} group ids for {rewards.shape[0]} rewards")
+    mean, std, count = group_mean_std(rewards, index, num_groups)
+    single = count == 1  # verl: a lone response keeps its raw reward (mean 0, std 1)
+    mean = torch.where(single, torch.zeros_like(mean), mean)
+    std = torch.where(single, torch.ones_like(std), std)
+    centred = rewards - mean[index]
+    adv = centred / (std[index] + eps) if norm_by_std else centred
+    return adv.unsqueeze(-1) * mask.to(adv.dtype)
+
+
+@register_policy_loss("ppo")
+def ppo_clip_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    adv: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    clip_c: float | None = None,
+    agg: str = "token-mean",
+    behav_logp: Tensor | None = None,
+    behav_imp_weight_cap: float | None = None,
+    loss_scale_factor: float | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """PPO clipped surrogate on token ratios r_t = π_θ/π_old (GRPO's loss; verl's ``vanilla``).
+
+    ``behav_logp`` switches on AReaL's decoupled form (:func:`rlkit.core.ppo.behaviour_weights`).
+    Returns ``(loss, metrics)`` with verl's metric names.
+    """
+    check_shapes(mask, logp=logp, old_logp=old_logp, adv=adv, behav_logp=behav_logp)
+    log_r = log_ratio(logp, old_logp)
+    loss_mat, clipped, dual = clipped_surrogate(
+        log_r.exp(), adv, clip_low=clip_low, clip_high=clip_high, clip_c=clip_c
+    )
+    return reduce_policy_loss(
+        loss_mat, mask, log_r=log_r, clipped=clipped, dual_clipped=dual, agg=agg, old_logp=old_logp,
+        behav_logp=behav_logp, behav_imp_weight_cap=behav_imp_weight_cap, loss_scale_factor=loss_scale_factor,
+    )

@@ -1,0 +1,1 @@
+"""hapo: being written (placeholder so the package imports)."""

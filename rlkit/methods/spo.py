@@ -1,0 +1,1 @@
+"""spo: being written (placeholder so the package imports)."""
