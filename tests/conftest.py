@@ -1,0 +1,41 @@
+"""Shared random batches for the math tests."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+torch.set_num_threads(1)  # CI has 2 cores; small tensors run fastest single-threaded
+
+
+def make_batch(seed: int, *, B: int | None = None, T: int | None = None, noise: float = 0.3, empty_rows: bool = False):
+    """A random RL batch: left-aligned response masks of random lengths, log-probs, old log-probs, advantages."""
+    g = torch.Generator().manual_seed(seed)
+    B = B or int(torch.randint(2, 12, (1,), generator=g))
+    T = T or int(torch.randint(1, 9, (1,), generator=g))
+    lengths = torch.randint(0 if empty_rows else 1, T + 1, (B,), generator=g)
+    if not empty_rows:
+        lengths[0] = T
+    mask = (torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)).float()
+    logp = -3.0 * torch.rand(B, T, generator=g, dtype=torch.float64)
+    old_logp = logp + noise * torch.randn(B, T, generator=g, dtype=torch.float64)
+    adv = torch.randn(B, T, generator=g, dtype=torch.float64)
+    return {"logp": logp, "old_logp": old_logp, "adv": adv, "mask": mask.double(), "lengths": lengths, "gen": g}
+
+
+def make_groups(seed: int, B: int, *, kind: str = "int") -> tuple[object, torch.Tensor]:
+    """Random group ids (ints, strings, or a numpy object array of strings as verl passes) and binary rewards."""
+    g = torch.Generator().manual_seed(10_000 + seed)
+    n_groups = int(torch.randint(1, max(2, B // 2) + 1, (1,), generator=g))
+    raw = torch.randint(0, n_groups, (B,), generator=g)
+    rewards = torch.randint(0, 2, (B,), generator=g).double()
+    if kind == "int":
+        return raw, rewards
+    ids = np.array([f"uid-{int(i)}" for i in raw], dtype=object)
+    return (ids if kind == "numpy" else list(ids)), rewards
+
+
+@pytest.fixture
+def seeds():
+    return range(24)
