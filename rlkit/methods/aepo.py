@@ -1,1 +1,194 @@
-"""aepo: being written (placeholder so the package imports)."""
+"""AEPO — Agentic Entropy-Balanced Policy Optimization.
+
+Dong et al., arXiv 2510.14545 (official code: RUC-NLPIR/ARPO, ``AEPO/``). ARLArena (arXiv 2602.21534) ships
+it as ``loss_mode="aepo"`` and calls it "Adaptive Entropy Policy Optimization": same method. The advantage
+is GRPO's (:func:`rlkit.methods.grpo.grpo_advantage`); everything else happens inside the loss.
+
+Entropy-aware advantage, with μ_H, σ_H the mean and unbiased std of the token entropy over the valid tokens
+of the batch passed in (verl: the micro-batch), σ_H := 1 when it is 0:
+
+    H̃_t = (H_t − μ_H) / σ_H,        Ã_t = A_t · (1 + a·H̃_t),   a = 0.2,   H detached
+
+Entropy-clipping-balanced (stop-gradient) objective, written as a loss, r_t = π_θ/π_old:
+
+    ℓ_t = max( −Ã_t·r_t,  −Ã_t·clip(r_t, 1−ε_l, (1+ε_h)/sg(r_t)·r_t) ),  then the dual clip −Ã_t·c for Ã_t < 0
+
+The upper bound equals 1+ε_h in the forward pass, so the loss value is PPO's; but a token clipped above
+(r > 1+ε_h, Ã > 0) keeps the gradient −(1+ε_h)·Ã w.r.t. log π_θ instead of PPO's 0. Tokens clipped below
+(r < 1−ε_l, Ã < 0) and dual-clipped ones still get 0. Aggregation: token-mean.
+
+Deviations:
+
+- ``variant="paper"`` (default) applies the stop-gradient bound to every token, as the paper and the ARPO
+  code do. ``variant="arlarena"`` reproduces ARLArena's ``compute_policy_loss_aepo``: its denominator is
+  the *live* r where H̃ > 0 and sg(r) where H̃ ≤ 0; d[(1+ε_h)/r·r]/dr = 0, so only below-mean-entropy tokens
+  keep the clipped gradient, the opposite of the paper's intent (METHODS.md §2).
+- ``entropy=None`` skips the advantage reshaping. That is what the released ARPO scripts ran: their actor
+  computes entropy only when ``entropy_coeff != 0`` and both configs set it to 0, so only the clip acted.
+  ARLArena always reshapes, hence ``variant="arlarena"`` requires ``entropy``.
+- Defaults ε_l/ε_h = 0.2/0.28 are ARLArena's math config; the ARPO scripts use 0.2/0.2.
+- The log-ratio is clamped to ±20 before ``exp`` (rlkit's and verl's guard; both AEPO codes omit it).
+- Masked positions of Ã are 0 (the ``adv·mask`` convention of :func:`~rlkit.methods.grpo.grpo_advantage`),
+  whatever the entropy or advantage holds there. The references reshape them with whatever is there.
+- The entropy is shifted by one valid value (the largest) before its statistics are taken, so a constant
+  entropy gives σ_H = 0 exactly (and Ã = A), where the references' float std can come out as rounding noise
+  and scatter H̃ over ±1. The result is otherwise the same.
+- Neither code clamps 1 + a·H̃: a token more than 1/a = 5 std below the mean entropy has its advantage's
+  sign flipped. rlkit keeps that; ``aepo/entropy_adv_scale/min`` shows when it happens.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from rlkit.core.masked import check_shapes, masked_mean, masked_std
+from rlkit.core.ppo import clipped_surrogate, log_ratio, reduce_policy_loss
+from rlkit.registry import register_policy_loss
+
+Tensor = torch.Tensor
+
+VARIANTS = ("paper", "arlarena")
+
+
+@dataclass
+class Config:
+    """AEPO hyperparameters (the paper's; ARLArena's math config for the clip)."""
+
+    coef: float = 0.2
+    """a in Ã = A·(1 + a·H̃): the weight of the standardized entropy (hard-coded 0.2 in both codes)."""
+    clip_low: float = 0.2
+    """ε_l: the ratio is clipped below at 1 − 0.2."""
+    clip_high: float = 0.28
+    """ε_h: the upper bound (1+ε_h)/sg(r)·r (ARLArena math config; the ARPO scripts use 0.2)."""
+    clip_c: float | None = 3.0
+    """Dual-clip constant c for negative advantages (both codes: 3.0); None disables it."""
+    agg: str = "token-mean"
+    """Loss aggregation (see :mod:`rlkit.core.aggregation`)."""
+    variant: str = "paper"
+    """"paper" (stop-gradient bound on all tokens) or "arlarena" (ARLArena's H̃ ≤ 0 gating)."""
+    use_entropy_advantage: bool = True
+    """Reshape A with the entropy. False: trainers pass no entropy, as the released ARPO scripts
+    effectively did (only the stop-gradient clip acts); valid with variant "paper" only."""
+
+    def __post_init__(self) -> None:
+        if self.variant not in VARIANTS:
+            raise ValueError(f"unknown AEPO variant {self.variant!r}; valid: {', '.join(VARIANTS)}")
+        if self.variant == "arlarena" and not self.use_entropy_advantage:
+            raise ValueError(
+                "variant 'arlarena' always reshapes the advantage with the entropy (ARLArena's code has no "
+                "switch); use_entropy_advantage=False is only meaningful with variant 'paper'"
+            )
+
+
+def _per_token(adv: Tensor, mask: Tensor) -> Tensor:
+    """``adv`` ``(B,)`` broadcast over the response, or ``(B, T)`` as is."""
+    check_shapes(mask)
+    if adv.dim() == 1:
+        if adv.shape[0] != mask.shape[0]:
+            raise ValueError(
+                f"adv {tuple(adv.shape)} needs one value per response of mask {tuple(mask.shape)}"
+            )
+        return adv.unsqueeze(-1).expand(mask.shape)
+    return adv
+
+
+def standardized_entropy(entropy: Tensor, mask: Tensor) -> Tensor:
+    """H̃ = (H − μ_H)/σ_H ``(B, T)`` over the valid tokens (unbiased σ, 1 if 0); detached, 0 where masked."""
+    check_shapes(mask, entropy=entropy)
+    valid = mask.bool()
+    h = entropy.detach()
+    h = h if h.is_floating_point() else h.float()
+    # Shift by the largest valid entropy: a constant entropy then has exactly zero deviations (σ_H = 0).
+    if h.numel():
+        pivot = torch.where(valid, h, torch.full_like(h, -math.inf)).amax()
+        h = h - torch.where(torch.isfinite(pivot), pivot, torch.zeros_like(pivot))
+    mean = masked_mean(h, valid)
+    std = masked_std(h, valid, unbiased=True)  # 0 for ≤ 1 valid token
+    std = torch.where(std > 0, std, torch.ones_like(std))
+    return torch.where(valid, (h - mean) / std, torch.zeros_like(h))
+
+
+def _reshape(adv: Tensor, h_tilde: Tensor, mask: Tensor, coef: float) -> Tensor:
+    if not math.isfinite(coef):
+        raise ValueError(f"coef must be finite, got {coef}")
+    return torch.where(mask.bool(), adv * (1.0 + coef * h_tilde), adv.new_zeros(()))
+
+
+def aepo_advantage(adv: Tensor, entropy: Tensor, mask: Tensor, *, coef: float = 0.2) -> Tensor:
+    """Entropy-aware advantage Ã = A·(1 + coef·H̃) ``(B, T)``; 0 at masked positions.
+
+    ``adv`` ``(B,)`` or ``(B, T)`` (e.g. GRPO's); ``entropy`` ``(B, T)``, detached here (no gradient flows
+    into it); ``mask`` ``(B, T)``. The statistics of H are over all valid tokens of the batch passed in.
+    """
+    adv = _per_token(adv, mask)
+    check_shapes(mask, adv=adv, entropy=entropy)
+    return _reshape(adv, standardized_entropy(entropy, mask), mask, coef)
+
+
+@register_policy_loss("aepo")
+def aepo_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    adv: Tensor,
+    mask: Tensor,
+    *,
+    entropy: Tensor | None = None,
+    coef: float = 0.2,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+    clip_c: float | None = 3.0,
+    agg: str = "token-mean",
+    variant: str = "paper",
+    behav_logp: Tensor | None = None,
+    behav_imp_weight_cap: float | None = None,
+    loss_scale_factor: float | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """AEPO's stop-gradient clipped loss (module doc); reshapes ``adv`` with ``entropy`` first if given.
+
+    ``logp``, ``old_logp``, ``entropy``, ``mask`` ``(B, T)``; ``adv`` ``(B,)`` or ``(B, T)``. Returns
+    ``(loss, metrics)``: verl's names, plus ``aepo/clipfrac_grad_kept`` (share of valid tokens clipped above
+    that keep the (1+ε_h)·Ã gradient) and, with ``entropy``, ``aepo/entropy_adv_scale/{mean,min}`` (1 + a·H̃).
+    """
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown AEPO variant {variant!r}; valid: {', '.join(VARIANTS)}")
+    if variant == "arlarena" and entropy is None:
+        raise ValueError("variant 'arlarena' gates the clip on the entropy's z-score H̃: pass entropy")
+    if not 0.0 <= clip_low < 1.0:
+        raise ValueError(f"clip_low must be in [0, 1) (the lower bound is 1 − clip_low), got {clip_low}")
+    if not clip_high >= 0.0:
+        raise ValueError(f"clip_high must be ≥ 0 (the upper bound is 1 + clip_high), got {clip_high}")
+    adv = _per_token(adv, mask)
+    check_shapes(mask, logp=logp, old_logp=old_logp, adv=adv, entropy=entropy, behav_logp=behav_logp)
+
+    metrics: dict[str, float] = {}
+    h_tilde = None
+    if entropy is not None:
+        h_tilde = standardized_entropy(entropy, mask)
+        adv = _reshape(adv, h_tilde, mask, coef)  # Ã_t = A_t·(1 + a·H̃_t)
+        scale = 1.0 + coef * h_tilde
+        metrics["aepo/entropy_adv_scale/mean"] = masked_mean(scale, mask).item()
+        metrics["aepo/entropy_adv_scale/min"] = scale[mask.bool()].min().item() if mask.bool().any() else 1.0
+
+    log_r = log_ratio(logp, old_logp)
+    ratio = log_r.exp()
+    if variant == "paper":
+        denom = ratio.detach()  # (1+ε_h)/sg(r)·r: value 1+ε_h, gradient (1+ε_h)·∂log π
+    else:
+        denom = torch.where(h_tilde > 0, ratio, ratio.detach())  # live r: the bound's gradient cancels to 0
+    upper = (1.0 + clip_high) / denom * ratio
+    clipped_ratio = torch.clamp(ratio, min=torch.full_like(ratio, 1.0 - clip_low), max=upper)
+    loss_mat, clipped, dual = clipped_surrogate(
+        ratio, adv, clip_low=clip_low, clip_high=clip_high, clip_c=clip_c, clipped_ratio=clipped_ratio
+    )
+    loss, base = reduce_policy_loss(
+        loss_mat, mask, log_r=log_r, clipped=clipped, dual_clipped=dual, agg=agg, old_logp=old_logp,
+        behav_logp=behav_logp, behav_imp_weight_cap=behav_imp_weight_cap, loss_scale_factor=loss_scale_factor,
+    )
+    kept = clipped & (adv > 0)
+    if variant == "arlarena":
+        kept = kept & (h_tilde <= 0)
+    base["aepo/clipfrac_grad_kept"] = masked_mean(kept.float(), mask).item()
+    return loss, {**base, **metrics}
