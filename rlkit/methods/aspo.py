@@ -1,1 +1,182 @@
-"""aspo: being written (placeholder so the package imports)."""
+"""ASPO — Advantage Shaping Policy Optimization.
+
+Lin & Xu, *Understanding Tool-Integrated Reasoning*, arXiv 2508.19201, §3.3. After the ordinary correctness
+advantage A_i (GRPO's or DAPO's, e.g. :func:`rlkit.methods.grpo.grpo_advantage`), a response that is correct
+**and** calls code gets a bounded bias that favours calling code early:
+
+    A_i ← A_i + clip( δ·(p_i − p̄)/L̄,  −k·|A_i|,  +k·|A_i| )                                         (Eq. 2)
+
+p_i is the token position of the first code call and L_i the response length; p̄ and L̄ are means over the
+eligible (correct ∧ code) responses of the *same group*. With δ < 0, code earlier than the group mean gets a
+positive bias; L̄ rather than std(p) keeps the bias finite when positions cluster. With k < 1 the shaped
+advantage keeps the sign of A_i: it lies in [(1−k)·A_i, (1+k)·A_i]. Every other response keeps A_i, and
+rewards, returns and the critic are never touched (only advantages come in). In an all-correct GRPO group
+A = 0, so the window is [0, 0]: ASPO acts in mixed groups only.
+
+Paper defaults (§4.5): δ = −2.0, k = 0.7 (conservative); δ = −2.5, k = 0.9 (aggressive). Code detection
+and token positions: :mod:`rlkit.tasks.tools`.
+
+Deviations:
+
+- The bounds are ±k·|A_i| where the paper writes ±k·A_i: identical in the paper's case (a correct response
+  in a mixed GRPO group has A_i > 0), and still a valid window when a base advantage (PPO/GAE) is negative.
+- ``(B, T)`` advantages (PPO/GAE): the base A_i is the token mean over the response mask and the bias is added
+  at every valid token, as in the verl port (masoudhashemi/verl ``apply_aspo_shaping``; third-party, read).
+- Optional ``code_pass`` gate (the port's ``require_code_pass``; not in the paper).
+- A group whose L̄ is not finite and positive is left alone (the port's degenerate-group rule).
+- The port reads correctness from the token-reward sum and puts a call found only in structured messages at
+  p = −1 into p̄; here ``correct`` is an input, and a response without a position is not eligible.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from rlkit.core.groups import group_index, group_sum
+from rlkit.core.masked import check_shapes, masked_mean
+from rlkit.registry import register_advantage
+from rlkit.tasks.tools import CodeDetection
+
+Tensor = torch.Tensor
+
+
+@dataclass
+class Config:
+    """ASPO hyperparameters (paper §4.5), under the verl recipe's names ``algorithm.aspo.*``."""
+
+    enabled: bool = True
+    """Apply the shaping (off by default in the verl recipe; on here: this Config is read only for ASPO)."""
+    delta: float = -2.0
+    """δ: bias per unit of (p_i − p̄)/L̄. Negative moves code earlier; −2.5 is the aggressive setting."""
+    k: float = 0.7
+    """Bias cap as a fraction of |A_i|, in [0, 1) (0.9 is the paper's aggressive setting)."""
+    require_code_pass: bool = False
+    """Only responses whose code ran successfully are eligible (needs per-sample ``code_pass``)."""
+    base_advantage: str = "grpo"
+    """Registered estimator whose advantage is shaped (the paper trains with DAPO, a GRPO variant)."""
+    code_detection: CodeDetection = field(default_factory=CodeDetection)
+    """Which code/tool-call detectors run (``algorithm.aspo.code_detection``)."""
+
+
+def _per_sample(x: Any, name: str, batch: int, device: torch.device) -> Tensor:
+    t = torch.as_tensor(x, device=device)
+    if t.dim() != 1 or t.shape[0] != batch:
+        raise ValueError(f"{name} must have one value per sample, shape ({batch},); got {tuple(t.shape)}")
+    return t
+
+
+def _flags(x: Any, name: str, batch: int, device: torch.device) -> Tensor:
+    t = _per_sample(x, name, batch, device)
+    if t.dtype == torch.bool:
+        return t
+    if not ((t == 0) | (t == 1)).all():
+        raise ValueError(f"{name} must be boolean or 0/1 per sample (for ±1 rewards pass rewards > 0)")
+    return t != 0
+
+
+@register_advantage("aspo")
+def aspo_shape(
+    adv: Tensor,
+    group_ids: Any,
+    correct: Any,
+    first_code_pos: Any,
+    lengths: Any,
+    *,
+    delta: float = -2.0,
+    k: float = 0.7,
+    code_pass: Any = None,
+    mask: Tensor | None = None,
+) -> Tensor:
+    """Eq. 2 applied to a base advantage → a new, detached tensor shaped like ``adv``.
+
+    A post-processor, not an estimator: ``adv`` is the base advantage, ``(B,)`` or ``(B, T)``; a ``(B, T)``
+    ``adv`` needs its response ``mask`` (keyword), and the bias goes on the valid tokens only. ``group_ids``
+    ``(B,)`` any hashable ids; ``correct`` and ``code_pass`` ``(B,)`` bool or 0/1; ``first_code_pos`` ``(B,)``
+    token index of the first call, NaN or negative where no code was used; ``lengths`` ``(B,)`` response
+    lengths, counted in the same token coordinates as the positions.
+    """
+    if not 0.0 <= k < 1.0:
+        raise ValueError(f"k must be in [0, 1) so a shaped advantage keeps the sign of A (Eq. 2); got {k}")
+    if not math.isfinite(delta):
+        raise ValueError(f"delta must be finite, got {delta}")
+    if delta >= 0:
+        warnings.warn(
+            f"ASPO delta = {delta} >= 0 does not move code earlier (δ > 0 rewards later code); "
+            "the paper uses -2.0 or -2.5",
+            stacklevel=2,
+        )
+    adv = adv.detach()  # an advantage is a constant of the policy loss
+    if adv.dim() == 1:
+        if mask is not None:
+            raise ValueError("mask is only used with (B, T) advantages; (B,) ones are per sample already")
+        base = adv
+    elif adv.dim() == 2:
+        if mask is None:
+            raise ValueError("(B, T) advantages need mask=: the base advantage A_i is their token mean")
+        check_shapes(mask, adv=adv)
+        base = masked_mean(adv, mask, dim=-1)  # (B,)
+    else:
+        raise ValueError(f"adv must be (B,) or (B, T), got shape {tuple(adv.shape)}")
+
+    batch, device = adv.shape[0], adv.device
+    dtype = torch.promote_types(adv.dtype, torch.float32)  # positions in the thousands do not fit bf16
+    index, num_groups = group_index(group_ids, device)
+    if index.shape[0] != batch:
+        raise ValueError(f"{index.shape[0]} group ids for {batch} advantages")
+    p = _per_sample(first_code_pos, "first_code_pos", batch, device).to(dtype)
+    length = _per_sample(lengths, "lengths", batch, device).to(dtype)
+    if (length < 0).any():
+        raise ValueError("lengths must be >= 0 (tokens per response)")
+    eligible = _flags(correct, "correct", batch, device) & torch.isfinite(p) & (p >= 0)
+    if code_pass is not None:
+        eligible &= _flags(code_pass, "code_pass", batch, device)
+
+    # p̄, L̄: means over the eligible responses of each group (Eq. 2)
+    zero = torch.zeros((), dtype=dtype, device=device)
+    n = group_sum(eligible.to(dtype), index, num_groups)  # (G,)
+    p_bar = group_sum(torch.where(eligible, p, zero), index, num_groups) / n.clamp(min=1.0)
+    l_bar = group_sum(torch.where(eligible, length, zero), index, num_groups) / n.clamp(min=1.0)
+    usable = (n > 0) & torch.isfinite(l_bar) & (l_bar > 0)  # degenerate groups are skipped
+    shaped = eligible & usable[index]  # (B,)
+
+    raw = delta * (p - p_bar[index]) / torch.where(usable, l_bar, torch.ones_like(l_bar))[index]
+    bound = k * base.to(dtype).abs()
+    bias = torch.where(shaped, torch.minimum(torch.maximum(raw, -bound), bound), zero).to(adv.dtype)
+    if adv.dim() == 1:
+        return torch.where(shaped, adv + bias, adv)
+    return torch.where(shaped.unsqueeze(-1) & mask.bool(), adv + bias.unsqueeze(-1), adv)
+
+
+def aspo_metrics(
+    first_code_pos: Any, correct: Any, code_calls: Any, code_pass: Any = None
+) -> dict[str, float]:
+    """The trainer's ASPO metrics for a batch (all inputs ``(B,)``; positions NaN or negative = no code).
+
+    ``aspo/first_code_pos/mean`` (over responses with code), ``aspo/code_ratio`` (share with code),
+    ``aspo/code_rounds/mean`` (calls per response, all responses), ``aspo/correct_code_ratio`` (share both
+    correct and with code) and, given ``code_pass``, ``aspo/code_pass_ratio`` (over responses with code).
+    A mean over no responses is NaN.
+    """
+    p = torch.as_tensor(first_code_pos).detach().to(torch.float64)
+    if p.dim() != 1:
+        raise ValueError(f"first_code_pos must be (B,), got shape {tuple(p.shape)}")
+    batch, device = p.shape[0], p.device
+    used = torch.isfinite(p) & (p >= 0)
+    calls = _per_sample(code_calls, "code_calls", batch, device).to(torch.float64)
+    right = _flags(correct, "correct", batch, device)
+    n_used = int(used.sum())
+    metrics = {
+        "aspo/first_code_pos/mean": p[used].mean().item() if n_used else math.nan,
+        "aspo/code_ratio": used.double().mean().item(),
+        "aspo/code_rounds/mean": calls.mean().item(),
+        "aspo/correct_code_ratio": (used & right).double().mean().item(),
+    }
+    if code_pass is not None:
+        passed = _flags(code_pass, "code_pass", batch, device)
+        metrics["aspo/code_pass_ratio"] = (passed & used).sum().item() / n_used if n_used else math.nan
+    return metrics
