@@ -1,1 +1,330 @@
-"""hapo: being written (placeholder so the package imports)."""
+"""HAPO — Heterogeneous Adaptive Policy Optimization.
+
+Liu, Liu, Wen, Cai, Cui, He, Zhang, arXiv 2509.16591 (v1: *From Uniform to Heterogeneous: Tailoring Policy
+Optimization to Every Token's Nature*). DAPO with four entropy-driven, per-token components, all keyed on one
+normalised entropy h̃ ∈ [−1, 1] (Eqs. 5–6):
+
+    ℓ = log H,   h = (ℓ − Q_ρ(ℓ)) / sqrt(mean (ℓ − Q_ρ(ℓ))²),   ρ = 0.8 (a pivot quantile, not the mean)
+    h̃ = h / max(h)  if h > 0,   h / |min h|  if h ≤ 0
+
+A. adaptive temperature (Eq. 8):   T_t = T·(1 + τ·h̃_t), h̃ from the untempered logits and the previous
+   step's statistics.
+B. token-level group average, TLGA (Eq. 9):   A_{i,t} = (r_i − μ_tok)/(σ_tok + ε), μ_tok and the population
+   σ_tok over every valid token of the group, so Σ_{i,t} A_{i,t} = 0 per group; a group with any |A| ≥ 5
+   falls back to GRPO's advantage.
+C. advantage redistribution (Eqs. 10–11):   A ← A·(1 + β·h̃) for a high-entropy token (h̃ > 0) whose ratio is
+   outside the neutral zone [1 − ε_L/2, 1 + ε_R/2], and for a low-entropy token (h̃ ≤ 0) inside it.
+D. adaptive clip (Eqs. 12–13):   ε_L(t) = ε_L·(1 − α·h̃) if h̃ ≤ 0;   ε_R(t) = ε_R·(1 + α·h̃) if h̃ > 0;
+   then PPO's clip with these per-token bounds and dual clip c = 10.
+
+The equations are from a v2 summary, not the PDF; the released code is ``starriver030515/HAPO``.
+
+Deviations:
+
+- **h̃ sign [CODE≠PAPER].** The released code multiplies h ≤ 0 by 1/min(h) < 0, so low-entropy tokens get
+  h̃ ≥ 0 and every token lands in [0, 1] (ε_L never shrinks, ε_R widens everywhere, low-entropy tokens sample
+  hotter). rlkit uses the paper's h/|min h| ∈ [−1, 0]; ``release_compat=True`` reproduces the code.
+- **τ = 0.05**, the value of every released recipe (the authors lower τ against collapse on Qwen); the paper
+  gives 0.1. The paper's Eq. 8 uses the unscaled h; the code, and rlkit, the clamped h̃, so T stays in
+  [T(1−τ), T(1+τ)].
+- **ε_R = 0.28** by default, the paper's DAPO clip-higher; the released recipes use 0.2/0.2.
+- The neutral zone is the closed interval; the code tests strict inequalities (they differ only on its edges).
+- TLGA's fallback looks at valid tokens only; the released code also tests padding positions, where it
+  writes −μ/σ (this matters only when the reward 0 lies outside a group's reward range). A group without valid
+  tokens gets 0, not the code's NaN.
+- The sampler normalises with the same h as the loss; the released sampler divides by std + 1e-6.
+- The pivot quantile is ``kthvalue`` at torch.quantile's "nearest" rank (round half to even), because
+  ``torch.quantile`` refuses more than 2²⁴ values and a full batch of long responses has more.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+
+from rlkit.core.entropy import entropy_from_logits
+from rlkit.core.groups import group_index, group_mean_std, group_sum
+from rlkit.core.masked import check_shapes, masked_mean
+from rlkit.core.ppo import clipped_surrogate, log_ratio, reduce_policy_loss
+from rlkit.methods.grpo import grpo_advantage
+from rlkit.registry import register_advantage, register_policy_loss
+
+Tensor = torch.Tensor
+
+#: Floor for entropies before the log, for the RMS and for max/min(h) (the released ``compute_entropy_h``'s).
+EPS = 1e-8
+
+
+@dataclass
+class Config:
+    """HAPO hyperparameters. Names are the released code's config keys; defaults the paper's, but for τ."""
+
+    adaptive_temperature: bool = True
+    """A: sample each token at T·(1 + τ·h̃) (the patched vLLM sampler's switch)."""
+    temperature: float = 1.0
+    """Base sampling temperature T."""
+    temperature_tau: float = 0.05
+    """τ, the temperature's relative range (every released recipe; the paper gives 0.1)."""
+    entropy_pivot: float = 0.8
+    """ρ: h is centred on the ρ-quantile of the log-entropies."""
+    adv_estimator: str = "hapo_tlga"
+    """B: the registered advantage estimator (the released code's ``adv_estimator=hapo``)."""
+    norm_by_std: bool = True
+    """Divide TLGA by the group's token std (``norm_adv_by_std_in_grpo``)."""
+    fallback_threshold: float | None = 5.0
+    """A group where some |A| reaches this falls back to GRPO; None never falls back."""
+    eps: float = 1e-6
+    """Added to the group std."""
+    adaptive_advantage: bool = True
+    """C: advantage redistribution."""
+    adv_beta: float = 1.0
+    """β, the redistribution strength."""
+    adaptive_clip: bool = True
+    """D: entropy-adaptive clip bounds."""
+    clip_alpha: float = 1.0
+    """α, the adaptive clip's strength."""
+    clip_low: float = 0.2
+    """ε_L, the base lower clip range."""
+    clip_high: float = 0.28
+    """ε_R, the base upper clip range (paper, DAPO clip-higher; the released recipes use 0.2)."""
+    clip_c: float | None = 10.0
+    """Dual-clip constant c for negative advantages (the recipes' ``clip_ratio_c``)."""
+    agg: str = "token-mean"
+    """Loss aggregation (see :mod:`rlkit.core.aggregation`)."""
+    release_compat: bool = False
+    """Reproduce the released code's h̃ ≥ 0 for low-entropy tokens (module doc, Deviations)."""
+
+
+class EntropyStats(NamedTuple):
+    """Batch statistics of the log-entropy: the released code's ``norm_entropys`` tuple, as 0-dim tensors."""
+
+    median: Tensor
+    """The pivot: the ρ-quantile of ℓ = log H over valid tokens."""
+    std: Tensor
+    """RMS of ℓ − pivot over valid tokens."""
+    scale_pos: Tensor
+    """1 / max(h), the largest positive h."""
+    scale_neg: Tensor
+    """1 / min(h), the most negative h (so a negative number)."""
+
+
+def _check_range(name: str, value: float, low: float, high: float) -> None:
+    if not low <= value <= high:
+        raise ValueError(f"{name} must lie in [{low}, {high}], got {value}")
+
+
+def _log_entropy(entropy: Tensor) -> Tensor:
+    dtype = torch.promote_types(entropy.dtype, torch.float32)
+    return entropy.detach().to(dtype).clamp_min(EPS).log()
+
+
+def entropy_stats(entropy: Tensor, mask: Tensor, *, pivot: float = 0.8) -> EntropyStats:
+    """Statistics of ℓ = log H over the valid tokens of ``entropy`` ``(B, T)`` (Eq. 5).
+
+    Degenerate batches stay finite: the RMS is floored at sqrt(1e-8) (all ℓ equal → h = 0 everywhere); with
+    no h > 0 (or no h < 0) the missing extreme is taken as ±1e-8, so such h̃ saturate at ±1 after the clamp.
+    """
+    check_shapes(mask, entropy=entropy)
+    _check_range("pivot", pivot, 0.0, 1.0)
+    ell = _log_entropy(entropy)[mask.bool()]
+    n = ell.numel()
+    if n == 0:
+        raise ValueError("entropy_stats needs at least one valid token (the mask is empty)")
+    # torch.quantile's "nearest" rank; Python's round is half-to-even like torch.round
+    median = ell.kthvalue(round(pivot * (n - 1)) + 1).values
+    centred = ell - median
+    std = centred.square().mean().clamp_min(EPS).sqrt()
+    h = centred / std
+    return EntropyStats(median, std, 1.0 / h.max().clamp_min(EPS), 1.0 / h.min().clamp_max(-EPS))
+
+
+def normalized_entropy(entropy: Tensor, stats: EntropyStats, *, release_compat: bool = False) -> Tensor:
+    """h̃ of each entry of ``entropy`` (any shape) under ``stats`` (Eq. 6), clamped to [−1, 1]; no gradient.
+
+    h̃ = h·scale_pos for h > 0 and h·|scale_neg| ∈ [−1, 0] for h ≤ 0; ``release_compat`` uses the released
+    h·scale_neg ≥ 0 instead, so h̃ ∈ [0, 1].
+    """
+    median, std, scale_pos, scale_neg = stats
+    h = (_log_entropy(entropy) - median) / std
+    neg_scale = scale_neg if release_compat else scale_neg.abs()
+    return torch.where(h > 0, h * scale_pos, h * neg_scale).clamp(-1.0, 1.0)
+
+
+def adaptive_temperature(
+    logits: Tensor,
+    temperature: float | Tensor,
+    stats: EntropyStats | None,
+    *,
+    tau: float = 0.05,
+    release_compat: bool = False,
+) -> Tensor:
+    """Per-row sampling temperature T·(1 + τ·h̃) ``logits.shape[:-1]`` (Eq. 8), h̃ of the untempered logits.
+
+    ``logits`` ``(..., V)``; ``temperature`` a float or a tensor that broadcasts to ``logits.shape[:-1]``.
+    ``stats`` None (the first step has no statistics yet) returns T unchanged.
+    """
+    if not 0.0 <= tau < 1.0:
+        raise ValueError(f"tau must lie in [0, 1) so that T·(1 − τ) > 0, got {tau}")
+    temperature = torch.as_tensor(temperature, device=logits.device)
+    rows = logits.shape[:-1]
+    if torch.broadcast_shapes(temperature.shape, rows) != rows:
+        raise ValueError(
+            f"temperature {tuple(temperature.shape)} must broadcast to the logits' rows {tuple(rows)}"
+        )
+    if not bool((temperature > 0).all()):
+        raise ValueError("temperature must be > 0 (greedy decoding has no temperature to adapt)")
+    if stats is None:
+        return temperature.expand(rows)
+    with torch.no_grad():
+        h = normalized_entropy(entropy_from_logits(logits), stats, release_compat=release_compat)
+    return temperature * (1.0 + tau * h)
+
+
+@register_advantage("hapo_tlga")
+def tlga_advantage(
+    rewards: Tensor,
+    group_ids: Any,
+    mask: Tensor,
+    *,
+    norm_by_std: bool = True,
+    fallback_threshold: float | None = 5.0,
+    eps: float = 1e-6,
+) -> Tensor:
+    """Token-level group average advantage ``(B, T)`` (Eq. 9), with the GRPO fallback per group.
+
+    ``rewards`` ``(B,)``, ``group_ids`` ``(B,)`` ids of any hashable type, ``mask`` ``(B, T)``.
+    """
+    if fallback_threshold is not None and not fallback_threshold > 0:
+        raise ValueError(f"fallback_threshold must be > 0 or None (no fallback), got {fallback_threshold}")
+    if isinstance(rewards, Tensor) and not rewards.is_floating_point():
+        rewards = rewards.float()
+    adv_grpo = grpo_advantage(rewards, group_ids, mask, norm_by_std=norm_by_std, eps=eps)  # validates inputs
+    rewards = rewards.detach()
+    index, num_groups = group_index(group_ids, rewards.device)
+    valid = mask.to(rewards.dtype)
+    # every valid token is one observation of its sample's reward: length-weighted mean, population std
+    tokens = rewards.unsqueeze(-1) * valid  # (B, T)
+    mean, std, _ = group_mean_std(tokens, index, num_groups, mask=valid, unbiased=False)
+    centred = rewards - mean[index]  # (B,)
+    adv = centred / (std[index] + eps) if norm_by_std else centred
+    adv = adv.unsqueeze(-1) * valid
+    if fallback_threshold is None:
+        return adv
+    extreme = (adv.abs() >= fallback_threshold).any(-1)  # (B,); padding holds 0 < threshold
+    fallback = group_sum(extreme.to(rewards.dtype), index, num_groups) > 0  # (G,)
+    return torch.where(fallback[index].unsqueeze(-1), adv_grpo, adv)
+
+
+def _redistributed(h: Tensor, ratio: Tensor, clip_low: float | Tensor, clip_high: float | Tensor) -> Tensor:
+    """Where Eqs. 10–11 rescale A: high entropy outside the neutral zone, low entropy inside it (bool)."""
+    ratio = ratio.detach()
+    inside = (ratio >= 1.0 - clip_low / 2) & (ratio <= 1.0 + clip_high / 2)
+    return (h > 0) != inside
+
+
+def redistribute_advantage(
+    adv: Tensor,
+    h: Tensor,
+    ratio: Tensor,
+    clip_low: float | Tensor,
+    clip_high: float | Tensor,
+    *,
+    beta: float = 1.0,
+) -> Tensor:
+    """A·(1 + β·h̃) where Eqs. 10–11 call for it, else A; tensors ``(B, T)``, clips floats or ``(B, T)``.
+
+    The factor carries no gradient (h̃ and the ratio are detached). β ≤ 1 keeps 1 + β·h̃ ≥ 0, so no
+    advantage changes sign.
+    """
+    _check_range("beta", beta, 0.0, 1.0)
+    with torch.no_grad():
+        rescale = _redistributed(h, ratio, clip_low, clip_high)
+        factor = torch.where(rescale, 1.0 + beta * h, torch.ones_like(h))
+    return adv * factor.to(adv.dtype)
+
+
+def adaptive_clip(
+    h: Tensor, clip_low: float, clip_high: float, *, alpha: float = 1.0
+) -> tuple[Tensor, Tensor]:
+    """Per-token clip ranges ``(ε_L(t), ε_R(t))``, each shaped like ``h`` (Eqs. 12–13).
+
+    ε_L grows for low-entropy tokens (h̃ ≤ 0), ε_R for high-entropy ones (h̃ > 0); with α ≥ 0 neither shrinks.
+    """
+    if alpha < 0:
+        raise ValueError(f"alpha must be ≥ 0 (a negative α narrows the clip HAPO widens), got {alpha}")
+    if clip_low < 0 or clip_high < 0:
+        raise ValueError(f"clip ranges must be ≥ 0, got clip_low={clip_low}, clip_high={clip_high}")
+    h = h.detach()
+    eps_low = torch.where(h <= 0, clip_low * (1.0 - alpha * h), torch.full_like(h, clip_low))
+    eps_high = torch.where(h > 0, clip_high * (1.0 + alpha * h), torch.full_like(h, clip_high))
+    return eps_low, eps_high
+
+
+@register_policy_loss("hapo")
+def hapo_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    adv: Tensor,
+    mask: Tensor,
+    *,
+    entropy: Tensor | None = None,
+    stats: EntropyStats | None = None,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+    clip_c: float | None = 10.0,
+    beta: float = 1.0,
+    alpha: float = 1.0,
+    pivot: float = 0.8,
+    agg: str = "token-mean",
+    release_compat: bool = False,
+    use_redistribution: bool = True,
+    use_adaptive_clip: bool = True,
+    behav_logp: Tensor | None = None,
+    behav_imp_weight_cap: float | None = None,
+    loss_scale_factor: float | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """HAPO's policy loss: adaptive clip (D) → redistribution (C, with D's bounds) → PPO clip + dual clip.
+
+    ``entropy`` ``(B, T)`` are the current forward pass's token entropies; h̃ uses ``stats``, or when None the
+    statistics of this (micro-)batch, as the released actor does. Returns ``(loss, metrics)``: verl's names
+    plus ``hapo/...`` (mean h̃, share of h̃ > 0, mean adapted ε's, share of redistributed tokens).
+    """
+    check_shapes(mask, logp=logp, old_logp=old_logp, adv=adv, entropy=entropy, behav_logp=behav_logp)
+    log_r = log_ratio(logp, old_logp)
+    ratio = log_r.exp()
+    valid = mask.bool()
+    if (use_redistribution or use_adaptive_clip) and entropy is None:
+        raise ValueError(
+            "hapo_loss needs the token entropies (entropy=...) for redistribution and adaptive clip; "
+            "pass use_redistribution=False, use_adaptive_clip=False for plain PPO"
+        )
+    if entropy is None or not valid.any():  # nothing to normalise: h̃ = 0 changes no advantage and no bound
+        h = torch.zeros_like(ratio)
+    else:
+        stats = stats if stats is not None else entropy_stats(entropy, mask, pivot=pivot)
+        h = normalized_entropy(entropy, stats, release_compat=release_compat).to(ratio.dtype)
+        h = torch.where(valid, h, 0.0)  # padding entropies may be anything
+    # α = 0 leaves every bound at its base value (the switch-off of D)
+    eps_low, eps_high = adaptive_clip(h, clip_low, clip_high, alpha=alpha if use_adaptive_clip else 0.0)
+    if use_redistribution:
+        adv = redistribute_advantage(adv, h, ratio, eps_low, eps_high, beta=beta)
+    loss_mat, clipped, dual = clipped_surrogate(
+        ratio, adv, clip_low=eps_low, clip_high=eps_high, clip_c=clip_c
+    )
+    loss, metrics = reduce_policy_loss(
+        loss_mat, mask, log_r=log_r, clipped=clipped, dual_clipped=dual, agg=agg, old_logp=old_logp,
+        behav_logp=behav_logp, behav_imp_weight_cap=behav_imp_weight_cap, loss_scale_factor=loss_scale_factor,
+    )
+    redistributed = (
+        _redistributed(h, ratio, eps_low, eps_high) if use_redistribution else torch.zeros_like(valid)
+    )
+    metrics.update({
+        "hapo/h_tilde/mean": masked_mean(h, mask).item(),
+        "hapo/h_tilde/pos_frac": masked_mean((h > 0).float(), mask).item(),
+        "hapo/clip_low/mean": masked_mean(eps_low, mask).item(),
+        "hapo/clip_high/mean": masked_mean(eps_high, mask).item(),
+        "hapo/redistributed_frac": masked_mean(redistributed.float(), mask).item(),
+    })
+    return loss, metrics
