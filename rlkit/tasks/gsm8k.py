@@ -1,0 +1,94 @@
+"""GSM8K (Cobbe et al. 2021, arXiv 2110.14168; MIT): load, extract the final answer, score.
+
+The answer rule is shared by every grade-school task in rlkit (the tiny engine's procedural problems use it too):
+
+- ``strict`` (default) — verl's GSM8K rule (``verl.utils.reward_score.gsm8k``): the last ``#### <number>`` in the
+  final 300 characters; commas and ``$`` are dropped. A response without ``####`` scores 0, so the format is
+  part of the reward.
+- ``flexible`` — the last number anywhere in the final 300 characters (verl's ``flexible``): for base models that
+  have not learned the format.
+
+Deviation from verl: the extracted answer and the ground truth are compared as numbers (``Decimal``), so
+``72.0`` and ``72`` agree; verl compares the strings.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Any
+
+CLIP_CHARS = 300  # verl only looks at the tail: the answer is at the end and regexes on long strings are slow
+_STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")
+_FLEXIBLE = re.compile(r"(\-?[0-9\.\,]+)")
+MODES = ("strict", "flexible")
+
+
+def extract_answer(text: str, mode: str = "strict") -> str | None:
+    """The final answer in ``text`` as a string without commas or ``$``, or None (see module doc for the modes)."""
+    if mode not in MODES:
+        raise ValueError(f"unknown answer mode {mode!r}; valid: {', '.join(MODES)}")
+    tail = text[-CLIP_CHARS:]
+    if mode == "strict":
+        found = _STRICT.findall(tail)
+        return found[-1].replace(",", "").replace("$", "") if found else None
+    numbers = [n for n in _FLEXIBLE.findall(tail) if n not in ("", ".")]
+    return numbers[-1].replace(",", "") if numbers else None
+
+
+def _number(s: str) -> Decimal | None:
+    try:
+        return Decimal(s.replace(",", "").replace("$", "").strip().rstrip("."))
+    except InvalidOperation:
+        return None
+
+
+def score(text: str, ground_truth: str | int | float, mode: str = "strict") -> float:
+    """1.0 if the extracted answer equals ``ground_truth`` numerically, else 0.0."""
+    answer = extract_answer(text, mode)
+    if answer is None:
+        return 0.0
+    got, want = _number(answer), _number(str(ground_truth))
+    return float(got is not None and want is not None and got == want)
+
+
+def gold_answer(solution: str) -> str:
+    """The ground truth of a GSM8K reference solution: the text after its ``####``, commas removed."""
+    if "####" not in solution:
+        raise ValueError("a GSM8K reference solution ends with '#### <answer>'; this one has no '####'")
+    return solution.rsplit("####", 1)[1].strip().replace(",", "")
+
+
+def load(source: str | Path = "openai/gsm8k", split: str = "train") -> list[dict[str, Any]]:
+    """GSM8K rows ``{"question", "answer"}`` from a local ``.jsonl``/``.parquet`` file, a directory holding
+    ``<split>.jsonl`` or ``<split>.parquet`` (or ``<split>-*.parquet``, the HF layout), or a HF ``datasets`` id
+    (config ``main``; needs the hub or its cache)."""
+    path = Path(source)
+    if path.is_dir():
+        candidates = [path / f"{split}.jsonl", path / f"{split}.parquet", *sorted(path.glob(f"**/{split}-*.parquet"))]
+        found = [c for c in candidates if c.is_file()]
+        if not found:
+            raise FileNotFoundError(f"no {split}.jsonl or {split}.parquet under {path}")
+        path = found[0]
+    if path.is_file():
+        if path.suffix == ".jsonl":
+            with path.open(encoding="utf-8") as f:
+                rows = [json.loads(line) for line in f if line.strip()]
+        elif path.suffix == ".parquet":
+            import pandas as pd
+
+            rows = pd.read_parquet(path).to_dict("records")
+        else:
+            raise ValueError(f"{path}: expected a .jsonl or .parquet file")
+    elif isinstance(source, str) and "/" in source and not path.exists() and not source.startswith((".", "/")):
+        import datasets  # the hub id path: only imported when used
+
+        rows = list(datasets.load_dataset(source, "main", split=split))
+    else:
+        raise FileNotFoundError(f"{source}: no such file or directory (and not a HF dataset id)")
+    missing = [i for i, r in enumerate(rows) if "question" not in r or "answer" not in r]
+    if missing:
+        raise ValueError(f"{source}: rows {missing[:5]} lack 'question'/'answer' fields")
+    return [{"question": r["question"], "answer": r["answer"]} for r in rows]
