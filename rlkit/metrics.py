@@ -1,0 +1,107 @@
+"""Run metrics as JSON lines ``{"step": N, "data": {...}}`` — verl's ``file`` logger format, so tiny runs and verl
+runs are read, plotted and compared by the same code.
+
+Writing is crash-safe: each line is flushed and fsynced before the step counts as done, a reader skips a torn
+last line (a process killed mid-write), and :meth:`MetricsWriter.open` with ``resume_after=k`` drops every line
+past step ``k`` — the steps a resumed run is about to redo — so a killed-and-resumed run ends with exactly the
+lines of an uninterrupted one. Non-finite numbers are written as ``null`` (as verl's orjson does) and read back
+as NaN.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import warnings
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+
+def _clean(value: Any) -> Any:
+    if hasattr(value, "item") and callable(value.item):  # torch / numpy scalars
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _parse(lines: Iterable[str], path: Path) -> list[dict[str, Any]]:
+    records, lines = [], list(lines)
+    for n, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            if n == len(lines) - 1:  # torn last line: the writer was killed mid-write
+                warnings.warn(f"{path}: ignoring a truncated last line", stacklevel=3)
+                break
+            raise ValueError(f"{path}:{n + 1}: not a JSON line") from None
+        if not isinstance(rec, dict) or "step" not in rec or not isinstance(rec.get("data"), dict):
+            raise ValueError(f'{path}:{n + 1}: expected {{"step": N, "data": {{...}}}}')
+        rec["data"] = {k: (math.nan if v is None else v) for k, v in rec["data"].items()}
+        records.append(rec)
+    return records
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """All records of a metrics file, in file order, as ``{"step": N, "data": {...}}`` dicts."""
+    path = Path(path)
+    with path.open(encoding="utf-8") as f:
+        return _parse(f.read().split("\n"), path)
+
+
+def metrics_frame(path: str | Path) -> pd.DataFrame:
+    """A metrics file as a DataFrame indexed by step, one column per metric (a step logged twice: last wins)."""
+    records = read_metrics(path)
+    frame = pd.DataFrame([r["data"] for r in records], index=pd.Index([r["step"] for r in records], name="step"))
+    return frame[~frame.index.duplicated(keep="last")]
+
+
+class MetricsWriter:
+    """Append-only, fsynced writer of one run's ``metrics.jsonl``. Use :meth:`open`."""
+
+    def __init__(self, path: Path, fp) -> None:
+        self.path, self._fp = path, fp
+
+    @classmethod
+    def open(cls, path: str | Path, *, resume_after: int | None = None) -> MetricsWriter:
+        """A fresh file (``resume_after=None``), or the existing one truncated to the lines with step ≤ ``resume_after``."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if resume_after is None or not path.exists():
+            return cls(path, path.open("w", encoding="utf-8"))
+        with path.open(encoding="utf-8") as f:
+            kept = [r for r in _parse(f.read().split("\n"), path) if r["step"] <= resume_after]
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        with tmp.open("w", encoding="utf-8") as f:
+            f.writelines(_dumps(r["step"], r["data"]) for r in kept)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        return cls(path, path.open("a", encoding="utf-8"))
+
+    def log(self, data: Mapping[str, Any], step: int) -> None:
+        """Write one step's metrics and make it durable before returning."""
+        self._fp.write(_dumps(step, data))
+        self._fp.flush()
+        os.fsync(self._fp.fileno())
+
+    def close(self) -> None:
+        self._fp.close()
+
+    def __enter__(self) -> MetricsWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _dumps(step: int, data: Mapping[str, Any]) -> str:
+    if not isinstance(step, int) or isinstance(step, bool):
+        raise ValueError(f"step must be an int, got {step!r}")
+    return json.dumps({"step": step, "data": {k: _clean(v) for k, v in data.items()}}, allow_nan=False) + "\n"
