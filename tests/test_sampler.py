@@ -1,0 +1,201 @@
+"""Tiny engine sampler: batching, determinism, tool interception, log-probs, the temperature hook."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlkit.methods.hapo import adaptive_temperature, entropy_stats
+from rlkit.tiny.model import ModelConfig, TinyDecoder, token_logprobs
+from rlkit.tiny.sampler import sample
+from rlkit.tiny.tokenizer import CharTokenizer
+
+ALPHA = "0123456789+-*/ #=.abcdexyz?"
+TOK = CharTokenizer(ALPHA)
+
+
+def fake_tool(expr: str) -> str:
+    """Sums '+'-separated integers (no eval); anything else is an error string."""
+    try:
+        return str(sum(int(x) for x in expr.split("+")))
+    except ValueError:
+        return "e!e"  # "!" is outside the alphabet: the sampler drops it
+
+
+def small_model(seed: int = 0, **kw) -> TinyDecoder:
+    torch.manual_seed(seed)
+    cfg = dict(vocab_size=TOK.vocab_size, d_model=32, n_layers=2, n_heads=4, max_len=96)
+    cfg.update(kw)
+    return TinyDecoder(ModelConfig(**cfg)).eval()
+
+
+class Scripted(TinyDecoder):
+    """A real decoder (so the cache is exercised) plus ``scale``·one-hot bigram logits: with a large scale the
+    next token is a function of the current one; with a small one the bigram only biases a random model."""
+
+    def __init__(self, script: dict[str, str], scale: float = 50.0, seed: int = 0):
+        torch.manual_seed(seed)
+        super().__init__(ModelConfig(vocab_size=TOK.vocab_size, d_model=32, n_layers=2, n_heads=4, max_len=96))
+        nxt = torch.full((TOK.vocab_size,), TOK.eos_id)
+        for a, b in script.items():
+            nxt[TOK.encode(a)[0]] = TOK.encode(b)[0]
+        self.register_buffer("bigram", torch.nn.functional.one_hot(nxt, TOK.vocab_size).float() * scale)
+        self.eval()
+
+    def forward(self, ids, **kw):
+        return super().forward(ids, **kw) + self.bigram[ids]
+
+
+# a → <code>1+2</code> … ' ' → # → <eos>;  b → <eos>;  c → 7 → 7 → … (never ends)
+SCRIPT = {"a": "<code>", "<code>": "1", "1": "+", "+": "2", "2": "</code>", "</code>": "x", "</output>": " ",
+          " ": "#", "#": "<eos>", "b": "<eos>", "c": "7", "7": "7"}
+
+
+def test_tool_interception_hand_example():
+    model = Scripted(SCRIPT)
+    r = sample(model, TOK, ["x a", "x b", "x c"], max_new_tokens=14, greedy=True, tool=fake_tool)
+    assert r.texts[0] == "<code>1+2</code><output>3</output> #"
+    assert r.texts[1] == ""
+    assert r.texts[2] == "7" * 14
+    assert r.tokens.shape == (3, 14)
+    assert r.mask[0, :11].tolist() == [1, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1]  # tool output masked; <eos> generated
+    assert r.mask[0, 11:].sum() == 0 and r.mask[1].tolist() == [1] + [0] * 13 and r.mask[2].sum() == 14
+    assert r.tokens[0, 5:8].tolist() == [TOK.output_id, TOK.encode("3")[0], TOK.end_output_id]
+    assert r.tokens[0, 10] == TOK.eos_id and (r.tokens[0, 11:] == TOK.pad_id).all()
+    assert r.lengths.tolist() == [11, 1, 14]
+    assert r.finished.tolist() == [True, True, False]
+    assert r.first_tool_pos.tolist() == [0, -1, -1]
+    assert r.tool_calls.tolist() == [1, 0, 0]
+    assert (r.logp[r.mask == 0] == 0).all() and (r.entropy[r.mask == 0] == 0).all()
+    assert (r.temperature == 1).all()
+
+
+def test_tool_call_cap_missing_opening_and_bad_output():
+    loop = dict(SCRIPT, **{"</output>": "<code>"})  # call after call
+    r = sample(Scripted(loop), TOK, ["a"], max_new_tokens=30, greedy=True, tool=fake_tool, max_tool_calls=2)
+    call = "<code>1+2</code>"
+    assert r.texts[0] == f"{call}<output>3</output>{call}<output>3</output>{call}x"  # third call unanswered
+    assert r.tool_calls.tolist() == [2] and r.finished.tolist() == [True]
+    # </code> without <code> in the response is not a call
+    r = sample(Scripted({"a": "2", "2": "</code>"}), TOK, ["a"], max_new_tokens=5, greedy=True, tool=fake_tool)
+    assert r.texts[0] == "2</code>" and r.tool_calls.tolist() == [0]
+    # output characters outside the alphabet are dropped; a raising tool gives "error" (its letters filtered)
+    weird = {"a": "<code>", "<code>": "x", "x": "</code>", "</output>": "<eos>"}
+    r = sample(Scripted(weird), TOK, ["a"], max_new_tokens=12, greedy=True, tool=fake_tool)
+    assert r.texts[0] == "<code>x</code><output>ee</output>"
+
+    def boom(expr):
+        raise RuntimeError(expr)
+
+    r = sample(Scripted(weird), TOK, ["a"], max_new_tokens=12, greedy=True, tool=boom)
+    assert r.texts[0] == "<code>x</code><output>e</output>"  # "error" → only 'e' is in ALPHA
+    # a tool cannot inject tags: "<eos>" comes back as characters, filtered, never as the end token
+    r = sample(Scripted(weird), TOK, ["a"], max_new_tokens=12, greedy=True, tool=lambda s: "<eos>1")
+    assert r.texts[0] == "<code>x</code><output>e1</output>" and r.tool_calls.tolist() == [1]
+
+
+def test_output_cut_at_max_new_tokens_and_max_tool_output():
+    r = sample(Scripted(SCRIPT), TOK, ["a"], max_new_tokens=7, greedy=True, tool=lambda s: "123456")
+    assert r.texts[0] == "<code>1+2</code><output>1" and r.lengths.tolist() == [7]
+    r = sample(Scripted(SCRIPT), TOK, ["a"], max_new_tokens=20, greedy=True, tool=lambda s: "123456",
+               max_tool_output=2)
+    assert r.texts[0] == "<code>1+2</code><output>12</output> #"
+
+
+def test_greedy_batch_equals_rows_alone_with_compaction():
+    """Rows of different lengths finish at different steps (the batch is compacted on the way); every row
+    matches the same prompt sampled alone, and duplicated prompts give duplicated responses."""
+    model = small_model(3)
+    prompts = ["12+3?", "a", "xyz 99 =", "7", "a", "b c"]
+    r = sample(model, TOK, prompts, max_new_tokens=40, greedy=True)
+    assert r.texts[1] == r.texts[4]
+    for i, p in enumerate(prompts):
+        alone = sample(model, TOK, [p], max_new_tokens=40, greedy=True)
+        n = int(alone.lengths[0])
+        assert r.tokens[i, :n].tolist() == alone.tokens[0, :n].tolist()
+        torch.testing.assert_close(r.logp[i, :n], alone.logp[0, :n], atol=1e-5, rtol=1e-4)
+    early = Scripted({"b": "<eos>", "c": "7", "7": "7"})
+    r = sample(early, TOK, ["b"] * 6 + ["c"] * 2, max_new_tokens=20, greedy=True)  # compacts at step 8
+    assert r.lengths.tolist() == [1] * 6 + [20, 20] and r.texts[6] == "7" * 20
+
+
+def test_seeded_sampling_is_reproducible():
+    model = small_model(1)
+    prompts = ["1+2", "abc", "1+2"]
+    a = sample(model, TOK, prompts, max_new_tokens=30, generator=torch.Generator().manual_seed(5), tool=fake_tool)
+    b = sample(model, TOK, prompts, max_new_tokens=30, generator=torch.Generator().manual_seed(5), tool=fake_tool)
+    c = sample(model, TOK, prompts, max_new_tokens=30, generator=torch.Generator().manual_seed(6), tool=fake_tool)
+    assert a.texts == b.texts and torch.equal(a.logp, b.logp) and torch.equal(a.tokens, b.tokens)
+    assert a.texts != c.texts
+    g1 = sample(model, TOK, prompts, max_new_tokens=30, greedy=True)
+    assert g1.texts == sample(model, TOK, prompts, max_new_tokens=30, greedy=True).texts
+
+
+@settings(max_examples=50, deadline=None)  # fewer: each example samples a batch and recomputes it
+@given(st.integers(0, 2**16), st.sampled_from([1.0, 0.7, "fn"]), st.sampled_from([None, 1]))
+def test_sampled_logp_equals_recomputed(seed, temp, kv_heads):
+    """logp stored at sampling time == token_logprobs of the same tokens at the same temperature (mask-1 tokens);
+    entropy == the untempered entropy. A bigram bias makes tool calls (and forced tokens) frequent."""
+    model = Scripted(SCRIPT, scale=3.0, seed=seed % 5)
+    if kv_heads:
+        model = small_model(seed % 5, n_kv_heads=kv_heads)
+    g = torch.Generator().manual_seed(seed)
+    kw = {"temperature_fn": lambda z: 0.5 + torch.sigmoid(z[:, 0])} if temp == "fn" else {"temperature": temp}
+    r = sample(model, TOK, ["a", "1+2 = ?", "c", "a"], max_new_tokens=24, generator=g, tool=fake_tool, **kw)
+    ids, att, start = r.sequences()
+    with torch.no_grad():
+        logp, ent = token_logprobs(model, ids, att, start, temperature=r.temperature)
+    m = r.mask.bool()
+    assert m.any()
+    torch.testing.assert_close(logp[m], r.logp[m], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(ent[m], r.entropy[m], atol=1e-4, rtol=1e-4)
+    assert ((r.temperature[m] >= 0.5) & (r.temperature[m] <= 1.5)).all()
+    # rollout tensors are ordinary tensors: the RL loss can backpropagate through a recompute
+    logp_grad, _ = token_logprobs(model, ids, att, start)
+    (logp_grad * r.mask).sum().backward()
+
+
+def test_temperature_hook_is_applied():
+    model = small_model(2)
+    prompts = ["1+2", "abc", "x"]
+    greedy = sample(model, TOK, prompts, max_new_tokens=25, greedy=True)
+    cold = sample(model, TOK, prompts, max_new_tokens=25, generator=torch.Generator().manual_seed(0),
+                  temperature_fn=lambda z: torch.full(z.shape[:1], 1e-4))
+    assert cold.texts == greedy.texts
+    hot = sample(model, TOK, prompts, max_new_tokens=25, generator=torch.Generator().manual_seed(0),
+                 temperature_fn=lambda z: torch.full(z.shape[:1], 50.0))
+    assert hot.texts != greedy.texts
+    assert torch.allclose(hot.temperature[hot.mask.bool()], torch.tensor(50.0))
+    with pytest.raises(ValueError, match="temperature_fn must return"):
+        sample(model, TOK, prompts, max_new_tokens=5, temperature_fn=lambda z: torch.ones(1))
+
+
+def test_hapo_adaptive_temperature_plugs_in():
+    model = small_model(4)
+    prompts = ["1+2", "abc", "x", "7*3"]
+    first = sample(model, TOK, prompts, max_new_tokens=20, generator=torch.Generator().manual_seed(0))
+    stats = entropy_stats(first.entropy, first.mask)
+    r = sample(model, TOK, prompts, max_new_tokens=20, generator=torch.Generator().manual_seed(1),
+               temperature_fn=lambda z: adaptive_temperature(z, 1.0, stats, tau=0.3))
+    t = r.temperature[r.mask.bool()]
+    assert t.std() > 0 and (t >= 0.7 - 1e-6).all() and (t <= 1.3 + 1e-6).all()
+
+
+def test_ignore_eos_and_errors():
+    model = Scripted(SCRIPT)
+    r = sample(model, TOK, ["b"], max_new_tokens=5, greedy=True, ignore_eos=True)
+    assert r.lengths.tolist() == [5] and r.finished.tolist() == [False] and r.mask.sum() == 5
+    with pytest.raises(ValueError, match="non-empty"):
+        sample(model, TOK, [], max_new_tokens=5)
+    with pytest.raises(ValueError, match="non-empty"):
+        sample(model, TOK, "a", max_new_tokens=5)
+    with pytest.raises(ValueError, match="temperature"):
+        sample(model, TOK, ["a"], max_new_tokens=5, temperature=0.0)
+    with pytest.raises(ValueError, match="max_len"):
+        sample(model, TOK, ["a"], max_new_tokens=95)
+    with pytest.raises(ValueError, match="vocab_size"):
+        sample(model, CharTokenizer("ab"), ["a"], max_new_tokens=5)
+    with pytest.raises(ValueError, match="alphabet"):
+        sample(model, TOK, ["A"], max_new_tokens=5)
