@@ -1,4 +1,5 @@
-"""The ``rlkit`` command. Sub-commands arrive with the capabilities behind them; today: ``rlkit methods``."""
+"""The ``rlkit`` command: ``rlkit methods`` (the registry) and ``rlkit train`` (the tiny engine). Sub-commands
+arrive with the capabilities behind them."""
 
 from __future__ import annotations
 
@@ -25,6 +26,34 @@ def _methods(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train(args: argparse.Namespace) -> int:
+    from rlkit.tiny.rl import build_config, train
+
+    overrides = {}
+    for item in args.set or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--set expects KEY=VALUE, got {item!r}")
+        overrides[key.strip()] = value
+    overrides["seed"] = args.seed
+    try:
+        cfg = build_config(args.method, args.scale, overrides)
+    except (KeyError, ValueError) as e:
+        raise SystemExit(f"rlkit train: {e.args[0] if e.args else e}") from None
+    device = args.device
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit("rlkit train: --device cuda but no CUDA device is available")
+    try:
+        out = train(cfg, args.out, device=device, resume=args.resume, sft_cache=args.sft_cache)
+    except FileExistsError as e:
+        raise SystemExit(f"rlkit train: {e}") from None
+    print(f"metrics: {out / 'metrics.jsonl'}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlkit", description=__doc__)
     parser.add_argument("--version", action="version", version=f"rlkit {__version__}")
@@ -32,6 +61,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("methods", help="list the registered advantage estimators and policy losses")
     p.add_argument("--json", action="store_true", help="print the names as JSON")
     p.set_defaults(func=_methods)
+
+    from rlkit.tiny.rl import METHODS, SCALES  # light: no model is built at import
+
+    p = sub.add_parser("train", help="run one method on the tiny CPU engine (SFT warm start, then RL)")
+    p.add_argument("--method", required=True, choices=METHODS)
+    p.add_argument("--scale", default="cpu", choices=list(SCALES), help="smoke (seconds), cpu (default), gpu")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True, help="run directory: metrics.jsonl, config.json, env.json, checkpoint")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--sft-cache", default=None, help="SFT checkpoint cache (default $RLKIT_CACHE/sft)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override any config field, dotted for nested ones: --set steps=100 --set gspo.clip_low=3e-3")
+    p.set_defaults(func=_train)
     return parser
 
 

@@ -1,0 +1,143 @@
+"""The tiny engine's task plumbing: the tokenizer for the arithmetic problems, SFT batches, rollouts → rewards and
+tool statistics, and greedy evaluation — shared by :mod:`rlkit.tiny.sft` and :mod:`rlkit.tiny.rl`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from rlkit.tasks import arithmetic
+from rlkit.tasks.calculator import run_tool
+from rlkit.tiny.model import TinyDecoder
+from rlkit.tiny.sampler import Rollout, sample
+from rlkit.tiny.tokenizer import CharTokenizer
+
+Tensor = torch.Tensor
+
+
+def build_tokenizer() -> CharTokenizer:
+    """The character tokenizer of every arithmetic text (questions, both solution forms, calculator errors)."""
+    return CharTokenizer(arithmetic.ALPHABET)
+
+
+def max_response_tokens(task: arithmetic.TaskConfig, form: str) -> int:
+    """A response budget that fits every gold solution of ``task`` in ``form`` (characters bound tokens) + ``<eos>``."""
+    return task.max_solution_chars(form) + 1
+
+
+def sft_batch(tokenizer: CharTokenizer, problems: Sequence[arithmetic.Problem], form: str) -> tuple[Tensor, Tensor]:
+    """``(ids (B, L), target_mask (B, L−1))`` for next-token training on ``<bos> prompt solution <eos>``.
+
+    Right-padded (causal attention never looks at the padding after a row). ``target_mask[:, j]`` says whether the
+    token ``ids[:, j+1]`` is a training target: solution tokens and ``<eos>``, but not the prompt and not the
+    ``<output>…</output>`` spans, which the environment writes during a rollout.
+    """
+    rows, targets = [], []
+    for p in problems:
+        prompt_ids = tokenizer.encode(arithmetic.prompt(p))
+        solution_ids = tokenizer.encode(p.solution(form)) + [tokenizer.eos_id]
+        inside, wanted = False, []
+        for tok in solution_ids:  # tool output spans are the environment's, not the model's
+            if tok == tokenizer.output_id:
+                inside = True
+            wanted.append(not inside)
+            if tok == tokenizer.end_output_id:
+                inside = False
+        rows.append([tokenizer.bos_id] + prompt_ids + solution_ids)
+        targets.append([False] * len(prompt_ids) + wanted)
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), tokenizer.pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width - 1), dtype=torch.bool)
+    for i, (r, t) in enumerate(zip(rows, targets)):
+        ids[i, : len(r)] = torch.tensor(r)
+        mask[i, : len(t)] = torch.tensor(t)
+    return ids, mask
+
+
+@dataclass
+class Scored:
+    """A rollout's rewards and tool statistics, one value per response."""
+
+    rewards: Tensor
+    """(B,) float32 task reward (1.0 correct, else 0.0) before any length penalty."""
+    code_pass: Tensor
+    """(B,) bool: the response called the calculator and no call returned an error."""
+
+
+def score_rollout(rollout: Rollout, problems: Sequence[arithmetic.Problem]) -> Scored:
+    """Rewards by rlkit's one answer rule, and whether every calculator call of a response succeeded."""
+    rewards = torch.tensor([arithmetic.reward(p, t) for p, t in zip(problems, rollout.texts)], dtype=torch.float32)
+    failed = torch.tensor(["<output>error" in t for t in rollout.texts])
+    return Scored(rewards=rewards, code_pass=(rollout.tool_calls > 0) & ~failed)
+
+
+def rollout(
+    model: TinyDecoder,
+    tokenizer: CharTokenizer,
+    problems: Sequence[arithmetic.Problem],
+    *,
+    max_new_tokens: int,
+    form: str = "tool",
+    **sample_kwargs,
+) -> Rollout:
+    """Sample one response per problem (repeat problems for groups), with the calculator wired in for the tool form."""
+    tool = run_tool if form == "tool" else None
+    prompts = [arithmetic.prompt(p) for p in problems]
+    return sample(model, tokenizer, prompts, max_new_tokens=max_new_tokens, tool=tool, **sample_kwargs)
+
+
+def evaluate(
+    model: TinyDecoder,
+    tokenizer: CharTokenizer,
+    problems: Sequence[arithmetic.Problem],
+    *,
+    max_new_tokens: int,
+    form: str = "tool",
+    batch_size: int = 256,
+) -> float:
+    """Greedy accuracy on ``problems`` (the ``val/acc`` of every run)."""
+    was_training = model.training
+    model.eval()
+    correct = 0.0
+    for i in range(0, len(problems), batch_size):
+        chunk = problems[i : i + batch_size]
+        out = rollout(model, tokenizer, chunk, max_new_tokens=max_new_tokens, form=form, greedy=True)
+        correct += score_rollout(out, chunk).rewards.sum().item()
+    model.train(was_training)
+    return correct / max(len(problems), 1)
+
+
+def select_rows(ro: Rollout, rows: Tensor) -> Rollout:
+    """The responses ``rows`` (a 1-D index) of a rollout, every per-response field kept aligned."""
+    picked = {}
+    for name, value in vars(ro).items():
+        picked[name] = [value[i] for i in rows.tolist()] if isinstance(value, list) else value[rows]
+    return Rollout(**picked)
+
+
+def response_logprobs(
+    model: TinyDecoder,
+    tokenizer: CharTokenizer,
+    prompts: Sequence[str],
+    responses: Sequence[Tensor],
+    temperatures: Sequence[Tensor],
+) -> Tensor:
+    """Log-probs ``(n, T)`` of stored responses (1-D token tensors) under ``model`` — e.g. SPO's divergence between
+    the policy that sampled a prompt's last response and the current one. Padding positions are 0."""
+    from rlkit.tiny.model import token_logprobs
+
+    prompt_ids, prompt_mask = tokenizer.encode_batch(list(prompts), bos=True, pad_left=True)
+    lengths = torch.tensor([len(r) for r in responses])
+    T = int(lengths.max())
+    tokens = torch.full((len(responses), T), tokenizer.pad_id, dtype=torch.long)
+    temps = torch.ones(len(responses), T)
+    for i, (r, t) in enumerate(zip(responses, temperatures)):
+        tokens[i, : len(r)], temps[i, : len(t)] = r, t
+    valid = torch.arange(T) < lengths.unsqueeze(1)
+    device = next(model.parameters()).device
+    ids = torch.cat([prompt_ids, tokens], dim=1).to(device)
+    attn = torch.cat([prompt_mask, valid], dim=1).to(device)
+    logp, _ = token_logprobs(model, ids, attn, prompt_ids.shape[1], temperature=temps.to(device))
+    return torch.where(valid.to(device), logp, torch.zeros_like(logp))
