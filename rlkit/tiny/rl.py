@@ -68,6 +68,9 @@ class RLConfig:
     """Response budget in tokens; None fits every gold solution of the task."""
     lr: float = 3e-4
     """Adam learning rate of the RL stage."""
+    warmup_steps: int = 10
+    """Linear learning-rate warm-up over the first RL steps (as the HAPO/DAPO recipes): Adam's first,
+    sign-like updates at full rate knock a freshly fine-tuned model off its SFT optimum."""
     mini_batches: int = 2
     """Optimizer steps per rollout batch; ≥ 2 takes the later ones off-policy, so ratios leave 1 and clips act."""
     grad_clip: float = 1.0
@@ -119,13 +122,14 @@ SCALES: dict[str, dict[str, Any]] = {
     "smoke": {  # plumbing only, seconds on a CPU: every method end to end in the test suite
         "steps": 2, "prompts_per_step": 4, "group_size": 4, "pool_size": 16, "eval_every": 2, "eval_size": 8,
         "max_new_tokens": 48,
-        "sft": {"d_model": 32, "n_layers": 1, "n_heads": 2, "steps": 4, "batch_size": 8, "warmup": 2,
-                "eval_size": 8, "task": {"max_ops": 1}},
+        "sft": {"d_model": 32, "n_layers": 1, "n_heads": 2, "steps": 4, "schedule_steps": None, "batch_size": 8,
+                "warmup": 2, "eval_size": 8, "task": {"max_ops": 1}},
     },
     "cpu": {},  # the defaults: the reproductions' scale on a 2-core CPU
     "gpu": {
         "steps": 200, "prompts_per_step": 64, "pool_size": 4096, "eval_size": 1000,
-        "sft": {"d_model": 256, "n_layers": 6, "n_heads": 8, "steps": 1500, "batch_size": 64, "eval_size": 1000},
+        "sft": {"d_model": 256, "n_layers": 6, "n_heads": 8, "steps": 1500, "schedule_steps": 2000, "batch_size": 64,
+                "eval_size": 1000},
     },
 }
 METHOD_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -322,7 +326,7 @@ def _rl_step(cfg: RLConfig, model, tokenizer, opt, state: RunState, pool, max_ne
     else:
         n_groups = cfg.prompts_per_step * (cfg.dynamic_oversample if cfg.dynamic_sampling else 1)
         prompt_idx = _draw(len(pool), n_groups, state.prompt_gen)
-    group_ids = prompt_idx.repeat_interleave(cfg.group_size)  # (B,) the prompt each response answers
+    group_ids = prompt_idx.repeat_interleave(cfg.group_size)  # (B,) the prompt each response answers (CPU)
     problems = [pool[i] for i in group_ids.tolist()]
 
     # ---- 2. rollout: sample, with HAPO's per-token temperature from the previous step's entropy statistics
@@ -338,8 +342,8 @@ def _rl_step(cfg: RLConfig, model, tokenizer, opt, state: RunState, pool, max_ne
 
     # ---- 3. reward: correctness (+ DAPO's overlong penalty); dynamic sampling keeps groups with signal
     if cfg.dynamic_sampling:
-        rows, kept = _groups_with_signal(scored.rewards, cfg.group_size, cfg.prompts_per_step)
-        ro, scored = select_rows(ro, rows), _select_scored(scored, rows)
+        rows, kept = _groups_with_signal(scored.rewards.cpu(), cfg.group_size, cfg.prompts_per_step)
+        ro, scored = select_rows(ro, rows.to(ro.tokens.device)), _select_scored(scored, rows.to(ro.tokens.device))
         group_ids, problems = group_ids[rows], [problems[i] for i in rows.tolist()]
         metrics["train/kept_groups"] = kept
     rewards = scored.rewards
@@ -350,15 +354,16 @@ def _rl_step(cfg: RLConfig, model, tokenizer, opt, state: RunState, pool, max_ne
     mask = ro.mask
     ids, attn, start = ro.sequences()
 
-    # ---- 4. old log-probs: recomputed by a training-mode forward pass, as verl's actor does
-    with torch.no_grad():
-        old_logp, old_entropy = token_logprobs(model, ids, attn, start, temperature=ro.temperature)
+    # ---- 4. old log-probs: the sampler's. verl recomputes them because vLLM's numerics differ from the trainer's;
+    # here sampler and trainer are one float32 model, so they agree to ~1e-6 (tests/test_sampler.py) and a
+    # forward pass is saved.
+    old_logp, old_entropy = ro.logp, ro.entropy
 
     # ---- 5. advantage
     if m == "spo":  # the divergence of each prompt's last response sets its forgetting factor ρ
         divergence = _spo_divergence(model, tokenizer, state, pool, prompt_idx)
-        adv = spo.spo_advantage(rewards, state.tracker.baseline(prompt_idx.tolist()), eps=cfg.spo.adv_eps,
-                                mask=mask)
+        baseline = state.tracker.baseline(prompt_idx.tolist()).to(rewards)  # the pre-update p̂ (tracker: CPU)
+        adv = spo.spo_advantage(rewards, baseline, eps=cfg.spo.adv_eps, mask=mask)
     elif m == "hapo":
         adv = hapo.tlga_advantage(rewards, group_ids, mask, norm_by_std=cfg.hapo.norm_by_std,
                                   fallback_threshold=cfg.hapo.fallback_threshold, eps=cfg.hapo.eps)
@@ -373,6 +378,8 @@ def _rl_step(cfg: RLConfig, model, tokenizer, opt, state: RunState, pool, max_ne
     # ---- 6. policy update: mini_batches optimizer steps over a shuffled split of the batch
     t0 = time.perf_counter()
     loss_metrics: dict[str, list[float]] = defaultdict(list)
+    for group in opt.param_groups:
+        group["lr"] = cfg.lr * min(1.0, (state.step + 1) / max(1, cfg.warmup_steps))
     order = torch.randperm(len(problems), generator=state.prompt_gen)
     device = mask.device
     for rows in order.chunk(cfg.mini_batches):

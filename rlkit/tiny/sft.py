@@ -5,7 +5,7 @@ calls (other methods, other seeds of the RL stage, the notebooks) load the file.
 config, the model shape, the task knobs and the tokenizer, so changing any of them trains a new model.
 
 Schedule (NOTES-tiny-engine): AdamW, linear warm-up then cosine decay, a batch of fresh training problems each
-step. The model learns to copy digits in a sharp transition (≈ 300–500 steps at d = 128); stopping where
+step; training may stop before the schedule ends (``schedule_steps``). The model learns to copy digits in a sharp transition (≈ 300–500 steps at d = 128); stopping where
 held-out accuracy is ≈ 55–70% leaves RL room to improve.
 """
 
@@ -44,8 +44,11 @@ class SFTConfig:
     """Solution form: "tool" (calculator calls; learns fast) or "plain" (the model does the arithmetic)."""
     task: arithmetic.TaskConfig = field(default_factory=arithmetic.TaskConfig)
     """Difficulty knobs of the generated problems."""
-    steps: int = 500
-    """Optimizer steps."""
+    steps: int = 750
+    """Optimizer steps. Measured here (d = 128, default task): held-out accuracy 15% at 600, 48% at 700, 63% at
+    800 steps of a 1000-step schedule — 750 stops inside the transition, leaving RL room to improve."""
+    schedule_steps: int | None = 1000
+    """Length of the cosine schedule (None: ``steps``); longer than ``steps`` stops training mid-schedule."""
     batch_size: int = 32
     """Fresh training problems per step."""
     lr: float = 3e-3
@@ -73,10 +76,11 @@ def default_cache_dir() -> Path:
 
 
 def lr_at(step: int, cfg: SFTConfig) -> float:
-    """Linear warm-up to ``lr``, then cosine decay to 0 at ``steps``."""
+    """Linear warm-up to ``lr``, then cosine decay to 0 at ``schedule_steps`` (default ``steps``)."""
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
-    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    horizon = cfg.schedule_steps or cfg.steps
+    progress = (step - cfg.warmup) / max(1, horizon - cfg.warmup)
     return 0.5 * cfg.lr * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 

@@ -68,8 +68,10 @@ class Scored:
 
 def score_rollout(rollout: Rollout, problems: Sequence[arithmetic.Problem]) -> Scored:
     """Rewards by rlkit's one answer rule, and whether every calculator call of a response succeeded."""
-    rewards = torch.tensor([arithmetic.reward(p, t) for p, t in zip(problems, rollout.texts)], dtype=torch.float32)
-    failed = torch.tensor(["<output>error" in t for t in rollout.texts])
+    device = rollout.tokens.device
+    rewards = torch.tensor([arithmetic.reward(p, t) for p, t in zip(problems, rollout.texts)], dtype=torch.float32,
+                           device=device)
+    failed = torch.tensor(["<output>error" in t for t in rollout.texts], device=device)
     return Scored(rewards=rewards, code_pass=(rollout.tool_calls > 0) & ~failed)
 
 
