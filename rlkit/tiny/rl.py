@@ -66,8 +66,9 @@ class RLConfig:
     """Sampling temperature (HAPO adapts it per token around this value)."""
     max_new_tokens: int | None = None
     """Response budget in tokens; None fits every gold solution of the task."""
-    lr: float = 3e-4
-    """Adam learning rate of the RL stage."""
+    lr: float = 1e-4
+    """Adam learning rate of the RL stage. Measured here (GRPO, SFT start 51%): 3e-4 and above drift the tiny
+    model off its SFT optimum (held-out accuracy falls 5–25 points); 1e-4 holds it (reproductions/LOG.md)."""
     warmup_steps: int = 10
     """Linear learning-rate warm-up over the first RL steps (as the HAPO/DAPO recipes): Adam's first,
     sign-like updates at full rate knock a freshly fine-tuned model off its SFT optimum."""
