@@ -89,6 +89,16 @@ def test_sigkill_and_resume_from_the_command_line(tmp_path, cache):
     assert timeless(read_metrics(metrics)) == timeless(read_metrics(tmp_path / "ref" / "metrics.jsonl"))
 
 
+def test_resume_refuses_a_different_config(tmp_path, cache):
+    out = train(build_config("grpo", "smoke", {"steps": 2}), tmp_path / "run", progress=False, sft_cache=cache,
+                stop_after=1)
+    with pytest.raises(ValueError, match="lr differ"):
+        train(build_config("grpo", "smoke", {"steps": 2, "lr": 0.5}), out, progress=False, sft_cache=cache,
+              resume=True)
+    with pytest.raises(FileExistsError, match="already holds a run"):
+        train(build_config("grpo", "smoke", {"steps": 2}), out, progress=False, sft_cache=cache)
+
+
 def test_config_overrides_and_errors():
     cfg = build_config("gspo", "smoke", {"gspo.clip_low": "3e-3", "sft.task.max_ops": 2, "lr": "1"})
     assert cfg.gspo.clip_low == 0.003 and cfg.sft.task.max_ops == 2 and cfg.lr == 1.0

@@ -268,8 +268,17 @@ def train(cfg: RLConfig, out_dir: str | Path, *, device: str = "cpu", resume: bo
     ckpt_path, metrics_path = out / "checkpoint.pt", out / "metrics.jsonl"
     if not resume and ckpt_path.exists():
         raise FileExistsError(f"{out} already holds a run; pass resume=True (--resume) or choose another --out")
-    (out / "config.json").write_text(json.dumps(asdict(cfg), indent=2, default=list))
-    (out / "env.json").write_text(json.dumps(environment(cfg, device), indent=2))
+    resumed = resume and ckpt_path.exists()
+    config = json.loads(json.dumps(asdict(cfg), default=list))
+    if resumed:  # a resumed run must be the same run
+        saved = json.loads((out / "config.json").read_text())
+        changed = sorted(k for k in set(saved) | set(config) if saved.get(k) != config.get(k))
+        if changed:
+            raise ValueError(f"{out} was started with a different config ({', '.join(changed)} differ); "
+                             "resume it with the same settings")
+    else:
+        (out / "config.json").write_text(json.dumps(config, indent=2))
+        (out / "env.json").write_text(json.dumps(environment(cfg, device), indent=2))
 
     # --- the SFT warm start (shared by every method), the prompt pool and the held-out problems
     model, tokenizer, sft_info = warm_start(cfg.sft, device=device, cache_dir=sft_cache, progress=progress)
@@ -283,14 +292,13 @@ def train(cfg: RLConfig, out_dir: str | Path, *, device: str = "cpu", resume: bo
     state = RunState(sample_gen=torch.Generator(device=device))
     state.prompt_gen.manual_seed(cfg.seed)
     state.sample_gen.manual_seed(cfg.seed + 1)
-    if cfg.method == "spo":
-        offline = _offline_scores(model, tokenizer, pool, cfg, max_new, form, state.sample_gen)
+    if cfg.method == "spo":  # a resumed run restores the tracker instead of re-estimating the offline values
+        offline = None if resumed else _offline_scores(model, tokenizer, pool, cfg, max_new, form, state.sample_gen)
         state.tracker = spo.ValueTracker(range(len(pool)), offline_scores=offline, offline_N=cfg.spo.offline_N,
                                          rho_min=cfg.spo.rho_min, rho_max=cfg.spo.rho_max, d_half=cfg.spo.d_half,
                                          rho_type=cfg.spo.rho_type, rho_value=cfg.spo.rho_value)
         state.prompt_sampler = spo.PromptSampler(range(len(pool)), seed=cfg.seed)
 
-    resumed = resume and ckpt_path.exists()
     if resumed:
         _restore(ckpt_path, model, opt, state)
     writer = MetricsWriter.open(metrics_path, resume_after=state.step if resumed else None)
