@@ -46,7 +46,9 @@ ALPHABET = "\n !#$%'()*+,-./0123456789:<=>?" + string.ascii_uppercase + string.a
 """Every character a question, prompt, solution or calculator output may contain (82 characters)."""
 SEPARATOR = "\n"
 """What :func:`prompt` puts after the question."""
-FORMS = ("tool", "plain")
+FORMS = ("tool", "plain", "mixed")
+MIXED_TOOL_SHARE = 0.5
+"""In the mixed form, the share of steps written as calculator calls (the rest are computed in plain text)."""
 SPLITS = ("train", "test")
 TEST_FRACTION = 0.1
 """Share of question space (by hash) that belongs to the held-out split."""
@@ -90,7 +92,7 @@ class TaskConfig:
         if form not in FORMS:
             raise ValueError(f"unknown solution form {form!r}; valid: {', '.join(FORMS)}")
         dv, dn = len(str(self.max_value)), len(str(self.max_number))
-        per_step = (30 if form == "tool" else 3) + 2 * dv + 1 + dn  # plain: "=", "." and the joining space
+        per_step = (3 if form == "plain" else 30) + 2 * dv + 1 + dn  # plain: "=", "." and the joining space
         return self.max_ops * per_step + len(" #### ") + dv
 
 
@@ -118,11 +120,22 @@ class Problem:
         calls = "".join(f"<code>{expr}</code><output>{run_tool(expr)}</output>" for expr, _ in self.steps)
         return f"{calls} #### {self.answer}"
 
+    @property
+    def mixed(self) -> str:
+        """``48-18=30. <code>30/2</code><output>15</output> #### 15``: each step is a calculator call or plain
+        arithmetic, chosen per step with probability :data:`MIXED_TOOL_SHARE` by a generator seeded with the
+        question (so a problem always has the same solution). Where the first call comes is then a choice the
+        policy can learn — what ASPO shapes — and a plain step the tiny model computes itself is often wrong."""
+        rng = random.Random(f"mixed:{normalize_question(self.question)}")
+        parts = [f"<code>{expr}</code><output>{run_tool(expr)}</output>" if rng.random() < MIXED_TOOL_SHARE
+                 else f"{expr}={value}. " for expr, value in self.steps]
+        return "".join(parts).rstrip() + f" #### {self.answer}"
+
     def solution(self, form: str = "tool") -> str:
-        """The gold response in ``form`` (``"tool"`` or ``"plain"``)."""
+        """The gold response in ``form``: ``"tool"``, ``"plain"`` or ``"mixed"``."""
         if form not in FORMS:
             raise ValueError(f"unknown solution form {form!r}; valid: {', '.join(FORMS)}")
-        return self.tool if form == "tool" else self.plain
+        return getattr(self, form)
 
 
 # ---------------------------------------------------------------------------------------------- templates

@@ -426,7 +426,7 @@ def _rl_step(cfg: RLConfig, model, tokenizer, opt, state: RunState, pool, max_ne
         "adv/zero_frac": (sample_adv == 0).float().mean().item(),
         "_tokens": ro.lengths.sum().item(),
     })
-    if form == "tool":
+    if form != "plain":  # the tool metrics of every method, so curves compare
         metrics.update(aspo.aspo_metrics(ro.first_tool_pos.float().masked_fill(ro.first_tool_pos < 0, float("nan")),
                                          correct, ro.tool_calls, scored.code_pass))
     return metrics

@@ -85,7 +85,7 @@ def rollout(
     **sample_kwargs,
 ) -> Rollout:
     """Sample one response per problem (repeat problems for groups), with the calculator wired in for the tool form."""
-    tool = run_tool if form == "tool" else None
+    tool = None if form == "plain" else run_tool  # tool and mixed forms: the calculator answers calls
     prompts = [arithmetic.prompt(p) for p in problems]
     return sample(model, tokenizer, prompts, max_new_tokens=max_new_tokens, tool=tool, **sample_kwargs)
 
