@@ -118,7 +118,7 @@ class RLConfig:
 
 
 # ------------------------------------------------------------------------------------------------ scales
-# Each scale is a set of overrides of RLConfig; METHOD_DEFAULTS then adapt a method, and user overrides win.
+# Each scale is a set of overrides of RLConfig; SPO then trades groups for prompts, and user overrides win.
 SCALES: dict[str, dict[str, Any]] = {
     "smoke": {  # plumbing only, seconds on a CPU: every method end to end in the test suite
         "steps": 2, "prompts_per_step": 4, "group_size": 4, "pool_size": 16, "eval_every": 2, "eval_size": 8,
@@ -133,9 +133,6 @@ SCALES: dict[str, dict[str, Any]] = {
                 "eval_size": 1000},
     },
 }
-METHOD_DEFAULTS: dict[str, dict[str, Any]] = {
-    "spo": {"group_size": 1, "prompts_per_step": 8},  # × prompts_per_step below: the same samples per step as GRPO
-}
 
 
 def build_config(method: str, scale: str = "cpu", overrides: dict[str, Any] | None = None) -> RLConfig:
@@ -144,10 +141,8 @@ def build_config(method: str, scale: str = "cpu", overrides: dict[str, Any] | No
         raise ValueError(f"unknown scale {scale!r}; valid: {', '.join(SCALES)}")
     cfg = RLConfig(method=method)
     _apply(cfg, SCALES[scale])
-    if method in METHOD_DEFAULTS:
-        spo_like = dict(METHOD_DEFAULTS[method])
-        spo_like["prompts_per_step"] = cfg.prompts_per_step * cfg.group_size  # equal samples per step
-        _apply(cfg, spo_like)
+    if method == "spo":  # one response per prompt, and as many prompts as GRPO has samples per step
+        _apply(cfg, {"group_size": 1, "prompts_per_step": cfg.samples_per_step})
     for key, value in (overrides or {}).items():
         set_field(cfg, key, value)
     cfg.__post_init__()

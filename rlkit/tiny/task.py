@@ -10,7 +10,7 @@ import torch
 
 from rlkit.tasks import arithmetic
 from rlkit.tasks.calculator import run_tool
-from rlkit.tiny.model import TinyDecoder
+from rlkit.tiny.model import TinyDecoder, token_logprobs
 from rlkit.tiny.sampler import Rollout, sample
 from rlkit.tiny.tokenizer import CharTokenizer
 
@@ -128,8 +128,6 @@ def response_logprobs(
 ) -> Tensor:
     """Log-probs ``(n, T)`` of stored responses (1-D token tensors) under ``model`` — e.g. SPO's divergence between
     the policy that sampled a prompt's last response and the current one. Padding positions are 0."""
-    from rlkit.tiny.model import token_logprobs
-
     prompt_ids, prompt_mask = tokenizer.encode_batch(list(prompts), bos=True, pad_left=True)
     lengths = torch.tensor([len(r) for r in responses])
     T = int(lengths.max())
