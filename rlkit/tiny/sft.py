@@ -38,6 +38,8 @@ class SFTConfig:
     """Transformer blocks."""
     n_heads: int = 4
     """Attention heads."""
+    n_kv_heads: int | None = None
+    """Key/value heads shared by the query heads (None: one per head). 1 cuts the sampler's KV-cache reads 4×."""
     max_len: int = 512
     """Longest prompt + response."""
     form: str = "mixed"
@@ -93,7 +95,7 @@ def train(cfg: SFTConfig, *, device: str = "cpu", progress: bool = True) -> tupl
     tokenizer = build_tokenizer()
     torch.manual_seed(cfg.seed)
     model = TinyDecoder(ModelConfig(vocab_size=tokenizer.vocab_size, d_model=cfg.d_model, n_layers=cfg.n_layers,
-                                    n_heads=cfg.n_heads, max_len=cfg.max_len)).to(device)
+                                    n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, max_len=cfg.max_len)).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     stream = arithmetic.iter_split("train", cfg.seed, **asdict(cfg.task))
     start, loss_ema = time.perf_counter(), None
