@@ -136,7 +136,7 @@ def _check_problem(p: Problem, cfg: TaskConfig) -> None:
     calls = _CALL.findall(p.tool)
     assert [c for c, _ in calls] == [e for e, _ in p.steps]
     assert all(out == run_tool(call) == str(value) for (call, out), (_, value) in zip(calls, p.steps))
-    for form in ("tool", "plain", "mixed"):
+    for form in ("tool", "plain", "mixed", "mixed-easy"):
         text = p.solution(form)
         assert reward(p, text) == 1.0 and reward(p, text, mode="flexible") == 1.0
         assert set(prompt(p) + text) <= set(ALPHABET)

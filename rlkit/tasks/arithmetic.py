@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 import string
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
@@ -46,9 +47,11 @@ ALPHABET = "\n !#$%'()*+,-./0123456789:<=>?" + string.ascii_uppercase + string.a
 """Every character a question, prompt, solution or calculator output may contain (82 characters)."""
 SEPARATOR = "\n"
 """What :func:`prompt` puts after the question."""
-FORMS = ("tool", "plain", "mixed")
+FORMS = ("tool", "plain", "mixed", "mixed-easy")
 MIXED_TOOL_SHARE = 0.5
-"""In the mixed form, the share of steps written as calculator calls (the rest are computed in plain text)."""
+"""In the mixed forms, the share of steps written as calculator calls (the rest are computed in plain text)."""
+EASY_MAX = 20
+"""``mixed-easy``: only a step whose numbers and result are all at most this may be written in plain text."""
 SPLITS = ("train", "test")
 TEST_FRACTION = 0.1
 """Share of question space (by hash) that belongs to the held-out split."""
@@ -120,22 +123,34 @@ class Problem:
         calls = "".join(f"<code>{expr}</code><output>{run_tool(expr)}</output>" for expr, _ in self.steps)
         return f"{calls} #### {self.answer}"
 
+    def _mixed(self, easy_only: bool) -> str:
+        rng = random.Random(f"mixed:{normalize_question(self.question)}")
+        parts = []
+        for expr, value in self.steps:
+            easy = max(value, *(int(n) for n in re.findall(r"[0-9]+", expr))) <= EASY_MAX
+            plain = rng.random() >= MIXED_TOOL_SHARE and (easy or not easy_only)
+            parts.append(f"{expr}={value}. " if plain else f"<code>{expr}</code><output>{run_tool(expr)}</output>")
+        return "".join(parts).rstrip() + f" #### {self.answer}"
+
+    @property
+    def mixed_easy(self) -> str:
+        """The mixed form, but only easy steps (numbers and result ≤ :data:`EASY_MAX`) may be plain: plain steps
+        are then usually right, so correct responses differ in where their first call comes."""
+        return self._mixed(easy_only=True)
+
     @property
     def mixed(self) -> str:
         """``48-18=30. <code>30/2</code><output>15</output> #### 15``: each step is a calculator call or plain
         arithmetic, chosen per step with probability :data:`MIXED_TOOL_SHARE` by a generator seeded with the
         question (so a problem always has the same solution). Where the first call comes is then a choice the
         policy can learn — what ASPO shapes — and a plain step the tiny model computes itself is often wrong."""
-        rng = random.Random(f"mixed:{normalize_question(self.question)}")
-        parts = [f"<code>{expr}</code><output>{run_tool(expr)}</output>" if rng.random() < MIXED_TOOL_SHARE
-                 else f"{expr}={value}. " for expr, value in self.steps]
-        return "".join(parts).rstrip() + f" #### {self.answer}"
+        return self._mixed(easy_only=False)
 
     def solution(self, form: str = "tool") -> str:
-        """The gold response in ``form``: ``"tool"``, ``"plain"`` or ``"mixed"``."""
+        """The gold response in ``form``: ``"tool"``, ``"plain"``, ``"mixed"`` or ``"mixed-easy"``."""
         if form not in FORMS:
             raise ValueError(f"unknown solution form {form!r}; valid: {', '.join(FORMS)}")
-        return getattr(self, form)
+        return getattr(self, form.replace("-", "_"))
 
 
 # ---------------------------------------------------------------------------------------------- templates
