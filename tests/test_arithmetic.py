@@ -136,7 +136,12 @@ def _check_problem(p: Problem, cfg: TaskConfig) -> None:
     calls = _CALL.findall(p.tool)
     assert [c for c, _ in calls] == [e for e, _ in p.steps]
     assert all(out == run_tool(call) == str(value) for (call, out), (_, value) in zip(calls, p.steps))
-    for form in ("tool", "plain", "mixed", "mixed-easy"):
+    # the mixed form: an optional plan naming the operators in order, then each step as a call or plain text
+    words = {"add": "+", "subtract": "-", "multiply": "*", "divide": "/"}
+    planned = [words[w] for w in p.plan.removeprefix("Plan: ").removesuffix(".").split(", ")]
+    assert planned == [re.sub(r"[0-9]", "", e) for e, _ in p.steps]
+    assert p.mixed.startswith(p.plan + " ") or not p.mixed.startswith("Plan")
+    for form in A.FORMS:
         text = p.solution(form)
         assert reward(p, text) == 1.0 and reward(p, text, mode="flexible") == 1.0
         assert set(prompt(p) + text) <= set(ALPHABET)
@@ -198,6 +203,15 @@ def test_a_default_sample_covers_templates_op_counts_and_operators(train):
 
 
 # --------------------------------------------------------------------------------------------- size, knobs
+
+
+def test_mixed_form_shares_of_plans_and_calls(train):
+    mixed = [p.mixed for p in train]
+    n = len(mixed)
+    assert abs(sum(m.startswith("Plan: ") for m in mixed) / n - A.PLAN_SHARE) < 4 * (0.25 / n) ** 0.5
+    steps = sum(p.n_ops for p in train)
+    calls = sum(m.count("<code>") for m in mixed)
+    assert abs(calls / steps - A.MIXED_TOOL_SHARE) < 4 * (0.25 / steps) ** 0.5
 
 
 def test_lengths_within_the_stated_bounds(train):

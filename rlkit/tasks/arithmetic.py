@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import hashlib
 import random
-import re
 import string
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
@@ -47,11 +46,12 @@ ALPHABET = "\n !#$%'()*+,-./0123456789:<=>?" + string.ascii_uppercase + string.a
 """Every character a question, prompt, solution or calculator output may contain (82 characters)."""
 SEPARATOR = "\n"
 """What :func:`prompt` puts after the question."""
-FORMS = ("tool", "plain", "mixed", "mixed-easy")
+FORMS = ("tool", "plain", "mixed")
 MIXED_TOOL_SHARE = 0.5
-"""In the mixed forms, the share of steps written as calculator calls (the rest are computed in plain text)."""
-EASY_MAX = 20
-"""``mixed-easy``: only a step whose numbers and result are all at most this may be written in plain text."""
+"""In the mixed form, the share of steps written as calculator calls (the rest are computed in plain text)."""
+PLAN_SHARE = 0.5
+"""In the mixed form, the share of solutions that open with a plan in words (``Plan: subtract, divide.``)."""
+_OP_WORDS = {"+": "add", "-": "subtract", "*": "multiply", "/": "divide"}
 SPLITS = ("train", "test")
 TEST_FRACTION = 0.1
 """Share of question space (by hash) that belongs to the held-out split."""
@@ -91,12 +91,14 @@ class TaskConfig:
     def max_solution_chars(self, form: str = "tool") -> int:
         """An upper bound on a solution's length in ``form`` (add ``MAX_QUESTION_CHARS + 1`` for the prompt):
         a step's expression has at most ``dv + 1 + dn`` characters and its value ``dv`` (dv, dn: digits of
-        ``max_value`` and ``max_number``); the tool form wraps each step in 30 characters of tags."""
+        ``max_value`` and ``max_number``); the tool form wraps each step in 30 characters of tags; the mixed
+        form may open with a plan of ``"Plan: "`` and a word of at most 8 letters, ", " or "." per step."""
         if form not in FORMS:
             raise ValueError(f"unknown solution form {form!r}; valid: {', '.join(FORMS)}")
         dv, dn = len(str(self.max_value)), len(str(self.max_number))
         per_step = (3 if form == "plain" else 30) + 2 * dv + 1 + dn  # plain: "=", "." and the joining space
-        return self.max_ops * per_step + len(" #### ") + dv
+        plan = len("Plan: ") + 10 * self.max_ops + 1 if form == "mixed" else 0  # words, separators, the space
+        return plan + self.max_ops * per_step + len(" #### ") + dv
 
 
 @dataclass(frozen=True)
@@ -123,34 +125,36 @@ class Problem:
         calls = "".join(f"<code>{expr}</code><output>{run_tool(expr)}</output>" for expr, _ in self.steps)
         return f"{calls} #### {self.answer}"
 
-    def _mixed(self, easy_only: bool) -> str:
-        rng = random.Random(f"mixed:{normalize_question(self.question)}")
-        parts = []
-        for expr, value in self.steps:
-            easy = max(value, *(int(n) for n in re.findall(r"[0-9]+", expr))) <= EASY_MAX
-            plain = rng.random() >= MIXED_TOOL_SHARE and (easy or not easy_only)
-            parts.append(f"{expr}={value}. " if plain else f"<code>{expr}</code><output>{run_tool(expr)}</output>")
-        return "".join(parts).rstrip() + f" #### {self.answer}"
-
     @property
-    def mixed_easy(self) -> str:
-        """The mixed form, but only easy steps (numbers and result ≤ :data:`EASY_MAX`) may be plain: plain steps
-        are then usually right, so correct responses differ in where their first call comes."""
-        return self._mixed(easy_only=True)
+    def plan(self) -> str:
+        """``Plan: subtract, divide.``: the operations in words, in order (text before the first step)."""
+        ops = [next(c for c in expr[1:] if c in _OP_WORDS) for expr, _ in self.steps]  # expr[0] is a digit
+        return "Plan: " + ", ".join(_OP_WORDS[op] for op in ops) + "."
 
     @property
     def mixed(self) -> str:
-        """``48-18=30. <code>30/2</code><output>15</output> #### 15``: each step is a calculator call or plain
-        arithmetic, chosen per step with probability :data:`MIXED_TOOL_SHARE` by a generator seeded with the
-        question (so a problem always has the same solution). Where the first call comes is then a choice the
-        policy can learn — what ASPO shapes — and a plain step the tiny model computes itself is often wrong."""
-        return self._mixed(easy_only=False)
+        """``Plan: subtract, divide. 48-18=30. <code>30/2</code><output>15</output> #### 15``: each step is a
+        calculator call or plain arithmetic, chosen per step with probability :data:`MIXED_TOOL_SHARE`, and with
+        probability :data:`PLAN_SHARE` the solution first states its plan in words — both drawn by generators
+        seeded with the question, so a problem always has the same solution.
+
+        This is tool-integrated reasoning in miniature. A plain step the tiny model computes itself is often
+        wrong, so RL gains by calling the calculator (the TIR capability claim). The plan changes no answer but
+        moves the first call ~25 tokens later, so correct responses to one prompt differ in where their first call
+        comes — what ASPO's Eq. 2 shapes and GRPO ignores."""
+        q = normalize_question(self.question)
+        rng = random.Random(f"mixed:{q}")
+        parts = [f"{self.plan} "] if random.Random(f"plan:{q}").random() < PLAN_SHARE else []
+        for expr, value in self.steps:
+            plain = rng.random() >= MIXED_TOOL_SHARE
+            parts.append(f"{expr}={value}. " if plain else f"<code>{expr}</code><output>{run_tool(expr)}</output>")
+        return "".join(parts).rstrip() + f" #### {self.answer}"
 
     def solution(self, form: str = "tool") -> str:
-        """The gold response in ``form``: ``"tool"``, ``"plain"``, ``"mixed"`` or ``"mixed-easy"``."""
+        """The gold response in ``form``: ``"tool"``, ``"plain"`` or ``"mixed"``."""
         if form not in FORMS:
             raise ValueError(f"unknown solution form {form!r}; valid: {', '.join(FORMS)}")
-        return getattr(self, form.replace("-", "_"))
+        return getattr(self, form)
 
 
 # ---------------------------------------------------------------------------------------------- templates

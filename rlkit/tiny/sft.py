@@ -44,7 +44,8 @@ class SFTConfig:
     """Longest prompt + response."""
     form: str = "mixed"
     """Solution form: "tool" (every step a calculator call; learns fast), "plain" (the model does the
-    arithmetic) or "mixed" (each step one or the other; where the first call comes is the policy's choice)."""
+    arithmetic) or "mixed" (an optional plan in words, then each step one or the other: where the first call comes
+    is the policy's choice)."""
     task: arithmetic.TaskConfig = field(default_factory=arithmetic.TaskConfig)
     """Difficulty knobs of the generated problems."""
     steps: int = 750
