@@ -17,7 +17,7 @@ from rlkit.tiny.rl import METHODS, build_config, set_field, train
 
 COMMON = {"critic/score/mean", "response_length/mean", "actor/entropy", "actor/pg_loss", "actor/pg_clipfrac",
           "adv/zero_frac", "perf/throughput", "timing_s/step", "aspo/first_code_pos/mean", "aspo/code_ratio",
-          "aspo/code_rounds/mean", "aspo/code_pass_ratio"}
+          "aspo/code_rounds/mean", "aspo/code_pass_ratio", "rollout/response_tokens"}
 SPECIFIC = {"spo": {"spo/rho/mean"}, "hapo": {"hapo/temperature/mean", "hapo/temperature/std"}}
 
 
@@ -37,7 +37,7 @@ def test_every_method_runs_at_smoke_scale_with_its_metrics(method, tmp_path, cac
     out = train(cfg, tmp_path / method, progress=False, sft_cache=cache)
     recs = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in recs] == [0, 1, 2, 3]
-    assert set(recs[0]["data"]) == {"val/acc", "sft/val_acc"}  # step 0: the SFT start
+    assert set(recs[0]["data"]) == {"val/acc", "sft/val_acc", "timing_s/init"}  # step 0: the SFT start
     for r in recs[1:]:
         missing = COMMON | SPECIFIC.get(method, set()) - set(r["data"])
         assert not (COMMON | SPECIFIC.get(method, set())) - set(r["data"]), missing

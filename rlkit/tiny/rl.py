@@ -52,6 +52,8 @@ class RLConfig:
 
     method: str = "grpo"
     """Which method: grpo, gspo, aspo, aepo, spo or hapo."""
+    scale: str = "cpu"
+    """The preset these settings started from (smoke, cpu, gpu; see ``SCALES``), recorded for figure captions."""
     seed: int = 0
     """Seeds prompt choice, sampling and mini-batch order (the SFT checkpoint has its own seed)."""
     steps: int = 60
@@ -139,7 +141,7 @@ def build_config(method: str, scale: str = "cpu", overrides: dict[str, Any] | No
     """RLConfig for ``method`` at ``scale`` with dotted-key ``overrides`` (e.g. ``{"gspo.clip_low": 3e-3}``)."""
     if scale not in SCALES:
         raise ValueError(f"unknown scale {scale!r}; valid: {', '.join(SCALES)}")
-    cfg = RLConfig(method=method)
+    cfg = RLConfig(method=method, scale=scale)
     _apply(cfg, SCALES[scale])
     if method == "spo":  # one response per prompt, and as many prompts as GRPO has samples per step
         _apply(cfg, {"group_size": 1, "prompts_per_step": cfg.samples_per_step})
@@ -284,6 +286,7 @@ def train(cfg: RLConfig, out_dir: str | Path, *, device: str = "cpu", resume: bo
     max_new = cfg.max_new_tokens or max_response_tokens(cfg.sft.task, form)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=(0.9, 0.99))
 
+    t_init = time.perf_counter()
     state = RunState(sample_gen=torch.Generator(device=device))
     state.prompt_gen.manual_seed(cfg.seed)
     state.sample_gen.manual_seed(cfg.seed + 1)
@@ -299,7 +302,8 @@ def train(cfg: RLConfig, out_dir: str | Path, *, device: str = "cpu", resume: bo
     writer = MetricsWriter.open(metrics_path, resume_after=state.step if resumed else None)
     if not resumed:  # step 0: the SFT start
         acc = evaluate(model, tokenizer, held_out, max_new_tokens=max_new, form=form)
-        writer.log({"val/acc": acc, "sft/val_acc": sft_info["val/acc"]}, step=0)
+        writer.log({"val/acc": acc, "sft/val_acc": sft_info["val/acc"],
+                    "timing_s/init": time.perf_counter() - t_init}, step=0)  # SPO's offline pass, step-0 eval
 
     last = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
     bar = tqdm(range(state.step + 1, last + 1), desc=f"{cfg.method} seed {cfg.seed}", disable=not progress)
@@ -343,6 +347,7 @@ def _rl_step(cfg: RLConfig, model, tokenizer, opt, state: RunState, pool, max_ne
                  temperature_fn=temperature_fn, generator=state.sample_gen)
     scored = score_rollout(ro, problems)
     metrics["timing_s/gen"] = time.perf_counter() - t0
+    metrics["rollout/response_tokens"] = ro.lengths.sum().item()  # all sampled, before any filtering
 
     # ---- 3. reward: correctness (+ DAPO's overlong penalty); dynamic sampling keeps groups with signal
     if cfg.dynamic_sampling:
