@@ -1,0 +1,58 @@
+"""Build the Jupyter Book (1.x, offline) from the executed notebooks of the reproductions.
+
+``book/`` holds the hand-written pages (intro, papers, full-scale runs), ``_config.yml``, ``_toc.yml`` and
+``references.bib``. :func:`build` copies each spec's executed notebook (its first seed's) from the results into
+``<book>/notebooks/`` and runs ``jupyter-book build`` with warnings as errors; nothing is executed during the build
+(``execute_notebooks: off``), so the pages show exactly what ``rlkit reproduce`` computed.
+
+    rlkit book                                  # reproductions/results -> book/_build/html
+    rlkit book --results /tmp/smoke --book /tmp/book-copy
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from rlkit.reproduce import REPO, RESULTS_DIR, SPECS_DIR, load_specs
+
+BOOK_DIR = REPO / "book"
+
+
+def stage(book: Path = BOOK_DIR, results: Path = RESULTS_DIR, specs_dir: Path = SPECS_DIR) -> list[Path]:
+    """Copy every spec's executed notebook into ``<book>/notebooks/``; a missing one is an error naming the
+    command that makes it."""
+    target = Path(book) / "notebooks"
+    if target.exists():
+        shutil.rmtree(target)
+    target.mkdir(parents=True)
+    copied = []
+    for spec in load_specs(specs_dir):
+        executed = spec.run_dirs(Path(results), 1)[0] / f"{Path(spec.notebook).stem}.ipynb"
+        if not executed.exists():
+            raise FileNotFoundError(f"{executed} is missing: run `rlkit reproduce --only {spec.name}` first")
+        copied.append(Path(shutil.copy2(executed, target / executed.name)))
+    return copied
+
+
+def build(book: Path = BOOK_DIR, results: Path = RESULTS_DIR, *, strict: bool = True,
+          specs_dir: Path = SPECS_DIR) -> Path:
+    """Stage the notebooks and build the HTML book; returns ``<book>/_build/html/index.html``.
+
+    ``strict`` turns every Sphinx warning into an error (``-W --keep-going``: all warnings are listed, then it
+    fails). The build is from scratch each time (``--all``) so a stale page cannot survive."""
+    book = Path(book)
+    stage(book, Path(results), Path(specs_dir))
+    cmd = [sys.executable, "-c", "from jupyter_book.cli.main import main; main()", "build", str(book), "--all"]
+    if strict:
+        cmd += ["-W", "--keep-going"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-40:])
+        raise RuntimeError(f"jupyter-book build failed ({' '.join(cmd[3:])}):\n{tail}")
+    index = book / "_build" / "html" / "index.html"
+    if not index.exists():
+        raise RuntimeError(f"jupyter-book reported success but {index} is missing")
+    return index
