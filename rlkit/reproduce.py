@@ -97,10 +97,7 @@ class Spec:
         if unknown:
             raise ValueError(f"{path}: unknown keys {unknown}; valid: {', '.join(sorted(valid))}")
         claims = [Claim(**c) for c in raw.pop("claims", [])]
-        spec = cls(claims=claims, **raw)
-        if not (REPO / spec.notebook).exists():
-            raise ValueError(f"{path}: notebook {spec.notebook} does not exist")
-        return spec
+        return cls(claims=claims, **raw)
 
     def run_dirs(self, results: Path, seeds: int | None = None) -> list[Path]:
         """Where the executed notebook (and, for a method, its run) goes: one directory per seed."""
@@ -263,6 +260,8 @@ def execute(spec: Spec, out_dir: Path, parameters: dict[str, Any], *, progress: 
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
+    if not (REPO / spec.notebook).exists():
+        raise FileNotFoundError(f"spec {spec.name!r}: notebook {spec.notebook} does not exist")
     out_dir.mkdir(parents=True, exist_ok=True)
     output = out_dir / f"{Path(spec.notebook).stem}.ipynb"
     try:
