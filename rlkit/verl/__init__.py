@@ -1,0 +1,21 @@
+"""rlkit inside verl 0.9.1: the only package that imports verl (its submodules do; this file does not).
+
+- :mod:`rlkit.verl.plugin` registers rlkit's policy losses and advantage estimators in verl's registries
+  (loaded by verl itself through the ``verl.plugins`` entry point);
+- :mod:`rlkit.verl.trainer` is the trainer ``trainer.v1.trainer_mode=rlkit`` that carries what verl's
+  estimator and loss signatures cannot (correctness and code positions, entropies, SPO's tracker and sampler);
+- :mod:`rlkit.verl.sampling` is HAPO's adaptive temperature as a vLLM v1 logits processor.
+
+The names below are importable without verl, so configs can be checked before verl is imported.
+"""
+
+#: verl policy-loss name (``actor_rollout_ref.actor.policy_loss.loss_mode``) → rlkit method whose loss it runs.
+POLICY_LOSSES = {"rlkit_ppo": "grpo", "rlkit_gspo": "gspo", "rlkit_aepo": "aepo", "rlkit_hapo": "hapo"}
+
+#: verl advantage-estimator name (``algorithm.adv_estimator``) → rlkit method whose estimator it runs.
+ADV_ESTIMATORS = {"rlkit_grpo": "grpo", "rlkit_hapo_tlga": "hapo", "rlkit_aspo": "aspo", "rlkit_spo": "spo"}
+
+#: verl trainer name (``trainer.v1.trainer_mode``) of :class:`rlkit.verl.trainer.RlkitTrainer`.
+TRAINER = "rlkit"
+
+__all__ = ["ADV_ESTIMATORS", "POLICY_LOSSES", "TRAINER"]

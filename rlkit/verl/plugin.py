@@ -1,0 +1,484 @@
+"""rlkit's losses and advantage estimators in verl 0.9.1's registries (loaded through the ``verl.plugins`` entry point).
+
+verl imports every ``verl.plugins`` entry point at the end of ``import verl`` and logs a failure only at debug
+level (``verl/__init__.py``). So this module logs an ERROR itself before re-raising, checks after registering
+that every name is in verl's tables, and :func:`ensure_registered` lets rlkit's own code paths (launch, trainer,
+tests) import it explicitly (it also covers ``VERL_USE_EXTERNAL_PLUGINS=none``).
+
+Names (each wraps the rlkit function, nothing is re-implemented here):
+
+=====================================  ===========================================================================
+``actor_rollout_ref.actor.policy_loss.loss_mode``  rlkit function
+=====================================  ===========================================================================
+``rlkit_ppo``                          :func:`rlkit.methods.grpo.ppo_clip_loss` (GRPO, ASPO, SPO)
+``rlkit_gspo``                         :func:`rlkit.methods.gspo.gspo_loss`
+``rlkit_aepo``                         :func:`rlkit.methods.aepo.aepo_loss` (needs the actor's entropies)
+``rlkit_hapo``                         :func:`rlkit.methods.hapo.hapo_loss` (needs the actor's entropies)
+=====================================  ===========================================================================
+
+=====================================  ===========================================================================
+``algorithm.adv_estimator``            rlkit function
+=====================================  ===========================================================================
+``rlkit_grpo``                         :func:`rlkit.methods.grpo.grpo_advantage` (GRPO, GSPO, AEPO)
+``rlkit_hapo_tlga``                    :func:`rlkit.methods.hapo.tlga_advantage` (HAPO)
+``rlkit_aspo``                         base estimator, then :func:`rlkit.methods.aspo.aspo_shape` (trainer ``rlkit``)
+``rlkit_spo``                          :func:`rlkit.methods.spo.spo_advantage` on ``reward_baselines`` (trainer ``rlkit``)
+=====================================  ===========================================================================
+
+Trainer ``trainer.v1.trainer_mode=rlkit`` (:mod:`rlkit.verl.trainer`, registered here too) supplies what these
+signatures cannot carry: ASPO's correctness and first-code positions, SPO's baselines, tracker and prompt sampler,
+the actor's entropies for ``rlkit_aepo``/``rlkit_hapo``, and HAPO's sampler statistics.
+
+Configuration. verl's own keys keep their meaning: ``actor_rollout_ref.actor.clip_ratio_low``/``clip_ratio_high``
+(ε_low/ε_high; ``clip_ratio`` when they are null), ``clip_ratio_c`` (dual clip, read by ``rlkit_ppo``,
+``rlkit_aepo``, ``rlkit_hapo``; GSPO has none), ``loss_agg_mode``, ``algorithm.norm_adv_by_std_in_grpo`` (GRPO's
+and TLGA's std division). Everything else comes from ``+algorithm.<method>.<field>`` with the field names of
+``rlkit.methods.<method>.Config``; a field that verl already owns is refused with the verl key to use:
+
+- ``algorithm.grpo``: ``eps``.
+- ``algorithm.gspo``: ``variant`` (``sequence`` | ``token``).
+- ``algorithm.aepo``: ``coef``, ``variant`` (``paper`` | ``arlarena``), ``use_entropy_advantage``.
+- ``algorithm.hapo``: ``adaptive_temperature``, ``temperature_tau``, ``entropy_pivot``, ``fallback_threshold``,
+  ``eps``, ``adaptive_advantage``, ``adv_beta``, ``adaptive_clip``, ``clip_alpha``, ``release_compat``; and the
+  verl-only ``stats_path`` (where the trainer writes the sampler's entropy statistics, read by
+  :mod:`rlkit.verl.sampling`).
+- ``algorithm.aspo``: ``enabled``, ``delta``, ``k``, ``require_code_pass``, ``base_advantage`` (``grpo`` |
+  ``hapo_tlga``), ``code_detection.{prefer_structured_tool_calls, markdown_backticks, html_code_tags,
+  tool_call_json, result_fences}``.
+- ``algorithm.spo``: ``rho_type``, ``rho_value``, ``rho_min``, ``rho_max``, ``d_half``, ``offline_N``, ``eps``,
+  ``gamma``, ``adv_eps``, ``no_baseline``; and the verl-only ``offline_values`` (path of ``offline_values.json``).
+
+Refused, with the verl key named: ``clip_low`` → ``actor_rollout_ref.actor.clip_ratio_low``, ``clip_high`` →
+``clip_ratio_high``, ``clip_c`` → ``clip_ratio_c``, ``agg`` → ``loss_agg_mode``, ``norm_by_std`` →
+``algorithm.norm_adv_by_std_in_grpo``, ``temperature`` → ``actor_rollout_ref.rollout.temperature``,
+``mini_batches`` → ``actor_rollout_ref.actor.ppo_mini_batch_size``, ``adv_estimator`` → ``algorithm.adv_estimator``.
+The ``+algorithm.*`` keys never reach verl's ``AlgoConfig`` in the v1 trainer (it reads ``config.algorithm``
+as a DictConfig), so they do not break verl's schema.
+
+Deviations forced by verl's extension points:
+
+- Loss scale. verl 0.9.1 normalises each micro-batch loss by the *global* mini-batch (``dp_size``,
+  ``batch_num_tokens``, ``global_batch_size`` in ``config.global_batch_info``) and backpropagates the sum over
+  micro-batches. rlkit's losses average over the batch they are given; the wrapper multiplies by
+  local count / global count × dp_size, which is exactly verl's ``agg_loss`` for every mode both support.
+  Metrics other than the loss stay per micro-batch means, as verl's own are.
+- Method options reach the losses through :func:`loss_inputs` (a context set by the rlkit trainer's actor loss
+  around verl's own ``ppo_loss``), because ``ActorConfig`` refuses unknown keys and ``ppo_loss`` passes no
+  entropy. Called by verl's stock ``ppo_loss`` the losses use the ``Config`` defaults; ``rlkit_hapo`` and
+  ``rlkit_aepo`` (with ``use_entropy_advantage``) then refuse to run without entropies rather than silently
+  dropping a component.
+- verl's rollout-correction weights (``rollout_is_weights``) are refused: rlkit's losses weight off-policy tokens
+  with their own decoupled-PPO form, which needs the rollout log-probs verl does not pass to a loss.
+- GRPO's ``clip_c=None`` (no dual clip) has no verl spelling: verl always dual-clips at ``clip_ratio_c``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, NamedTuple
+
+import torch
+
+from rlkit.methods import aepo, aspo, grpo, gspo, hapo, spo
+from rlkit.tasks.tools import CodeDetection
+from rlkit.verl import ADV_ESTIMATORS, POLICY_LOSSES, TRAINER
+
+Tensor = torch.Tensor
+_log = logging.getLogger("rlkit.verl")
+
+CONFIGS = {"grpo": grpo.Config, "gspo": gspo.Config, "aepo": aepo.Config, "hapo": hapo.Config,
+           "aspo": aspo.Config, "spo": spo.Config}
+"""rlkit method → the ``Config`` dataclass whose field names ``+algorithm.<method>.*`` uses."""
+
+VERL_OWNED = {
+    "clip_low": "actor_rollout_ref.actor.clip_ratio_low",
+    "clip_high": "actor_rollout_ref.actor.clip_ratio_high",
+    "clip_c": "actor_rollout_ref.actor.clip_ratio_c",
+    "agg": "actor_rollout_ref.actor.loss_agg_mode",
+    "norm_by_std": "algorithm.norm_adv_by_std_in_grpo",
+    "temperature": "actor_rollout_ref.rollout.temperature",
+    "mini_batches": "actor_rollout_ref.actor.ppo_mini_batch_size",
+    "adv_estimator": "algorithm.adv_estimator",
+}
+"""``Config`` fields a verl run sets with verl's own key (the value)."""
+
+VERL_EXTRAS = {"hapo": {"stats_path": None}, "spo": {"offline_values": None}}
+"""Keys only a verl run has, per method, with their defaults."""
+
+
+# --------------------------------------------------------------------------- +algorithm.<method>.* overrides
+
+
+def _section(config: Any, key: str) -> dict:
+    """``config[key]`` as a plain dict ({} when absent); ``config`` a DictConfig, dict, verl BaseConfig or None."""
+    if config is None:
+        return {}
+    value = config.get(key, None)
+    if value is None:
+        return {}
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(value, DictConfig):
+            value = OmegaConf.to_container(value, resolve=True)
+    except ImportError:  # pragma: no cover - omegaconf comes with verl
+        pass
+    if not isinstance(value, Mapping):
+        raise ValueError(f"algorithm.{key} must be a mapping of option names, got {value!r}")
+    return dict(value)
+
+
+def _code_detection(value: Any) -> CodeDetection:
+    if isinstance(value, CodeDetection):
+        return value
+    if not isinstance(value, Mapping):
+        raise ValueError(f"algorithm.aspo.code_detection must be a mapping, got {value!r}")
+    valid = [f.name for f in dataclasses.fields(CodeDetection)]
+    unknown = sorted(set(value) - set(valid))
+    if unknown:
+        raise ValueError(f"unknown key(s) algorithm.aspo.code_detection.{', '.join(unknown)}; valid: {', '.join(valid)}")
+    value = dict(value)
+    if "result_fences" in value:
+        value["result_fences"] = tuple(value["result_fences"])
+    return CodeDetection(**value)
+
+
+def method_config(algorithm: Any, method: str) -> tuple[Any, dict[str, Any]]:
+    """``(Config, extras)`` for ``method`` from the ``algorithm.<method>`` section of a verl config.
+
+    ``algorithm`` is verl's ``config.algorithm`` (DictConfig, dict, ``AlgoConfig``) or None (all defaults).
+    Unknown keys fail naming the valid ones; keys verl owns fail naming the verl key (module doc). ``extras``
+    holds the verl-only keys of :data:`VERL_EXTRAS` with their defaults filled in.
+    """
+    if method not in CONFIGS:
+        raise KeyError(f"unknown rlkit method {method!r}; valid: {', '.join(sorted(CONFIGS))}")
+    cls = CONFIGS[method]
+    section = _section(algorithm, method)
+    extras = dict(VERL_EXTRAS.get(method, {}))
+    fields = {f.name for f in dataclasses.fields(cls)}
+    valid = sorted((fields - set(VERL_OWNED)) | set(extras))
+    for key in sorted(section):
+        if key in VERL_OWNED and key in fields:
+            raise ValueError(f"algorithm.{method}.{key} is set with verl's own key {VERL_OWNED[key]} in verl runs")
+        if key not in fields and key not in extras:
+            raise ValueError(f"unknown key algorithm.{method}.{key}; valid: {', '.join(valid)}")
+    for key in list(section):
+        if key in extras:
+            extras[key] = section.pop(key)
+    if "code_detection" in section:
+        section["code_detection"] = _code_detection(section["code_detection"])
+    return cls(**section), extras
+
+
+# --------------------------------------------------------------------------- policy losses
+
+
+class LossInputs(NamedTuple):
+    """What the rlkit trainer's actor loss hands to the registered losses for one micro-batch."""
+
+    entropy: Tensor | None
+    """The actor's token entropies ``(B, T)`` of this forward pass (padded like the log-probs)."""
+    options: Mapping[str, Any]
+    """rlkit method → its ``Config`` (:func:`method_config`)."""
+
+
+_LOSS_INPUTS: ContextVar[LossInputs | None] = ContextVar("rlkit_loss_inputs", default=None)
+
+
+@contextmanager
+def loss_inputs(entropy: Tensor | None = None, options: Mapping[str, Any] | None = None) -> Iterator[None]:
+    """Within the block, ``rlkit_*`` losses read ``entropy`` and method ``options`` (see :class:`LossInputs`)."""
+    token = _LOSS_INPUTS.set(LossInputs(entropy, dict(options or {})))
+    try:
+        yield
+    finally:
+        _LOSS_INPUTS.reset(token)
+
+
+_ESTIMATOR_INPUTS: ContextVar[Mapping[str, Any] | None] = ContextVar("rlkit_estimator_inputs", default=None)
+
+
+@contextmanager
+def estimator_inputs(**per_response: Any) -> Iterator[None]:
+    """Within the block, ``rlkit_aspo``/``rlkit_spo`` read these per-response inputs (their keyword arguments)
+    when verl's ``compute_advantage`` calls them without (it passes a fixed set of keywords)."""
+    token = _ESTIMATOR_INPUTS.set(per_response)
+    try:
+        yield
+    finally:
+        _ESTIMATOR_INPUTS.reset(token)
+
+
+def _given_or_context(name: str, given: Any) -> Any:
+    if given is not None:
+        return given
+    inputs = _ESTIMATOR_INPUTS.get()
+    return None if inputs is None else inputs.get(name, None)
+
+
+def _clip_range(config: Any) -> tuple[float, float]:
+    """verl's ε_low, ε_high: ``clip_ratio_low``/``clip_ratio_high``, each falling back to ``clip_ratio``."""
+    clip = config.get("clip_ratio", 0.2)
+    low, high = config.get("clip_ratio_low", None), config.get("clip_ratio_high", None)
+    return (clip if low is None else low), (clip if high is None else high)
+
+
+def global_scale(mask: Tensor, agg: str, batch_info: Mapping[str, Any]) -> Tensor | float:
+    """Factor turning rlkit's micro-batch mean into verl 0.9.1's globally normalised loss (``agg_loss``).
+
+    verl divides the micro-batch's token (or sequence) sum by the global mini-batch's ``batch_num_tokens``
+    (``global_batch_size``) and multiplies by ``dp_size``; rlkit divides by the micro-batch's own count. Without
+    global info (a direct call) verl normalises locally too, and the factor is 1.
+    """
+    dp_size = batch_info.get("dp_size", 1) or 1
+    if agg == "token-mean":
+        total, local = batch_info.get("batch_num_tokens", None), mask.sum()
+    else:  # the sequence means (rlkit's agg_loss refuses any other mode)
+        total, local = batch_info.get("global_batch_size", None), (mask.sum(-1) > 0).sum()
+    if total is None:
+        if dp_size > 1:
+            raise ValueError(f"loss_agg_mode {agg!r} with dp_size {dp_size} needs the global batch size from verl")
+        return 1.0
+    return local.clamp(min=1).to(torch.float64).item() / float(total) * dp_size
+
+
+def _options(method: str, given: Any, inputs: LossInputs | None) -> Any:
+    if given is not None:
+        return given
+    if inputs is not None and method in inputs.options:
+        return inputs.options[method]
+    return CONFIGS[method]()
+
+
+def _ppo(common: dict, config: Any, opts: grpo.Config, entropy: Tensor | None) -> tuple[Tensor, dict]:
+    return grpo.ppo_clip_loss(**common, clip_c=config.get("clip_ratio_c", 3.0))
+
+
+def _gspo(common: dict, config: Any, opts: gspo.Config, entropy: Tensor | None) -> tuple[Tensor, dict]:
+    return gspo.gspo_loss(**common, variant=opts.variant)
+
+
+def _aepo(common: dict, config: Any, opts: aepo.Config, entropy: Tensor | None) -> tuple[Tensor, dict]:
+    if opts.use_entropy_advantage and entropy is None:
+        raise ValueError(
+            "rlkit_aepo reshapes the advantage with the actor's token entropies, which verl's ppo_loss does not "
+            "pass: run with trainer.v1.trainer_mode=rlkit, or set +algorithm.aepo.use_entropy_advantage=false "
+            "(the released ARPO scripts' clip-only form)"
+        )
+    return aepo.aepo_loss(**common, entropy=entropy if opts.use_entropy_advantage else None, coef=opts.coef,
+                          clip_c=config.get("clip_ratio_c", 3.0), variant=opts.variant)
+
+
+def _hapo(common: dict, config: Any, opts: hapo.Config, entropy: Tensor | None) -> tuple[Tensor, dict]:
+    if entropy is None and (opts.adaptive_advantage or opts.adaptive_clip):
+        raise ValueError(
+            "rlkit_hapo needs the actor's token entropies (redistribution and adaptive clip), which verl's ppo_loss "
+            "does not pass: run with trainer.v1.trainer_mode=rlkit"
+        )
+    return hapo.hapo_loss(
+        **common, entropy=entropy, clip_c=config.get("clip_ratio_c", 10.0), beta=opts.adv_beta,
+        alpha=opts.clip_alpha, pivot=opts.entropy_pivot, release_compat=opts.release_compat,
+        use_redistribution=opts.adaptive_advantage, use_adaptive_clip=opts.adaptive_clip,
+    )
+
+
+_LOSS_RUNNERS: dict[str, Callable] = {"grpo": _ppo, "gspo": _gspo, "aepo": _aepo, "hapo": _hapo}
+
+
+def _verl_policy_loss(name: str) -> Callable:
+    method = POLICY_LOSSES[name]
+    run = _LOSS_RUNNERS[method]
+
+    def policy_loss(
+        old_log_prob: Tensor,
+        log_prob: Tensor,
+        advantages: Tensor,
+        response_mask: Tensor,
+        loss_agg_mode: str = "token-mean",
+        config: Any = None,
+        rollout_is_weights: Tensor | None = None,
+        *,
+        entropy: Tensor | None = None,
+        options: Any = None,
+    ) -> tuple[Tensor, dict[str, float]]:
+        if config is None:
+            raise ValueError(f"{name} reads the clip ranges from verl's actor config: pass config=ActorConfig(...)")
+        if rollout_is_weights is not None:
+            raise ValueError(
+                f"{name} does not apply verl's rollout-correction weights (algorithm.rollout_correction); "
+                "unset them, rlkit's losses have their own decoupled-PPO correction"
+            )
+        inputs = _LOSS_INPUTS.get()
+        entropy = entropy if entropy is not None else (inputs.entropy if inputs is not None else None)
+        opts = _options(method, options, inputs)
+        batch_info = config.get("global_batch_info", None) or {}
+        clip_low, clip_high = _clip_range(config)
+        common = dict(logp=log_prob, old_logp=old_log_prob, adv=advantages, mask=response_mask,
+                      clip_low=clip_low, clip_high=clip_high, agg=loss_agg_mode,
+                      loss_scale_factor=batch_info.get("loss_scale_factor", None))
+        loss, metrics = run(common, config, opts, entropy)
+        return loss * global_scale(response_mask, loss_agg_mode, batch_info), metrics
+
+    policy_loss.__name__ = policy_loss.__qualname__ = name
+    policy_loss.__doc__ = f"verl policy loss {name!r}: rlkit's {method} loss in verl's PolicyLossFn signature."
+    return policy_loss
+
+
+# --------------------------------------------------------------------------- advantage estimators
+
+
+def _sequence_rewards(token_level_rewards: Tensor) -> Tensor:
+    return token_level_rewards.sum(-1)  # verl's outcome estimators: the sum of the token rewards
+
+
+def _need_index(name: str, index: Any) -> Any:
+    if index is None:
+        raise ValueError(f"{name} groups responses by prompt: verl must pass index (the batch's 'uid')")
+    return index
+
+
+def grpo_estimator(token_level_rewards: Tensor, response_mask: Tensor, config: Any = None, index: Any = None,
+                   **_verl_optional: Any) -> tuple[Tensor, Tensor]:
+    """``rlkit_grpo``: :func:`rlkit.methods.grpo.grpo_advantage` → ``(advantages, returns)``, both ``(B, T)``."""
+    opts, _ = method_config(config, "grpo")
+    norm = config.get("norm_adv_by_std_in_grpo", True) if config is not None else True
+    adv = grpo.grpo_advantage(_sequence_rewards(token_level_rewards), _need_index("rlkit_grpo", index),
+                              response_mask, norm_by_std=norm, eps=opts.eps)
+    return adv, adv
+
+
+def tlga_estimator(token_level_rewards: Tensor, response_mask: Tensor, config: Any = None, index: Any = None,
+                   **_verl_optional: Any) -> tuple[Tensor, Tensor]:
+    """``rlkit_hapo_tlga``: :func:`rlkit.methods.hapo.tlga_advantage` (HAPO Eq. 9) → ``(advantages, returns)``."""
+    opts, _ = method_config(config, "hapo")
+    norm = config.get("norm_adv_by_std_in_grpo", True) if config is not None else True
+    adv = hapo.tlga_advantage(_sequence_rewards(token_level_rewards), _need_index("rlkit_hapo_tlga", index),
+                              response_mask, norm_by_std=norm, fallback_threshold=opts.fallback_threshold,
+                              eps=opts.eps)
+    return adv, adv
+
+
+ASPO_BASES = ("grpo", "hapo_tlga")
+
+
+def aspo_estimator(token_level_rewards: Tensor, response_mask: Tensor, config: Any = None, index: Any = None, *,
+                   correct: Any = None, first_code_pos: Any = None, response_lengths: Any = None,
+                   code_pass: Any = None, **_verl_optional: Any) -> tuple[Tensor, Tensor]:
+    """``rlkit_aspo``: the base estimator ``algorithm.aspo.base_advantage``, shaped by ASPO's Eq. 2.
+
+    ``correct``, ``first_code_pos``, ``response_lengths`` (and ``code_pass`` with ``require_code_pass``) are
+    ``(B,)`` per-response inputs verl's estimator call does not carry: the rlkit trainer passes them (keywords, or
+    :func:`estimator_inputs`).
+    """
+    opts, _ = method_config(config, "aspo")
+    correct, first_code_pos, response_lengths, code_pass = (
+        _given_or_context(n, v) for n, v in (("correct", correct), ("first_code_pos", first_code_pos),
+                                             ("response_lengths", response_lengths), ("code_pass", code_pass)))
+    if opts.base_advantage not in ASPO_BASES:
+        raise ValueError(f"algorithm.aspo.base_advantage {opts.base_advantage!r}; valid: {', '.join(ASPO_BASES)}")
+    base = {"grpo": grpo_estimator, "hapo_tlga": tlga_estimator}[opts.base_advantage]
+    adv, _ = base(token_level_rewards, response_mask, config, index)
+    if not opts.enabled:
+        return adv, adv
+    missing = [n for n, v in (("correct", correct), ("first_code_pos", first_code_pos),
+                              ("response_lengths", response_lengths)) if v is None]
+    if opts.require_code_pass and code_pass is None:
+        missing.append("code_pass")
+    if missing:
+        raise ValueError(
+            f"rlkit_aspo needs per-response {', '.join(missing)}, which verl's estimator call does not carry: "
+            "run with trainer.v1.trainer_mode=rlkit"
+        )
+    adv = aspo.aspo_shape(adv, index, correct, first_code_pos, response_lengths, delta=opts.delta, k=opts.k,
+                          code_pass=code_pass if opts.require_code_pass else None, mask=response_mask)
+    return adv, adv
+
+
+def spo_estimator(token_level_rewards: Tensor, response_mask: Tensor, config: Any = None, index: Any = None,
+                  reward_baselines: Tensor | None = None, *, real_rows: Tensor | None = None,
+                  **_verl_optional: Any) -> tuple[Tensor, Tensor]:
+    """``rlkit_spo``: :func:`rlkit.methods.spo.spo_advantage` with the tracker's pre-update values.
+
+    ``reward_baselines`` ``(B,)`` are the tracker's v̂ (zeros with ``no_baseline``); verl's ``compute_advantage``
+    passes them when the batch holds that field, else the rlkit trainer does through :func:`estimator_inputs`.
+    ``real_rows`` ``(B,)`` bool leaves out rows verl added as padding: they get 0 and stay out of the batch
+    normalisation.
+    """
+    opts, _ = method_config(config, "spo")
+    baselines, real = _given_or_context("reward_baselines", reward_baselines), _given_or_context("real_rows", real_rows)
+    if baselines is None:
+        raise ValueError(
+            "rlkit_spo needs the value tracker's baselines (reward_baselines): run with trainer.v1.trainer_mode=rlkit"
+        )
+    rewards = _sequence_rewards(token_level_rewards)
+    if real is None:
+        adv = spo.spo_advantage(rewards, baselines, eps=opts.adv_eps, mask=response_mask)
+    else:
+        real = torch.as_tensor(real, dtype=torch.bool, device=rewards.device)
+        adv = torch.zeros(response_mask.shape, dtype=rewards.dtype, device=rewards.device)
+        adv[real] = spo.spo_advantage(rewards[real], baselines[real], eps=opts.adv_eps, mask=response_mask[real])
+    return adv, adv
+
+
+ESTIMATOR_FUNCTIONS = {"rlkit_grpo": grpo_estimator, "rlkit_hapo_tlga": tlga_estimator,
+                       "rlkit_aspo": aspo_estimator, "rlkit_spo": spo_estimator}
+POLICY_LOSS_FUNCTIONS = {name: _verl_policy_loss(name) for name in POLICY_LOSSES}
+
+
+# --------------------------------------------------------------------------- registration
+
+
+def register() -> None:
+    """Put every rlkit name in verl's registries (idempotent; a name held by another function fails)."""
+    from verl.trainer.ppo import core_algos
+
+    for name, fn in POLICY_LOSS_FUNCTIONS.items():
+        held = core_algos.POLICY_LOSS_REGISTRY.get(name)
+        if held is not None and held is not fn:
+            raise ValueError(f"verl policy loss {name!r} is already registered to {held.__module__}.{held.__name__}")
+        core_algos.register_policy_loss(name)(fn)
+    for name, fn in ESTIMATOR_FUNCTIONS.items():
+        core_algos.register_adv_est(name)(fn)  # verl refuses a name held by another function
+    import rlkit.verl.trainer  # noqa: F401  (registers the trainer with verl's register_trainer)
+
+
+def missing_names() -> list[str]:
+    """rlkit names absent from verl's registries (an empty list when the plugin is fully loaded)."""
+    from verl.trainer.ppo import core_algos
+    from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
+
+    missing = [f"policy loss {n}" for n in POLICY_LOSSES if n not in core_algos.POLICY_LOSS_REGISTRY]
+    missing += [f"advantage estimator {n}" for n in ADV_ESTIMATORS if n not in core_algos.ADV_ESTIMATOR_REGISTRY]
+    if TRAINER not in TRAINER_REGISTRY:
+        missing.append(f"trainer {TRAINER}")
+    return missing
+
+
+def ensure_registered() -> None:
+    """Raise a RuntimeError naming what is missing if rlkit's names are not in verl's registries after import."""
+    import verl  # noqa: F401  (loads the verl.plugins entry points, this module among them)
+
+    if missing_names():
+        register()  # the entry point was skipped (not installed, VERL_USE_EXTERNAL_PLUGINS) or failed quietly
+    missing = missing_names()
+    if missing:
+        raise RuntimeError(f"rlkit's verl plugin did not register: {', '.join(missing)}")
+
+
+def _load() -> None:
+    try:
+        register()
+        missing = missing_names()
+        if missing:
+            raise RuntimeError(f"registered, yet missing from verl's registries: {', '.join(missing)}")
+    except Exception:
+        # verl's plugin loader swallows this at debug level: say it where it is seen
+        _log.error("rlkit's verl plugin failed to register its losses, estimators and trainer", exc_info=True)
+        raise
+
+
+_load()
