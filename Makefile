@@ -1,4 +1,4 @@
-# rlkit: `make test` and (with the notebooks/book issue) `make reproduce` do all the set-up themselves.
+# rlkit: `make reproduce` (the main job) and `make test` do all the set-up themselves.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -7,9 +7,11 @@ PIP    := $(PY) -m pip
 TORCH  := torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test test-fast lint clean help
+.PHONY: venv test reproduce book clean help
 
 help:
+	@echo "make reproduce make venv, execute every notebook at cpu scale (papermill), build the book (book/_build/html)"
+	@echo "make book      rebuild the book from the executed notebooks in reproductions/results"
 	@echo "make venv      create .venv and install rlkit with all extras (+ torch, verl)"
 	@echo "make test      make venv, then run the whole test suite"
 	@echo "make clean     remove .venv and caches"
@@ -28,5 +30,12 @@ $(STAMP): pyproject.toml Makefile
 test: venv
 	$(PY) -m pytest -q -p no:cacheprovider
 
+# Re-uses finished runs in reproductions/results and resumes killed ones; delete a run directory to redo it.
+reproduce: venv
+	$(VENV)/bin/rlkit reproduce --book
+
+book: venv
+	$(VENV)/bin/rlkit book
+
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info
+	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info book/_build book/notebooks

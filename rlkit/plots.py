@@ -53,6 +53,16 @@ class Run:
     def seed(self) -> int | None:
         return self.config.get("seed", self.env.get("seed"))
 
+    @property
+    def minutes(self) -> float:
+        """Wall time of the RL stage: every step plus the method's own set-up (SPO's offline pass)."""
+        return float(self._cumulative("timing_s/step", "timing_s/init").iloc[-1]) / 60
+
+    @property
+    def response_tokens(self) -> float:
+        """Response tokens sampled over the run (tool output included)."""
+        return float(self._cumulative("rollout/response_tokens").iloc[-1])
+
     def series(self, metric: str, x: str = "step") -> pd.Series:
         """``metric`` at the steps that logged it, indexed by the chosen x axis (see :data:`X_AXES`)."""
         if x not in X_AXES:
