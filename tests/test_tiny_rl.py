@@ -114,3 +114,27 @@ def test_config_overrides_and_errors():
         build_config("spo", "cpu", {"dynamic_sampling": True})
     with pytest.raises(KeyError, match="not a group"):
         set_field(build_config("grpo", "smoke"), "lr.x", 1)
+
+
+def test_hapo_settings_the_engine_cannot_honour_are_refused():
+    with pytest.raises(ValueError, match="adv_estimator"):
+        build_config("hapo", "smoke", {"hapo.adv_estimator": "gspo"})
+    with pytest.raises(ValueError, match="set that one"):
+        build_config("hapo", "smoke", {"hapo.temperature": 0.7})
+    assert build_config("hapo", "smoke", {"hapo.adv_estimator": "grpo"}).hapo.adv_estimator == "grpo"
+
+
+def test_hapo_without_tlga_uses_grpo_advantages(tmp_path, cache, monkeypatch):
+    """Component B is switched by hapo.adv_estimator: TLGA by default, GRPO's group advantage with "grpo"."""
+    from rlkit.methods import grpo, hapo
+
+    calls = []
+    for module, name in ((hapo, "tlga_advantage"), (grpo, "grpo_advantage")):
+        original = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _f=original, _n=name, **k: calls.append(_n) or _f(*a, **k))
+    train(build_config("hapo", "smoke", {"steps": 1}), tmp_path / "a", progress=False, sft_cache=cache)
+    assert calls == ["tlga_advantage"]
+    calls.clear()
+    train(build_config("hapo", "smoke", {"steps": 1, "hapo.adv_estimator": "grpo"}), tmp_path / "b",
+          progress=False, sft_cache=cache)
+    assert calls == ["grpo_advantage"]

@@ -45,7 +45,8 @@ class Config:
     variant: str = "sequence"
     """"sequence" (Eq. 5, Â per sequence) or "token" (GSPO-token, Eq. 13, Â per token)."""
     mini_batches: int = 4
-    """Policy updates per rollout batch (the paper splits each batch into 4); read by the trainers."""
+    """Policy updates per rollout batch (the paper splits each batch into 4); the verl launcher's preset reads it.
+    The tiny engine takes ``RLConfig.mini_batches`` updates for every method, so methods spend equal compute."""
 
 
 def sequence_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:

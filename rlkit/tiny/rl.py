@@ -110,6 +110,13 @@ class RLConfig:
             raise ValueError(f"unknown method {self.method!r}; valid: {', '.join(METHODS)}")
         if self.method == "spo" and self.dynamic_sampling:
             raise ValueError("dynamic sampling filters groups; SPO has one response per prompt and no groups")
+        if self.method == "hapo":  # fields of hapo.Config that the tiny engine takes from elsewhere must agree
+            if self.hapo.adv_estimator not in ("hapo_tlga", "grpo"):
+                raise ValueError(f"hapo.adv_estimator must be 'hapo_tlga' (component B) or 'grpo' (B off), "
+                                 f"got {self.hapo.adv_estimator!r}")
+            if self.hapo.temperature != self.temperature:
+                raise ValueError(f"hapo.temperature ({self.hapo.temperature}) differs from temperature "
+                                 f"({self.temperature}): the tiny engine samples at `temperature`; set that one")
         for name in ("steps", "prompts_per_step", "group_size", "pool_size", "mini_batches", "eval_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
@@ -239,13 +246,17 @@ def _restore(path: Path, model, opt, state: RunState) -> None:
 
 def environment(cfg: RLConfig, device: str) -> dict[str, Any]:
     """``env.json``: versions, seed and hardware, so a result can be traced to what produced it."""
+    here = Path(rlkit.__file__).parent
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                                cwd=Path(rlkit.__file__).parent).stdout.strip() or None
+                                cwd=here).stdout.strip() or None
+        # the library differs from the commit (uncommitted edits under rlkit/): the commit alone does not reproduce it
+        dirty = commit is not None and subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "."], cwd=here,
+                                                      timeout=5).returncode == 1
     except (OSError, subprocess.SubprocessError):
-        commit = None
+        commit, dirty = None, None
     return {
-        "rlkit": rlkit.__version__, "commit": commit, "python": platform.python_version(),
+        "rlkit": rlkit.__version__, "commit": commit, "dirty": dirty, "python": platform.python_version(),
         "torch": torch.__version__, "platform": platform.platform(), "processor": platform.processor(),
         "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "device": device,
         "cuda": torch.cuda.get_device_name(0) if device.startswith("cuda") else None, "seed": cfg.seed,
@@ -373,10 +384,10 @@ def _rl_step(cfg: RLConfig, model, tokenizer, opt, state: RunState, pool, max_ne
         divergence = _spo_divergence(model, tokenizer, state, pool, prompt_idx)
         baseline = state.tracker.baseline(prompt_idx.tolist()).to(rewards)  # the pre-update p̂ (tracker: CPU)
         adv = spo.spo_advantage(rewards, baseline, eps=cfg.spo.adv_eps, mask=mask)
-    elif m == "hapo":
+    elif m == "hapo" and cfg.hapo.adv_estimator == "hapo_tlga":
         adv = hapo.tlga_advantage(rewards, group_ids, mask, norm_by_std=cfg.hapo.norm_by_std,
                                   fallback_threshold=cfg.hapo.fallback_threshold, eps=cfg.hapo.eps)
-    else:  # GRPO's group advantage: GRPO, GSPO, AEPO use it as is, ASPO shapes it
+    else:  # GRPO's group advantage: GRPO, GSPO, AEPO (and HAPO without TLGA) use it as is, ASPO shapes it
         adv = grpo.grpo_advantage(rewards, group_ids, mask, norm_by_std=cfg.grpo.norm_by_std, eps=cfg.grpo.eps)
         if m == "aspo":
             first_pos = ro.first_tool_pos.float()  # −1 = no call
@@ -401,7 +412,8 @@ def _rl_step(cfg: RLConfig, model, tokenizer, opt, state: RunState, pool, max_ne
         opt.step()
         for k, v in lm.items():
             loss_metrics[k].append(v)
-    metrics.update({k: sum(v) / len(v) for k, v in loss_metrics.items()})
+    metrics.update({k: max(v) if k.endswith("/max") else min(v) if k.endswith("/min") else sum(v) / len(v)
+                    for k, v in loss_metrics.items()})  # extremes over the mini-batches, means otherwise
     metrics["timing_s/update"] = time.perf_counter() - t0
 
     # ---- 7. method state after the step: SPO's tracker and stored responses, HAPO's next temperature statistics
