@@ -156,7 +156,11 @@ def describe(runs: Sequence[Run]) -> str:
     task = sft.get("task", {})
     data = (f"arithmetic word problems ({sft.get('form')} form, {task.get('min_ops')}–{task.get('max_ops')} ops), "
             f"pool {c.get('pool_size')}, held-out {c.get('eval_size')}")
-    batch = f"{c.get('prompts_per_step')}×{c.get('group_size')} samples/step"
+    shapes = {str(cfg.get("method")): f"{cfg.get('prompts_per_step')}×{cfg.get('group_size')}" for cfg in configs}
+    if len(set(shapes.values())) == 1:
+        batch = f"{next(iter(shapes.values()))} samples/step"
+    else:
+        batch = "samples/step " + ", ".join(f"{m} {shape}" for m, shape in shapes.items())
     return f"scale {'/'.join(scales)} · {model} · {data} · {batch} · {seed_text} · rlkit tiny engine, not the papers' runs"
 
 

@@ -11,6 +11,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 from rlkit.metrics import read_metrics
 from rlkit.tiny.rl import METHODS, build_config, set_field, train
@@ -138,3 +139,25 @@ def test_hapo_without_tlga_uses_grpo_advantages(tmp_path, cache, monkeypatch):
     train(build_config("hapo", "smoke", {"steps": 1, "hapo.adv_estimator": "grpo"}), tmp_path / "b",
           progress=False, sft_cache=cache)
     assert calls == ["grpo_advantage"]
+
+
+@pytest.mark.parametrize(("method", "switch"), [("spo", {"spo.no_baseline": True}), ("aspo", {"aspo.enabled": False})])
+def test_ablation_switches_are_honoured(method, switch, tmp_path, cache, monkeypatch):
+    """spo.no_baseline passes v̂ = 0 to the advantage; aspo.enabled=false skips the shaping."""
+    from rlkit.methods import aspo, spo
+
+    seen = []
+    monkeypatch.setattr(spo, "spo_advantage", lambda r, b, **k: seen.append(b.abs().sum().item()) or torch.zeros(
+        len(r), k["mask"].shape[1]))
+    monkeypatch.setattr(aspo, "aspo_shape", lambda adv, *a, **k: seen.append("shaped") or adv)
+    train(build_config(method, "smoke", {"steps": 1}), tmp_path / "on", progress=False, sft_cache=cache)
+    train(build_config(method, "smoke", {"steps": 1, **switch}), tmp_path / "off", progress=False, sft_cache=cache)
+    if method == "spo":
+        assert seen[0] > 0 and seen[1] == 0  # offline values give nonzero baselines; the ablation zeroes them
+    else:
+        assert seen == ["shaped"]
+
+
+def test_aspo_base_other_than_grpo_is_refused():
+    with pytest.raises(ValueError, match="base_advantage"):
+        build_config("aspo", "smoke", {"aspo.base_advantage": "hapo_tlga"})

@@ -60,7 +60,8 @@ class Config:
     base_advantage: str = "grpo"
     """Registered estimator whose advantage is shaped (the paper trains with DAPO, a GRPO variant)."""
     code_detection: CodeDetection = field(default_factory=CodeDetection)
-    """Which code/tool-call detectors run (``algorithm.aspo.code_detection``)."""
+    """Which code/tool-call detectors run on decoded responses (``algorithm.aspo.code_detection``; verl). The tiny
+    engine needs none: its sampler records each response's first ``<code>`` token exactly."""
 
 
 def _per_sample(x: Any, name: str, batch: int, device: torch.device) -> Tensor:

@@ -110,6 +110,9 @@ class RLConfig:
             raise ValueError(f"unknown method {self.method!r}; valid: {', '.join(METHODS)}")
         if self.method == "spo" and self.dynamic_sampling:
             raise ValueError("dynamic sampling filters groups; SPO has one response per prompt and no groups")
+        if self.method == "aspo" and self.aspo.base_advantage != "grpo":
+            raise ValueError(f"aspo.base_advantage: the tiny engine shapes GRPO's advantage ('grpo'), "
+                             f"got {self.aspo.base_advantage!r}")
         if self.method == "hapo":  # fields of hapo.Config that the tiny engine takes from elsewhere must agree
             if self.hapo.adv_estimator not in ("hapo_tlga", "grpo"):
                 raise ValueError(f"hapo.adv_estimator must be 'hapo_tlga' (component B) or 'grpo' (B off), "
@@ -383,13 +386,15 @@ def _rl_step(cfg: RLConfig, model, tokenizer, opt, state: RunState, pool, max_ne
     if m == "spo":  # the divergence of each prompt's last response sets its forgetting factor ρ
         divergence = _spo_divergence(model, tokenizer, state, pool, prompt_idx)
         baseline = state.tracker.baseline(prompt_idx.tolist()).to(rewards)  # the pre-update p̂ (tracker: CPU)
+        if cfg.spo.no_baseline:  # the paper's App. F ablation: v̂ = 0
+            baseline = torch.zeros_like(baseline)
         adv = spo.spo_advantage(rewards, baseline, eps=cfg.spo.adv_eps, mask=mask)
     elif m == "hapo" and cfg.hapo.adv_estimator == "hapo_tlga":
         adv = hapo.tlga_advantage(rewards, group_ids, mask, norm_by_std=cfg.hapo.norm_by_std,
                                   fallback_threshold=cfg.hapo.fallback_threshold, eps=cfg.hapo.eps)
     else:  # GRPO's group advantage: GRPO, GSPO, AEPO (and HAPO without TLGA) use it as is, ASPO shapes it
         adv = grpo.grpo_advantage(rewards, group_ids, mask, norm_by_std=cfg.grpo.norm_by_std, eps=cfg.grpo.eps)
-        if m == "aspo":
+        if m == "aspo" and cfg.aspo.enabled:
             first_pos = ro.first_tool_pos.float()  # −1 = no call
             code_pass = scored.code_pass if cfg.aspo.require_code_pass else None
             adv = aspo.aspo_shape(adv, group_ids, correct, first_pos, ro.lengths, delta=cfg.aspo.delta,
