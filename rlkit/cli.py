@@ -75,6 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override any config field, dotted for nested ones: --set steps=100 --set gspo.clip_low=3e-3")
     p.set_defaults(func=_train)
+
+    from rlkit.verl.data import add_parser as add_data_parser  # light: no verl, pyarrow or datasets at import
+
+    add_data_parser(sub)  # rlkit data gsm8k | dapo | spo-split | spo-estimate | spo-merge
     return parser
 
 

@@ -63,14 +63,14 @@ def test_error_exit_is_reported_with_its_traceback():
 
 
 def test_infinite_loop_is_stopped_by_the_cpu_limit():
-    r = run_code("while True:\n    pass", Limits(cpu_seconds=1, wall_seconds=10))
+    r = run_code("while True:\n    pass", Limits(cpu_seconds=1, wall_seconds=30))
     assert r.status == "timeout" and r.returncode < 0
-    assert 0.9 < r.wall_time < 4.0
+    assert 0.95 < r.cpu_time < 1.5 and r.wall_time < 20  # the kernel's CPU limit, long before the wall clock
 
 
 def test_sleeping_is_stopped_by_the_wall_clock():
     r = run_code("import time\ntime.sleep(60)", Limits(wall_seconds=1))
-    assert r.status == "timeout" and 0.9 < r.wall_time < 2.5
+    assert r.status == "timeout" and r.cpu_time < 0.5 and 0.95 < r.wall_time < 4
 
 
 def test_fork_bomb_is_capped_at_max_processes():
@@ -108,7 +108,7 @@ def test_hundred_megabytes_of_output_are_cut_off():
     r = run_code("import sys\nfor _ in range(100):\n    sys.stdout.write('x' * 1_000_000)\n", FAST)
     assert r.status == "output_limit"
     assert len(r.stdout) + len(r.stderr) <= FAST.max_output_bytes and r.stdout.startswith("x" * 1000)
-    assert r.wall_time < 2.5
+    assert r.wall_time < FAST.wall_seconds  # cut off at the cap, not at the deadline
 
 
 def _write_attempt(target: Path) -> str:

@@ -61,10 +61,10 @@ def gold_answer(solution: str) -> str:
     return solution.rsplit("####", 1)[1].strip().replace(",", "")
 
 
-def load(source: str | Path = "openai/gsm8k", split: str = "train") -> list[dict[str, Any]]:
-    """GSM8K rows ``{"question", "answer"}`` from a local ``.jsonl``/``.parquet`` file, a directory holding
-    ``<split>.jsonl`` or ``<split>.parquet`` (or ``<split>-*.parquet``, the HF layout), or a HF ``datasets`` id
-    (config ``main``; needs the hub or its cache)."""
+def read_records(source: str | Path, split: str = "train", *, hf_config: str | None = None) -> list[dict[str, Any]]:
+    """Raw rows of a data set: from a local ``.jsonl``/``.parquet`` file, a directory holding
+    ``<split>.jsonl`` or ``<split>.parquet`` (or ``<split>-*.parquet``, the HF layout), or a HF ``datasets``
+    id with config ``hf_config`` (needs the hub or its cache). Shared by every task loader."""
     path = Path(source)
     if path.is_dir():
         candidates = [path / f"{split}.jsonl", path / f"{split}.parquet", *sorted(path.glob(f"**/{split}-*.parquet"))]
@@ -75,19 +75,23 @@ def load(source: str | Path = "openai/gsm8k", split: str = "train") -> list[dict
     if path.is_file():
         if path.suffix == ".jsonl":
             with path.open(encoding="utf-8") as f:
-                rows = [json.loads(line) for line in f if line.strip()]
-        elif path.suffix == ".parquet":
+                return [json.loads(line) for line in f if line.strip()]
+        if path.suffix == ".parquet":
             import pandas as pd
 
-            rows = pd.read_parquet(path).to_dict("records")
-        else:
-            raise ValueError(f"{path}: expected a .jsonl or .parquet file")
-    elif isinstance(source, str) and "/" in source and not path.exists() and not source.startswith((".", "/")):
+            return pd.read_parquet(path).to_dict("records")
+        raise ValueError(f"{path}: expected a .jsonl or .parquet file")
+    if isinstance(source, str) and "/" in source and not path.exists() and not source.startswith((".", "/")):
         import datasets  # the hub id path: only imported when used
 
-        rows = list(datasets.load_dataset(source, "main", split=split))
-    else:
-        raise FileNotFoundError(f"{source}: no such file or directory (and not a HF dataset id)")
+        return list(datasets.load_dataset(source, hf_config, split=split))
+    raise FileNotFoundError(f"{source}: no such file or directory (and not a HF dataset id)")
+
+
+def load(source: str | Path = "openai/gsm8k", split: str = "train") -> list[dict[str, Any]]:
+    """GSM8K rows ``{"question", "answer"}`` from a local file or directory, or a HF ``datasets`` id (config
+    ``main``): see :func:`read_records`."""
+    rows = read_records(source, split, hf_config="main")
     missing = [i for i, r in enumerate(rows) if "question" not in r or "answer" not in r]
     if missing:
         raise ValueError(f"{source}: rows {missing[:5]} lack 'question'/'answer' fields")

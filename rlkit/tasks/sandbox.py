@@ -97,6 +97,8 @@ class SandboxResult:
     stdout: str
     stderr: str
     wall_time: float
+    cpu_time: float
+    """CPU seconds of the run's processes that were reaped (the script and its waited-for children)."""
     isolation: tuple[str, ...]
     """Layers that were in force, e.g. ("rlimits", "net", "pid", "ipc", "landlock-fs", "uid", "audit-hook")."""
 
@@ -156,7 +158,7 @@ def _run(code: str, limits: Limits, workdir: str) -> SandboxResult:
     else:
         status = "killed" if rc < 0 else "error"
     return SandboxResult(status, rc, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"),
-                         time.monotonic() - start, tuple(report.get("layers", ())))
+                         time.monotonic() - start, cpu, tuple(report.get("layers", ())))
 
 
 def _collect(proc: subprocess.Popen, deadline: float, cap: int) -> tuple[bytes, bytes, str | None]:
