@@ -80,6 +80,7 @@ from rlkit.methods import aspo, hapo, spo
 from rlkit.tasks.tools import CodeDetection, count_code_calls, first_code_char
 from rlkit.verl import ADV_ESTIMATORS, POLICY_LOSSES, TRAINER
 from rlkit.verl.plugin import estimator_inputs, loss_inputs, method_config
+from rlkit.verl.sampling import CONFIG_KEY, save_stats
 
 Tensor = torch.Tensor
 _log = logging.getLogger("rlkit.verl")
@@ -87,6 +88,7 @@ _log = logging.getLogger("rlkit.verl")
 SPO_MEMORY = "rlkit_spo_memory"
 """TransferQueue partition holding each SPO prompt's last response (key: the prompt id)."""
 SAMPLER_PROCESSOR = "rlkit.verl.sampling:AdaptiveTemperatureProcessor"
+"""vLLM's ``logits_processors`` entry for HAPO's adaptive temperature (qualified class name)."""
 
 
 # --------------------------------------------------------------------------- the method a config asks for
@@ -140,7 +142,9 @@ class MethodSetup:
 
     @property
     def adaptive_temperature(self) -> bool:
-        return "hapo" in self.options and self.options["hapo"].adaptive_temperature
+        """HAPO is the run's method (its loss or estimator, not ASPO's base) and its sampler switch is on."""
+        hapo_run = self.loss_mode == "rlkit_hapo" or self.adv_estimator == "rlkit_hapo_tlga"
+        return hapo_run and self.options["hapo"].adaptive_temperature
 
 
 # --------------------------------------------------------------------------- the actor loss
@@ -263,7 +267,7 @@ class RlkitTrainer(PPOTrainerSync):
         if SAMPLER_PROCESSOR not in processors:
             processors.append(SAMPLER_PROCESSOR)
         additional = dict(vllm_kwargs.get("additional_config", None) or {})
-        additional["rlkit_hapo"] = {"stats_path": self.hapo_stats_path, "tau": opts.temperature_tau,
+        additional[CONFIG_KEY] = {"stats_path": self.hapo_stats_path, "tau": opts.temperature_tau,
                                     "release_compat": opts.release_compat}
         vllm_kwargs.logits_processors = processors
         vllm_kwargs.additional_config = additional
@@ -294,8 +298,7 @@ class RlkitTrainer(PPOTrainerSync):
     def write_sampler_stats(self, entropy: Tensor, mask: Tensor) -> dict[str, float]:
         """HAPO Eq. 5's statistics of this step's entropies → ``stats_path`` (atomic), for the next rollout."""
         stats = hapo.entropy_stats(entropy, mask, pivot=self.method.options["hapo"].entropy_pivot)
-        values = {name: float(value) for name, value in stats._asdict().items()}
-        _write_json_atomic(self.hapo_stats_path, values)
+        values = save_stats(self.hapo_stats_path, stats)
         return {f"hapo/sampler_stats/{name}": value for name, value in values.items()}
 
     # ----------------------------------------------------------------------- advantages
@@ -502,14 +505,6 @@ def _padded(t: Tensor) -> Tensor:
 
 def _real_rows(batch: KVBatchMeta) -> Tensor:
     return torch.tensor([not tag.get("is_padding", False) for tag in batch.tags], dtype=torch.bool)
-
-
-def _write_json_atomic(path: str, payload: Mapping[str, Any]) -> None:
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(payload, f)
-    os.replace(tmp, path)  # the vLLM processes read the old file or the new one, never half of one
 
 
 __all__ = ["MethodSetup", "RlkitTrainer", "actor_loss", "code_pass_flags", "correctness", "first_code_token",

@@ -1,0 +1,121 @@
+"""HAPO's adaptive temperature as a vLLM v1 logits processor, on CPU with fake logits (vLLM is not installed).
+
+vLLM divides the processor's output by the request temperature T, so the distribution sampled from is
+softmax(apply(z)/T); it must be softmax(z / (T·(1 + τ·h̃))) with h̃ from rlkit's HAPO functions (Eq. 8).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from rlkit.core.entropy import entropy_from_logits
+from rlkit.methods import hapo
+from rlkit.verl import sampling
+
+TAU = 0.05
+
+
+def vllm_config(path, **extra):
+    return SimpleNamespace(additional_config={sampling.CONFIG_KEY: {"stats_path": str(path), "tau": TAU, **extra}})
+
+
+def logits_with_spread_entropies(rows=6, vocab=40, seed=0):
+    """Rows from nearly greedy to nearly flat, so their h̃ span both signs."""
+    g = torch.Generator().manual_seed(seed)
+    sharpness = torch.linspace(8.0, 0.05, rows).unsqueeze(-1)
+    return sharpness * torch.randn(rows, vocab, generator=g)
+
+
+def stats_of(logits, pivot=0.5):
+    h = entropy_from_logits(logits)
+    return hapo.entropy_stats(h.unsqueeze(0), torch.ones_like(h).unsqueeze(0), pivot=pivot)
+
+
+def test_base_class_is_vllms_when_installed_else_object():
+    if importlib.util.find_spec("vllm") is None:  # the CPU machines: the module still imports and runs
+        assert sampling.AdaptiveTemperatureProcessor.__bases__ == (object,)
+    else:  # vLLM loads it by qualified name and checks the base class
+        from vllm.v1.sample.logits_processor import LogitsProcessor
+
+        assert issubclass(sampling.AdaptiveTemperatureProcessor, LogitsProcessor)
+
+
+def test_first_step_without_statistics_changes_nothing(tmp_path):
+    proc = sampling.AdaptiveTemperatureProcessor(vllm_config(tmp_path / "absent.json"), "cpu", False)
+    logits = logits_with_spread_entropies()
+    proc.update_state(None)
+    assert torch.equal(proc.apply(logits.clone()), logits)
+    assert proc.is_argmax_invariant() is False and proc.validate_params(object()) is None
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+@pytest.mark.parametrize("release_compat", [False, True])
+def test_sampled_distribution_is_hapos_adaptive_temperature(tmp_path, temperature, release_compat):
+    path = tmp_path / "stats.json"
+    logits = logits_with_spread_entropies()
+    stats = stats_of(logits)
+    sampling.save_stats(str(path), stats)
+    proc = sampling.AdaptiveTemperatureProcessor(vllm_config(path, release_compat=release_compat), "cpu", False)
+    sampled = torch.softmax(proc.apply(logits.clone()) / temperature, dim=-1)  # vLLM divides by T afterwards
+    per_row_t = hapo.adaptive_temperature(logits, temperature, stats, tau=TAU, release_compat=release_compat)
+    torch.testing.assert_close(sampled, torch.softmax(logits / per_row_t.unsqueeze(-1), dim=-1))
+    # and in numbers: T(1 + τ·h̃) with h̃ clamped to [−1, 1]
+    h = hapo.normalized_entropy(entropy_from_logits(logits), stats, release_compat=release_compat)
+    torch.testing.assert_close(per_row_t, temperature * (1 + TAU * h))
+    log_h = entropy_from_logits(logits).log()
+    above, below = log_h > stats.median, log_h < stats.median
+    assert above.any() and below.any()
+    assert (per_row_t[above] > temperature).all()  # rows more uncertain than the pivot sample hotter
+    if not release_compat:  # the paper's sign: rows more certain than the pivot sample colder
+        assert (per_row_t[below] < temperature).all()
+    else:  # the released code's h̃ ≥ 0: no row samples colder than T
+        assert (per_row_t >= temperature - 1e-7).all()
+    assert torch.equal(proc.apply(logits).argmax(-1), logits.argmax(-1))  # greedy rows are unaffected
+
+
+def test_masked_tokens_stay_masked_and_leave_no_nan(tmp_path):
+    path = tmp_path / "stats.json"
+    logits = logits_with_spread_entropies()
+    sampling.save_stats(str(path), stats_of(logits))
+    proc = sampling.AdaptiveTemperatureProcessor(vllm_config(path), "cpu", False)
+    masked = logits.clone()
+    masked[:, ::3] = float("-inf")  # what an earlier processor (bad words, allowed ids) leaves
+    out = proc.apply(masked.clone())
+    assert torch.isfinite(out[:, 1::3]).all() and torch.isneginf(out[:, ::3]).all()
+    finite = torch.where(torch.isinf(masked), torch.full_like(masked, -1e30), masked)
+    expected = masked / hapo.adaptive_temperature(finite, 1.0, stats_of(logits), tau=TAU).unsqueeze(-1)
+    torch.testing.assert_close(out, expected)
+
+
+def test_new_statistics_are_picked_up_at_the_next_engine_step(tmp_path):
+    path = tmp_path / "stats.json"
+    logits = logits_with_spread_entropies()
+    first, second = stats_of(logits, pivot=0.2), stats_of(logits, pivot=0.9)
+    sampling.save_stats(str(path), first)
+    proc = sampling.AdaptiveTemperatureProcessor(vllm_config(path), "cpu", False)
+    before = proc.apply(logits.clone())
+    sampling.save_stats(str(path), second)
+    os.utime(path, ns=(os.stat(path).st_mtime_ns + 1_000_000, os.stat(path).st_mtime_ns + 1_000_000))
+    assert torch.equal(proc.apply(logits.clone()), before)  # nothing changes inside a step...
+    proc.update_state(None)  # ...vLLM calls this before every step
+    after = proc.apply(logits.clone())
+    assert not torch.allclose(after, before)
+    torch.testing.assert_close(after, logits / hapo.adaptive_temperature(logits, 1.0, second, tau=TAU).unsqueeze(-1))
+
+
+def test_bad_settings_fail_naming_the_key(tmp_path):
+    with pytest.raises(ValueError, match=r"additional_config\.rlkit_hapo\.stats_path"):
+        sampling.AdaptiveTemperatureProcessor(SimpleNamespace(additional_config={}), "cpu", False)
+    with pytest.raises(ValueError, match=r"rlkit_hapo\.tua; valid: release_compat, stats_path, tau"):
+        sampling.AdaptiveTemperatureProcessor(vllm_config(tmp_path / "s.json", tua=0.1), "cpu", False)
+    with pytest.raises(ValueError, match=r"tau must lie in \[0, 1\)"):
+        sampling.AdaptiveTemperatureProcessor(vllm_config(tmp_path / "s.json", tau=1.5), "cpu", False)
+    (tmp_path / "bad.json").write_text(json.dumps({"median": 0.0}))
+    with pytest.raises(ValueError, match="lacks the entropy statistics std, scale_pos, scale_neg"):
+        sampling.load_stats(str(tmp_path / "bad.json"))

@@ -1,0 +1,356 @@
+"""The rlkit trainer (``trainer.v1.trainer_mode=rlkit``) on CPU: built from verl's own composed config, its
+advantage step on real ``DataProto`` batches through verl's ``compute_advantage``, its actor loss through verl's
+``ppo_loss``, SPO's tracker and sampler, and HAPO's sampler statistics.
+
+Nothing here starts Ray, TransferQueue or a GPU worker: the trainer is constructed (verl's ``__init__`` needs
+none of them) and its pure steps are called. Each expected value is computed with rlkit's method functions.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import make_batch
+from rlkit.methods import aepo, aspo, grpo, hapo, spo
+from rlkit.tasks.tools import CodeDetection, first_code_char
+from rlkit.tasks.tools import first_code_token as first_code_token_by_offsets
+
+pytestmark = [pytest.mark.verl, pytest.mark.filterwarnings("ignore:Disabled critic:UserWarning")]
+verl = pytest.importorskip("verl")
+from hydra import compose, initialize_config_dir  # noqa: E402
+from tensordict import TensorDict  # noqa: E402
+from verl.protocol import DataProto  # noqa: E402
+from verl.utils import tensordict_utils as tu  # noqa: E402
+from verl.utils.config import omega_conf_to_dataclass  # noqa: E402
+from verl.workers.config.actor import ActorConfig, PolicyLossConfig  # noqa: E402
+from verl.workers.utils.losses import ppo_loss  # noqa: E402
+
+from rlkit.verl import sampling  # noqa: E402
+from rlkit.verl.trainer import (  # noqa: E402
+    SAMPLER_PROCESSOR, MethodSetup, RlkitTrainer, actor_loss, code_pass_flags, correctness, first_code_token,
+)
+
+VERL_CONFIG_DIR = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+BASE = ["trainer.v1.trainer_mode=rlkit", "actor_rollout_ref.actor.strategy=fsdp", "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", "actor_rollout_ref.rollout.n=4"]
+
+
+def verl_config(*overrides):
+    with initialize_config_dir(config_dir=VERL_CONFIG_DIR, version_base=None):
+        return compose("ppo_trainer", overrides=[*BASE, *overrides])
+
+
+def trainer_for(*overrides):
+    return RlkitTrainer(verl_config(*overrides))
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    """A byte-level BPE tokenizer trained here on a few lines (multi-character tokens, exact decoding)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    corpus = ["Let me compute the answer step by step.", "print(1+1) and print(6*7)", "The answer is 42.",
+              "```python\nx = 3\n```", '{"name": "python", "arguments": {"code": "print(2)"}}'] * 20
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<pad>", "<eos>", "<tool_call>", "</tool_call>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
+
+
+def tool_call(code):
+    return '<tool_call>\n{"name": "python", "arguments": {"code": "' + code + '"}}\n</tool_call>'
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+def test_method_setup_reads_verls_composed_config():
+    cfg = verl_config("algorithm.adv_estimator=rlkit_aspo", "actor_rollout_ref.actor.policy_loss.loss_mode=rlkit_ppo",
+                      "+algorithm.aspo.delta=-2.5", "+algorithm.aspo.base_advantage=hapo_tlga",
+                      "+algorithm.hapo.fallback_threshold=4.0")
+    setup = MethodSetup.from_config(cfg)
+    assert setup.options["aspo"].delta == -2.5
+    assert setup.options["hapo"].fallback_threshold == 4.0  # the base estimator's options are read too
+    assert not setup.needs_entropy and not setup.adaptive_temperature
+
+
+def test_trainer_is_verl_sync_and_switches_on_what_the_loss_needs():
+    t = trainer_for("algorithm.adv_estimator=rlkit_grpo", "actor_rollout_ref.actor.policy_loss.loss_mode=rlkit_aepo")
+    assert t.trainer_mode == "sync" and t.config.actor_rollout_ref.actor.calculate_entropy
+    t = trainer_for("algorithm.adv_estimator=rlkit_grpo", "actor_rollout_ref.actor.policy_loss.loss_mode=rlkit_aepo",
+                    "+algorithm.aepo.use_entropy_advantage=false")
+    assert not t.config.actor_rollout_ref.actor.calculate_entropy
+
+
+def test_hapo_trainer_hands_vllm_the_adaptive_temperature_processor(tmp_path):
+    t = trainer_for("algorithm.adv_estimator=rlkit_hapo_tlga", "actor_rollout_ref.actor.policy_loss.loss_mode=rlkit_hapo",
+                    "+algorithm.hapo.temperature_tau=0.1", f"+algorithm.hapo.stats_path={tmp_path}/s.json")
+    rollout = t.config.actor_rollout_ref.rollout
+    assert t.config.actor_rollout_ref.actor.calculate_entropy
+    assert list(rollout.engine_kwargs.vllm.logits_processors) == [SAMPLER_PROCESSOR]
+    assert dict(rollout.engine_kwargs.vllm.additional_config[sampling.CONFIG_KEY]) == {
+        "stats_path": f"{tmp_path}/s.json", "tau": 0.1, "release_compat": False}
+    assert omega_conf_to_dataclass(rollout).engine_kwargs["vllm"]["logits_processors"] == [SAMPLER_PROCESSOR]
+    # the class path resolves to the processor
+    module, name = SAMPLER_PROCESSOR.split(":")
+    assert getattr(__import__(module, fromlist=[name]), name) is sampling.AdaptiveTemperatureProcessor
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["algorithm.adv_estimator=rlkit_spo"], "rollout.n=1"),
+    (["algorithm.adv_estimator=rlkit_hapo_tlga", "actor_rollout_ref.rollout.name=sglang"], "rollout.name=vllm"),
+    (["algorithm.adv_estimator=rlkit_grpo", "actor_rollout_ref.actor.policy_loss.loss_mode=rlkit_gspo",
+      "+algorithm.gspo.clip_low=3e-4"], "actor_rollout_ref.actor.clip_ratio_low"),
+    (["algorithm.adv_estimator=rlkit_grpo", "+algorithm.grpo.epsilon=1e-6"], "unknown key algorithm.grpo.epsilon"),
+])
+def test_bad_configs_fail_naming_the_key(overrides, message):
+    with pytest.raises(ValueError, match=message.replace(".", r"\.")):
+        trainer_for(*overrides)
+
+
+# --------------------------------------------------------------------------- ASPO's inputs
+
+
+def test_first_code_token_is_the_token_holding_the_calls_first_character(tokenizer):
+    def decode(ids):
+        return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    texts = ["Let me compute.\n" + tool_call("print(1+1)") + "\nThe answer is 2.",
+             "The answer is 42.", "step by step ```python\nx = 3\n``` so 3", "x" + tool_call("print(6*7)")]
+    for text in texts:
+        enc = tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)
+        ids = enc["input_ids"]
+        pos, calls = first_code_token(ids, decode, CodeDetection())
+        char = first_code_char(text)
+        brute = next((m for m in range(len(ids)) if len(decode(ids[: m + 1])) > char), -1) if char is not None else -1
+        assert pos == brute == first_code_token_by_offsets(text, enc["offset_mapping"])
+        assert calls == (0 if char is None else 1)
+    pos, _ = first_code_token(tokenizer(texts[2])["input_ids"], decode, CodeDetection(markdown_backticks=False))
+    assert pos == -1
+
+
+def test_correctness_and_code_pass_read_verls_extra_fields():
+    rewards = torch.tensor([1.0, 0.0, 1.0, -1.0])
+    extra = [{"reward_extra_info": {"acc": 0.0}}, {"reward_extra_info": {}}, {}, {"tool_rewards": [1.0]}]
+    assert correctness(rewards, extra).tolist() == [False, False, True, False]
+    extra = [{"reward_extra_info": {"code_pass": True}, "tool_rewards": [0.0]}, {"tool_rewards": [1.0, 1.0]},
+             {"tool_rewards": [1.0, 0.0]}, {"tool_rewards": []}, {}]
+    assert code_pass_flags(extra, 5).tolist() == [True, True, False, False, False]
+
+
+def response_batch(tokenizer, texts, rewards, uids, extra_fields):
+    ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    width = max(map(len, ids)) + 3
+    responses = torch.full((len(ids), width), tokenizer.pad_token_id)
+    for i, row in enumerate(ids):
+        responses[i, : len(row)] = torch.tensor(row)
+    lengths = torch.tensor([len(r) for r in ids])
+    mask = (torch.arange(width) < lengths[:, None]).float()
+    scores = torch.zeros(len(ids), width)
+    scores[torch.arange(len(ids)), lengths - 1] = torch.tensor(rewards)
+    data = DataProto.from_dict(
+        tensors={"responses": responses, "response_lengths": lengths, "response_mask": mask, "rm_scores": scores,
+                 "token_level_rewards": scores},
+        non_tensors={"uid": np.array(uids, dtype=object), "extra_fields": np.array(extra_fields, dtype=object)})
+    return data, ids, lengths, mask
+
+
+def test_aspo_advantage_step_through_verls_compute_advantage(tokenizer):
+    t = trainer_for("algorithm.adv_estimator=rlkit_aspo", "+algorithm.aspo.delta=-2.5", "+algorithm.aspo.k=0.9",
+                    "+algorithm.aspo.require_code_pass=true")
+    t.tokenizer = tokenizer
+    texts = ["Let me compute.\n" + tool_call("print(1+1)") + " The answer is 2.",               # correct, early code
+             "Let me compute the answer step by step. " + tool_call("print(1+1)") + " 2.",    # correct, later code
+             "The answer is 42.",                                                               # correct, no code
+             "step by step " + tool_call("print(6*7)") + " The answer is 41.",                  # wrong, code
+             "Let me compute the answer step by step step by step. " + tool_call("print(2)") + " 2.",  # code failed
+             "The answer is 42."]
+    rewards = [1.0, 1.0, 1.0, 0.0, 1.0, 0.0]
+    uids = ["a", "a", "a", "a", "a", "b"]
+    extra = [{"tool_rewards": [1.0]}, {"tool_rewards": [1.0]}, {}, {"tool_rewards": [1.0]}, {"tool_rewards": [0.0]}, {}]
+    data, ids, lengths, mask = response_batch(tokenizer, texts, rewards, uids, extra)
+    metrics = {}
+    out = t.advantage_step(data, metrics).batch["advantages"]
+
+    def decode(x):
+        return tokenizer.decode(x, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    pos = torch.tensor([float(first_code_token(r, decode)[0]) for r in ids])
+    pos = torch.where(pos < 0, torch.tensor(math.nan), pos)
+    r = torch.tensor(rewards)
+    base = grpo.grpo_advantage(r, uids, mask)
+    passed = torch.tensor([True, True, False, True, False, False])
+    expected = aspo.aspo_shape(base, uids, r > 0, pos, lengths, delta=-2.5, k=0.9, code_pass=passed, mask=mask)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    assert not torch.equal(out, base)  # the two passing, correct code responses are shaped...
+    assert out[0, 0] > base[0, 0] > 0 and 0 < out[1, 0] < base[1, 0]  # ...earlier code up, later code down
+    torch.testing.assert_close(out[2:], base[2:], rtol=0, atol=0)
+    assert metrics["aspo/code_ratio"] == pytest.approx(4 / 6)
+    assert metrics["aspo/code_pass_ratio"] == pytest.approx(3 / 4)
+
+
+# --------------------------------------------------------------------------- SPO
+
+
+class PromptRows:
+    """The part of verl's RLHFDataset the trainer uses: rows by index and the ``extra_info`` column."""
+
+    def __init__(self, prompt_ids):
+        self.rows = [{"dummy_tensor": torch.tensor([0], dtype=torch.uint8), "extra_info": {"prompt_id": p, "index": i},
+                      "raw_prompt": [{"role": "user", "content": f"question {p}"}]} for i, p in enumerate(prompt_ids)]
+        self.dataframe = {"extra_info": [r["extra_info"] for r in self.rows]}
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        return self.rows[i]
+
+
+def spo_trainer(tmp_path, offline):
+    path = tmp_path / "offline_values.json"
+    path.write_text(json.dumps(offline))
+    t = trainer_for("algorithm.adv_estimator=rlkit_spo", "actor_rollout_ref.rollout.n=1", "data.train_batch_size=6",
+                    f"+algorithm.spo.offline_values={path}", "+algorithm.spo.offline_N=4")
+    t.train_dataset = PromptRows([f"p{i}" for i in range(8)])
+    t._init_spo()
+    return t
+
+
+def test_spo_tracker_sampler_and_advantage(tmp_path):
+    offline = {"p0": [1, 1, 1, 0], "p1": [0, 0, 0, 0], "p2": [1, 0, 1, 0, 1], "p5": [1, 1, 1, 1], "nowhere": [1]}
+    t = spo_trainer(tmp_path, offline)
+    pool = [f"p{i}" for i in range(8)]
+    reference = spo.ValueTracker(pool, offline_scores=offline, offline_N=4)
+    torch.testing.assert_close(t.spo_tracker.baseline(), reference.baseline(), rtol=0, atol=0)
+
+    # the step's prompts come from the weighted sampler
+    batch = t._fetch_one_gen_batch()
+    drawn = [row["prompt_id"] for row in batch["extra_info"]]
+    expected = spo.PromptSampler(pool, seed=0).sample(reference.weights(), 6)
+    assert drawn == expected and len(set(batch["uid"])) == 6
+
+    # advantage: r − v̂ normalised over the real rows; the padding row verl added gets 0
+    ids = drawn + [drawn[0]]
+    rewards = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.0])
+    mask = torch.ones(7, 5)
+    mask[2, 3:] = 0
+    scores = torch.zeros(7, 5)
+    scores[:, 2] = rewards
+    divergence = torch.tensor([0.0, 0.01, 0.2, 0.0, 0.05, 0.03, 0.0], dtype=torch.float64)
+    data = DataProto.from_dict(
+        tensors={"rm_scores": scores, "token_level_rewards": scores, "response_mask": mask,
+                 "rlkit_spo_divergence": divergence},
+        non_tensors={"uid": np.array([str(i) for i in range(7)], dtype=object),
+                     "extra_info": np.array([{"prompt_id": p} for p in ids], dtype=object),
+                     "is_padding": np.array([False] * 6 + [True])})
+    metrics = {}
+    out = t.advantage_step(data, metrics).batch["advantages"]
+    real = torch.arange(7) < 6
+    expected_adv = spo.spo_advantage(rewards[real], reference.baseline(ids[:6]).float(), mask=mask[real])
+    torch.testing.assert_close(out[real], expected_adv)
+    assert out[6].abs().sum() == 0
+
+    # after the actor step the tracker folds in the real rows, ρ from D
+    t.update_spo(data)
+    reference.update(ids[:6], rewards[real].double(), divergence[real])
+    torch.testing.assert_close(t.spo_tracker.alpha, reference.alpha, rtol=0, atol=0)
+    torch.testing.assert_close(t.spo_tracker.beta, reference.beta, rtol=0, atol=0)
+
+
+def test_spo_needs_a_prompt_id_per_row(tmp_path):
+    t = trainer_for("algorithm.adv_estimator=rlkit_spo", "actor_rollout_ref.rollout.n=1")
+    t.train_dataset = PromptRows(["p0"])
+    t.train_dataset.dataframe = {"extra_info": [{"index": 0}]}
+    with pytest.raises(ValueError, match=r"extra_info\['prompt_id'\].*rlkit data"):
+        t._init_spo()
+
+
+# --------------------------------------------------------------------------- the actor loss through verl's ppo_loss
+
+
+def engine_batch(b, entropy, prompt_len=3):
+    """What verl's engine hands the loss: unpadded model outputs over prompt+response, padded batch fields."""
+    B, T = b["mask"].shape
+    lengths = b["lengths"].tolist()
+    flat_logp, flat_h = [], []
+    for i, n in enumerate(lengths):
+        pad = torch.zeros(prompt_len - 1, dtype=torch.float64)
+        flat_logp += [pad, b["logp"][i, :n], torch.zeros(1, dtype=torch.float64)]  # log-probs are left-shifted
+        flat_h += [pad, entropy[i, :n], torch.zeros(1, dtype=torch.float64)]
+    data = TensorDict({
+        "prompts": torch.nested.as_nested_tensor([torch.ones(prompt_len, dtype=torch.long)] * B, layout=torch.jagged),
+        "responses": torch.nested.as_nested_tensor([torch.ones(n, dtype=torch.long) for n in lengths],
+                                                   layout=torch.jagged),
+        "response_mask": b["mask"], "old_log_probs": b["old_logp"], "advantages": b["adv"],
+    }, batch_size=[B])
+    tu.assign_non_tensor(data, dp_size=1, batch_num_tokens=int(b["mask"].sum()), global_batch_size=B)
+    return torch.cat(flat_logp), torch.cat(flat_h), data
+
+
+@pytest.mark.parametrize("loss_mode", ["rlkit_hapo", "rlkit_aepo"])
+def test_actor_loss_runs_verls_ppo_loss_with_the_forward_passs_entropies(loss_mode):
+    opts = {"hapo": hapo.Config(adv_beta=0.8, clip_alpha=0.5), "aepo": aepo.Config(coef=0.3)}
+    for seed in range(6):
+        b = make_batch(seed, noise=0.5)
+        h = torch.rand(b["mask"].shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) + 0.05
+        flat_logp, flat_h, data = engine_batch(b, h)
+        cfg = ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, clip_ratio_low=0.2,
+                          clip_ratio_high=0.28, clip_ratio_c=10.0, policy_loss=PolicyLossConfig(loss_mode=loss_mode))
+        logp = flat_logp.clone().requires_grad_()
+        loss, metrics = actor_loss(cfg, {"log_probs": logp, "entropy": flat_h}, data, options=opts)
+        grad = torch.autograd.grad(loss, logp)[0]
+        if loss_mode == "rlkit_hapo":
+            fn = lambda lp: hapo.hapo_loss(lp, b["old_logp"], b["adv"], b["mask"], entropy=h, clip_c=10.0,  # noqa: E731
+                                           beta=0.8, alpha=0.5)
+        else:
+            fn = lambda lp: aepo.aepo_loss(lp, b["old_logp"], b["adv"], b["mask"], entropy=h, coef=0.3,  # noqa: E731
+                                           clip_c=10.0)
+        ref_logp = b["logp"].clone().requires_grad_()
+        ref, _ = fn(ref_logp)
+        ref_grad = torch.autograd.grad(ref, ref_logp)[0]
+        torch.testing.assert_close(loss, ref)  # entropy_coeff 0 and no KL: the loss is the policy loss
+        flat_grad = torch.cat([g[: n] for g, n in zip(ref_grad, b["lengths"].tolist())])
+        kept = torch.cat([torch.arange(n) + 3 * (i + 1) - 1 + int(b["lengths"][:i].sum())
+                          for i, n in enumerate(b["lengths"].tolist())])
+        torch.testing.assert_close(grad[kept], flat_grad)
+        outside = torch.ones_like(grad, dtype=torch.bool)
+        outside[kept] = False
+        assert grad[outside].abs().max() == 0  # no gradient outside the responses
+        assert metrics["actor/pg_loss"].aggregate() == pytest.approx(ref.item())
+        # verl's plain ppo_loss gives the loss no entropies
+        with pytest.raises(ValueError, match="entropies"):
+            ppo_loss(cfg, {"log_probs": flat_logp, "entropy": flat_h}, data)
+
+
+# --------------------------------------------------------------------------- HAPO's sampler statistics
+
+
+def test_sampler_statistics_reach_the_vllm_processor(tmp_path):
+    path = str(tmp_path / "hapo_stats.json")
+    t = trainer_for("algorithm.adv_estimator=rlkit_hapo_tlga", "actor_rollout_ref.actor.policy_loss.loss_mode=rlkit_hapo",
+                    f"+algorithm.hapo.stats_path={path}", "+algorithm.hapo.entropy_pivot=0.7")
+    b = make_batch(4, B=6, T=7)
+    h = torch.rand(6, 7, generator=torch.Generator().manual_seed(1)) * 4
+    metrics = t.write_sampler_stats(h, b["mask"])
+    expected = hapo.entropy_stats(h, b["mask"], pivot=0.7)
+    loaded = sampling.load_stats(path)
+    for name, value in expected._asdict().items():
+        assert getattr(loaded, name).item() == pytest.approx(value.item(), rel=1e-6)
+        assert metrics[f"hapo/sampler_stats/{name}"] == pytest.approx(value.item(), rel=1e-6)
+    settings = t.config.actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config
+    processor = sampling.AdaptiveTemperatureProcessor(SimpleNamespace(additional_config=settings), "cpu", False)
+    logits = torch.randn(5, 50)
+    scale = hapo.adaptive_temperature(logits, 1.0, expected, tau=0.05)
+    torch.testing.assert_close(processor.apply(logits.clone()), logits / scale.unsqueeze(-1))
