@@ -251,7 +251,7 @@ def notebook_node(path: str | Path):
     """A MyST-markdown notebook as an nbformat node (jupytext), ready for papermill."""
     import jupytext
 
-    return jupytext.read(Path(path))
+    return jupytext.read(Path(path), fmt="md:myst")  # explicit: a header without format_version still reads as MyST
 
 
 def execute(spec: Spec, out_dir: Path, parameters: dict[str, Any], *, progress: bool = True) -> Path:
