@@ -54,6 +54,15 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _launch(args: argparse.Namespace) -> int:
+    from rlkit.verl import launch
+
+    try:
+        return launch.main(args)
+    except launch.LaunchError as e:
+        raise SystemExit(f"rlkit launch: {e}") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlkit", description=__doc__)
     parser.add_argument("--version", action="version", version=f"rlkit {__version__}")
@@ -75,6 +84,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override any config field, dotted for nested ones: --set steps=100 --set gspo.clip_low=3e-3")
     p.set_defaults(func=_train)
+
+    from rlkit.verl.launch import DATASETS, PRESETS  # light: verl itself is imported only to validate
+
+    p = sub.add_parser("launch", help="a full-scale verl run: method preset → validated main_ppo command")
+    p.add_argument("--method", required=True, choices=list(PRESETS))
+    p.add_argument("--dataset", required=True, choices=list(DATASETS))
+    p.add_argument("--model", required=True, help="HF model id or local path")
+    p.add_argument("--gpus", type=int, required=True, help="GPUs per node")
+    p.add_argument("--nodes", type=int, default=1)
+    p.add_argument("--ray-address", default=None, help="an existing Ray cluster (default: start one locally)")
+    p.add_argument("--experiment", default=None, help="run name (default <method>-<dataset>-<model>)")
+    p.add_argument("--runs-dir", default="runs", help="metrics go to RUNS_DIR/<experiment>/metrics.jsonl")
+    p.add_argument("--data", default=None, help="parquet directory of `rlkit data` (default data/<dataset>)")
+    p.add_argument("--dry-run", action="store_true", help="validate and print the command, do not run it")
+    p.add_argument("overrides", nargs=argparse.REMAINDER, help="-- then Hydra overrides (key=value ...)")
+    p.set_defaults(func=_launch)
 
     from rlkit.verl.data import add_parser as add_data_parser  # light: no verl, pyarrow or datasets at import
 
