@@ -573,8 +573,8 @@ def _tool_source(p: Plan, cfg) -> str | None:
     """The tool config verl will load: rlkit's own when the run uses its copy (written only at launch)."""
     path = cfg.actor_rollout_ref.rollout.multi_turn.tool_config_path
     if path is not None and path == p.tool_config:
-        from rlkit.verl.tools import TOOL_CONFIG
-
+        with _quiet():
+            from rlkit.verl.tools import TOOL_CONFIG
         return str(TOOL_CONFIG)
     return path
 
