@@ -25,7 +25,8 @@ from rlkit.tasks.tools import first_code_token as first_code_token_by_offsets
 pytestmark = [pytest.mark.verl, pytest.mark.filterwarnings("ignore:Disabled critic:UserWarning")]
 verl = pytest.importorskip("verl")
 from hydra import compose, initialize_config_dir  # noqa: E402
-from tensordict import TensorDict  # noqa: E402
+from tensordict import NonTensorStack, TensorDict  # noqa: E402
+from transfer_queue import KVBatchMeta  # noqa: E402
 from verl.protocol import DataProto  # noqa: E402
 from verl.utils import tensordict_utils as tu  # noqa: E402
 from verl.utils.config import omega_conf_to_dataclass  # noqa: E402
@@ -218,11 +219,11 @@ class PromptRows:
         return self.rows[i]
 
 
-def spo_trainer(tmp_path, offline):
+def spo_trainer(tmp_path, offline, *overrides):
     path = tmp_path / "offline_values.json"
     path.write_text(json.dumps(offline))
     t = trainer_for("algorithm.adv_estimator=rlkit_spo", "actor_rollout_ref.rollout.n=1", "data.train_batch_size=6",
-                    f"+algorithm.spo.offline_values={path}", "+algorithm.spo.offline_N=4")
+                    f"+algorithm.spo.offline_values={path}", "+algorithm.spo.offline_N=4", *overrides)
     t.train_dataset = PromptRows([f"p{i}" for i in range(8)])
     t._init_spo()
     return t
@@ -354,3 +355,152 @@ def test_sampler_statistics_reach_the_vllm_processor(tmp_path):
     logits = torch.randn(5, 50)
     scale = hapo.adaptive_temperature(logits, 1.0, expected, tau=0.05)
     torch.testing.assert_close(processor.apply(logits.clone()), logits / scale.unsqueeze(-1))
+
+
+# --------------------------------------------------------------------------- the TransferQueue path, with a stand-in
+
+
+class FakeTransferQueue:
+    """TransferQueue's KV interface (``kv_batch_put/get``, ``kv_list``, ``kv_clear``) over a dict, returning what
+    verl's trainer relies on: per-sample tensors as jagged nested tensors, other values as a ``NonTensorStack``."""
+
+    def __init__(self):
+        self.records, self.tags = {}, {}
+
+    def kv_batch_put(self, keys, partition_id, fields=None, tags=None):
+        part, part_tags = self.records.setdefault(partition_id, {}), self.tags.setdefault(partition_id, {})
+        for i, key in enumerate(keys):
+            record = part.setdefault(key, {})
+            for name in (fields.keys() if fields is not None else ()):
+                value = fields.get(name)
+                record[name] = value[i] if isinstance(value, torch.Tensor) else value.tolist()[i]
+            if tags is not None:
+                part_tags[key] = dict(tags[i])
+        return KVBatchMeta(keys=list(keys), tags=[part_tags.get(k, {}) for k in keys], partition_id=partition_id)
+
+    def kv_batch_get(self, keys, partition_id, select_fields=None):
+        rows = [self.records[partition_id][k] for k in keys]
+        names = [n for n in (select_fields or rows[0]) if all(n in r for r in rows)]  # absent fields are left out
+        out = {}
+        for n in names:
+            values = [r[n] for r in rows]
+            if isinstance(values[0], torch.Tensor) and values[0].dim() > 0:
+                out[n] = torch.nested.as_nested_tensor(values, layout=torch.jagged)
+            elif isinstance(values[0], torch.Tensor):
+                out[n] = torch.stack(values)
+            else:
+                out[n] = NonTensorStack(*values)
+        return TensorDict(out, batch_size=[len(keys)])
+
+    def kv_list(self, partition_id=None):
+        return {partition_id: dict(self.tags.get(partition_id, {}))}
+
+    def kv_clear(self, keys, partition_id):
+        for key in keys:
+            self.records[partition_id].pop(key)
+            self.tags[partition_id].pop(key, None)
+
+
+class FakeActor:
+    """The actor worker group's ``compute_log_prob``/``update_actor``: log π(token) = −0.01·id − shift, and each
+    update moves every log-prob by −0.1, so the stored responses' D after one update is exactly 0.1."""
+
+    _dispatch_info = {"actor": [0]}
+
+    def __init__(self, store):
+        self.store, self.shift = store, 0.0
+
+    def log_probs(self, ids):
+        return -0.01 * ids.double() - self.shift
+
+    def compute_log_prob(self, meta):  # like verl's engine: position j holds the log-prob of token j + 1
+        part = self.store.records[meta.partition_id]
+        for key in meta.keys:
+            logp = self.log_probs(torch.cat([part[key]["prompts"], part[key]["responses"]]))
+            part[key]["log_probs"] = torch.cat([logp[1:], logp.new_zeros(1)])
+        return meta
+
+    def update_actor(self, meta):
+        self.shift += 0.1
+        return {"metrics": {"mfu": [0.0]}}
+
+
+@pytest.fixture
+def fake_tq(monkeypatch):
+    import rlkit.verl.trainer as rlkit_trainer
+    import verl.trainer.ppo.padding_utils as padding_utils
+    import verl.trainer.ppo.v1.trainer_base as trainer_base
+
+    store = FakeTransferQueue()
+    for module in (rlkit_trainer, trainer_base, padding_utils):
+        monkeypatch.setattr(module, "tq", store)
+    return store
+
+
+def put_step(store, actor, prompt_ids, rewards, responses, **fields):
+    """What the agent loop and the old-log-prob pass leave in TransferQueue for one step."""
+    keys, tags = [], []
+    for i, (pid, r, resp) in enumerate(zip(prompt_ids, rewards, responses)):
+        prompt = torch.tensor([5, 6, 7])
+        scores = torch.zeros(len(resp))
+        scores[-1] = r
+        record = {"uid": f"u{len(store.records.get('train', {}))}-{i}", "prompts": prompt, "responses": resp,
+                  "response_mask": torch.ones(len(resp), dtype=torch.long), "rm_scores": scores,
+                  "old_log_probs": actor.log_probs(resp), "extra_info": {"prompt_id": pid},
+                  **{name: values[i] for name, values in fields.items()}}
+        keys.append(f"{record['uid']}_0_0")
+        store.records.setdefault("train", {})[keys[-1]] = record
+        tags.append({"status": "success", "seq_len": len(prompt) + len(resp)})
+    return KVBatchMeta(keys=keys, tags=tags, partition_id="train", extra_info={"temperature": 1.0})
+
+
+def test_spo_steps_through_verls_transferqueue_path(tmp_path, fake_tq, tokenizer):
+    t = spo_trainer(tmp_path, {"p0": [1, 0], "p2": [1, 1, 1, 0]}, "+algorithm.spo.d_half=1.0")
+    t.tokenizer, actor = tokenizer, FakeActor(fake_tq)
+    t.actor_rollout_wg = actor
+    reference = spo.ValueTracker([f"p{i}" for i in range(8)], offline_scores={"p0": [1, 0], "p2": [1, 1, 1, 0]},
+                                 offline_N=4, d_half=1.0)  # D = 0.1 gives ρ = 2^−0.1 ≈ 0.93, inside the clip
+    g = torch.Generator().manual_seed(0)
+    steps = [(["p0", "p1", "p2", "p3"], [1.0, 0.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0]),
+             (["p0", "p2", "p4", "p0"], [0.0, 1.0, 1.0, 1.0], [0.1, 0.1, 0.0, 0.1])]  # D: one update since then
+    for prompt_ids, rewards, divergence in steps:
+        responses = [torch.randint(8, 90, (int(n),), generator=g) for n in torch.randint(2, 6, (4,), generator=g)]
+        meta = put_step(fake_tq, actor, prompt_ids, rewards, responses)
+        baselines = reference.baseline(prompt_ids)
+        metrics = {}
+        t._compute_advantage(meta, metrics)
+        stored = fake_tq.kv_batch_get(meta.keys, "train", ["advantages", "response_mask"])
+        mask = stored["response_mask"].to_padded_tensor(0).float()
+        expected = spo.spo_advantage(torch.tensor(rewards), baselines.float(), mask=mask)
+        torch.testing.assert_close(stored["advantages"].to_padded_tensor(0.0), expected)
+        t._update_actor(meta, metrics)
+        reference.update(prompt_ids, torch.tensor(rewards, dtype=torch.float64),
+                         torch.tensor(divergence, dtype=torch.float64))
+        torch.testing.assert_close(t.spo_tracker.alpha, reference.alpha)
+        torch.testing.assert_close(t.spo_tracker.beta, reference.beta)
+        assert metrics["spo/D"] == pytest.approx(sum(divergence) / 4)
+        fake_tq.kv_clear(meta.keys, "train")  # what verl's fit loop does at the end of a step
+    # each prompt keeps its newest response (p0 was drawn twice in step 2: the second one)
+    memory = fake_tq.records["rlkit_spo_memory"]
+    assert sorted(memory) == ["p0", "p1", "p2", "p3", "p4"]
+    assert torch.equal(memory["p0"]["responses"], responses[3])
+
+
+def test_aspo_through_verls_transferqueue_path(tokenizer, fake_tq):
+    t = trainer_for("algorithm.adv_estimator=rlkit_aspo", "+algorithm.aspo.delta=-2.5")
+    t.tokenizer, actor = tokenizer, FakeActor(fake_tq)
+    texts = ["Let me compute.\n" + tool_call("print(1+1)") + " 2.", "Let me compute the answer step by step. "
+             + tool_call("print(1+1)") + " 2.", "The answer is 42.", "The answer is 41."]
+    responses = [torch.tensor(tokenizer(x, add_special_tokens=False)["input_ids"]) for x in texts]
+    rewards = [1.0, 1.0, 1.0, 0.0]
+    meta = put_step(fake_tq, actor, ["q"] * 4, rewards, responses, extra_fields=[{}, {}, {}, {}])
+    for key in meta.keys:
+        fake_tq.records["train"][key]["uid"] = "same-prompt"
+    metrics = {}
+    t._compute_advantage(meta, metrics)
+    got = fake_tq.kv_batch_get(meta.keys, "train", ["advantages"])["advantages"].to_padded_tensor(0.0)
+    data, _, lengths, mask = response_batch(tokenizer, texts, rewards, ["same-prompt"] * 4, [{}] * 4)
+    expected = t.advantage_step(data, {}).batch["advantages"]
+    torch.testing.assert_close(got, expected[:, : got.shape[1]])
+    assert got[0, 0] > got[1, 0] > 0  # the earlier call is favoured
+    assert metrics["aspo/code_ratio"] == pytest.approx(0.5)

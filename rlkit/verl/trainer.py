@@ -87,6 +87,9 @@ _log = logging.getLogger("rlkit.verl")
 
 SPO_MEMORY = "rlkit_spo_memory"
 """TransferQueue partition holding each SPO prompt's last response (key: the prompt id)."""
+ADVANTAGE_FIELDS = {"rlkit_aspo": ["responses", "response_mask", "rm_scores", "extra_fields"],
+                    "rlkit_spo": ["response_mask", "rm_scores", "extra_info"]}
+"""TransferQueue fields the advantage step reads, per estimator (beyond what verl's own step reads)."""
 SAMPLER_PROCESSOR = "rlkit.verl.sampling:AdaptiveTemperatureProcessor"
 """vLLM's ``logits_processors`` entry for HAPO's adaptive temperature (qualified class name)."""
 
@@ -306,7 +309,7 @@ class RlkitTrainer(PPOTrainerSync):
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         if self.method.adv_estimator not in ("rlkit_aspo", "rlkit_spo"):
             return super()._compute_advantage(batch, metrics)
-        data = self._fetch(batch, ["uid", "responses", "response_mask", "rm_scores", "extra_info", "extra_fields"])
+        data = self._fetch(batch, ADVANTAGE_FIELDS[self.method.adv_estimator])
         data.non_tensor_batch["is_padding"] = np.array([t.get("is_padding", False) for t in batch.tags])
         if self.method.adv_estimator == "rlkit_spo":
             data.batch["rlkit_spo_divergence"] = self._spo_divergence(batch, data)
@@ -366,7 +369,7 @@ class RlkitTrainer(PPOTrainerSync):
         """Fields of ``batch`` from TransferQueue as a right-padded ``DataProto`` (+ ``response_lengths``)."""
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
         non_tensor = {}
-        for name in ("uid", "extra_info", "extra_fields"):
+        for name in ("extra_info", "extra_fields"):
             if name in data.keys():
                 values = data.pop(name).tolist()
                 non_tensor[name] = np.empty(len(values), dtype=object)
