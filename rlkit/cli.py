@@ -1,5 +1,6 @@
-"""The ``rlkit`` command: ``rlkit methods`` (the registry) and ``rlkit train`` (the tiny engine). Sub-commands
-arrive with the capabilities behind them."""
+"""The ``rlkit`` command: ``methods`` (the registry), ``train`` (the tiny engine), ``reproduce`` (the notebooks,
+executed with papermill), ``book`` (the Jupyter Book), ``plot`` (curves of any run), ``data`` (verl parquet, SPO's
+offline values) and ``launch`` (full-scale verl runs)."""
 
 from __future__ import annotations
 
@@ -54,6 +55,50 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _reproduce(args: argparse.Namespace) -> int:
+    from rlkit.book import build
+    from rlkit.reproduce import NotebookFailed, reproduce
+
+    try:
+        done = reproduce(only=args.only, scale=args.scale, seeds=args.seeds, results=args.results, device=args.device)
+    except NotebookFailed as e:
+        print(f"rlkit reproduce: {e}", file=sys.stderr)
+        return 1
+    except (KeyError, FileNotFoundError, ValueError) as e:
+        raise SystemExit(f"rlkit reproduce: {e.args[0] if e.args else e}") from None
+    total = sum(done["minutes"].values())
+    print(f"reproductions: {len(done['notebooks'])} notebooks in {total:.1f} min")
+    if args.book:
+        print(f"book: {build(results=args.results)}")
+    return 0
+
+
+def _book(args: argparse.Namespace) -> int:
+    from rlkit.book import build
+
+    try:
+        index = build(args.book_dir, args.results, strict=not args.no_strict)
+    except (FileNotFoundError, RuntimeError) as e:
+        raise SystemExit(f"rlkit book: {e}") from None
+    print(f"book: {index}")
+    return 0
+
+
+def _plot(args: argparse.Namespace) -> int:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from rlkit import plots
+
+    try:
+        runs = plots.load_runs(args.runs)
+        fig = plots.curves(runs, args.metric, x=args.x)
+    except (FileNotFoundError, KeyError, ValueError) as e:
+        raise SystemExit(f"rlkit plot: {e.args[0] if e.args else e}") from None
+    print(f"figure: {plots.save(fig, args.out)}")
+    return 0
+
+
 def _launch(args: argparse.Namespace) -> int:
     from rlkit.verl import launch
 
@@ -84,6 +129,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override any config field, dotted for nested ones: --set steps=100 --set gspo.clip_low=3e-3")
     p.set_defaults(func=_train)
+
+    from rlkit.book import BOOK_DIR
+    from rlkit.reproduce import RESULTS_DIR
+
+    p = sub.add_parser("reproduce", help="execute the reproduction notebooks with papermill, then build the book")
+    p.add_argument("--only", nargs="+", metavar="NAME", help="these specs only (reproductions/specs/NAME.yaml)")
+    p.add_argument("--scale", default=None, choices=list(SCALES), help="override every spec's scale")
+    p.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 per method (default: each spec's)")
+    p.add_argument("--results", default=str(RESULTS_DIR), help="results directory (default %(default)s)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--book", action="store_true", help="build the book afterwards (rlkit book)")
+    p.set_defaults(func=_reproduce)
+
+    p = sub.add_parser("book", help="build the Jupyter Book from the executed notebooks (no execution)")
+    p.add_argument("--results", default=str(RESULTS_DIR), help="results directory (default %(default)s)")
+    p.add_argument("--book-dir", default=str(BOOK_DIR), help="book sources; HTML goes to BOOK_DIR/_build/html")
+    p.add_argument("--no-strict", action="store_true", help="do not turn Sphinx warnings into errors")
+    p.set_defaults(func=_book)
+
+    p = sub.add_parser("plot", help="curves of any runs (tiny or verl metrics.jsonl) into a PNG")
+    p.add_argument("runs", nargs="+", help="run directories (or folders holding them)")
+    p.add_argument("--metric", action="append", required=True, help="metric to draw (repeat for several panels)")
+    p.add_argument("--x", default="step", choices=["step", "tokens", "minutes"], help="x axis")
+    p.add_argument("--out", required=True, help="PNG path")
+    p.set_defaults(func=_plot)
 
     from rlkit.verl.launch import DATASETS, PRESETS  # light: verl itself is imported only to validate
 

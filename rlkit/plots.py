@@ -150,6 +150,11 @@ def describe(runs: Sequence[Run]) -> str:
     if not configs:
         return f"{len(runs)} run(s), {seed_text}"
     c = configs[0]
+    if "dataset" in c:  # a verl run written by `rlkit launch`
+        models = sorted({str(cfg.get("model")) for cfg in configs})
+        data = sorted({str(cfg.get("dataset")) for cfg in configs})
+        gpus = sorted({f"{cfg.get('gpus')} GPU(s) × {cfg.get('nodes', 1)} node(s)" for cfg in configs})
+        return f"verl · {', '.join(models)} · {', '.join(data)} · {', '.join(gpus)} · {seed_text}"
     sft = c.get("sft", {})
     scales = sorted({str(cfg.get("scale", "?")) for cfg in configs})
     model = f"tiny decoder d={sft.get('d_model')}×{sft.get('n_layers')} layers, SFT {sft.get('steps')} steps"
@@ -180,6 +185,10 @@ def curves(
     if not runs:
         raise ValueError("no runs to plot")
     metrics = list(metrics)
+    for metric in metrics:
+        if not any(metric in r.frame for r in runs):
+            logged = sorted(set().union(*(r.frame.columns for r in runs)))
+            raise KeyError(f"no run logged metric {metric!r}; logged: {', '.join(logged)}")
     ncols = ncols or min(3, len(metrics))
     nrows = -(-len(metrics) // ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, 3.2 * nrows + (0.5 if caption else 0)),

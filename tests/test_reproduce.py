@@ -184,3 +184,23 @@ def test_caption_gives_each_method_its_batch_shape(tmp_path):
     caption = plots.describe(runs)
     assert "samples/step grpo 16×8, spo 128×1" in caption and "scale cpu" in caption
     assert "16×8 samples/step" in plots.describe(runs[:1])
+
+
+def test_caption_of_a_verl_run(tmp_path):
+    run = fake_run(tmp_path, "gspo", 0, {"val/acc": [0.1, 0.2]})
+    (run / "config.json").write_text(json.dumps({"method": "gspo", "dataset": "gsm8k", "scale": "verl-gsm8k",
+                                                 "model": "Qwen/Qwen2.5-0.5B-Instruct", "gpus": 8, "nodes": 1}))
+    caption = plots.describe([plots.load_run(run)])
+    assert caption.startswith("verl · Qwen/Qwen2.5-0.5B-Instruct · gsm8k · 8 GPU(s) × 1 node(s)")
+
+
+def test_cli_plot_and_reproduce_errors(tmp_path, capsys):
+    from rlkit.cli import main
+
+    run = fake_run(tmp_path, "grpo", 0, {"val/acc": [0.1, 0.3]})
+    assert main(["plot", str(run), "--metric", "val/acc", "--out", str(tmp_path / "acc.png")]) == 0
+    assert (tmp_path / "acc.png").stat().st_size > 1000
+    with pytest.raises(SystemExit, match="no run logged metric 'nope'"):
+        main(["plot", str(run), "--metric", "nope", "--out", str(tmp_path / "x.png")])
+    with pytest.raises(SystemExit, match=r"unknown reproductions \['nosuch'\]; valid: .*aspo"):
+        main(["reproduce", "--only", "nosuch", "--results", str(tmp_path)])
