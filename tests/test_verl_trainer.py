@@ -114,6 +114,7 @@ def test_hapo_trainer_hands_vllm_the_adaptive_temperature_processor(tmp_path):
     (["algorithm.adv_estimator=rlkit_grpo", "actor_rollout_ref.actor.policy_loss.loss_mode=rlkit_gspo",
       "+algorithm.gspo.clip_low=3e-4"], "actor_rollout_ref.actor.clip_ratio_low"),
     (["algorithm.adv_estimator=rlkit_grpo", "+algorithm.grpo.epsilon=1e-6"], "unknown key algorithm.grpo.epsilon"),
+    (["algorithm.adv_estimator=rlkit_aspo", "+algorithm.aspo.base_advantage=dapo"], "algorithm.aspo.base_advantage 'dapo'"),
 ])
 def test_bad_configs_fail_naming_the_key(overrides, message):
     with pytest.raises(ValueError, match=message.replace(".", r"\.")):

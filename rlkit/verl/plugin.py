@@ -5,25 +5,16 @@ level (``verl/__init__.py``). So this module logs an ERROR itself before re-rais
 that every name is in verl's tables, and :func:`ensure_registered` lets rlkit's own code paths (launch, trainer,
 tests) import it explicitly (it also covers ``VERL_USE_EXTERNAL_PLUGINS=none``).
 
-Names (each wraps the rlkit function, nothing is re-implemented here):
+Names. Each is ``rlkit_`` + a name of :mod:`rlkit.registry`, whose function it calls (nothing is re-implemented):
 
-=====================================  ===========================================================================
-``actor_rollout_ref.actor.policy_loss.loss_mode``  rlkit function
-=====================================  ===========================================================================
-``rlkit_ppo``                          :func:`rlkit.methods.grpo.ppo_clip_loss` (GRPO, ASPO, SPO)
-``rlkit_gspo``                         :func:`rlkit.methods.gspo.gspo_loss`
-``rlkit_aepo``                         :func:`rlkit.methods.aepo.aepo_loss` (needs the actor's entropies)
-``rlkit_hapo``                         :func:`rlkit.methods.hapo.hapo_loss` (needs the actor's entropies)
-=====================================  ===========================================================================
-
-=====================================  ===========================================================================
-``algorithm.adv_estimator``            rlkit function
-=====================================  ===========================================================================
-``rlkit_grpo``                         :func:`rlkit.methods.grpo.grpo_advantage` (GRPO, GSPO, AEPO)
-``rlkit_hapo_tlga``                    :func:`rlkit.methods.hapo.tlga_advantage` (HAPO)
-``rlkit_aspo``                         base estimator, then :func:`rlkit.methods.aspo.aspo_shape` (trainer ``rlkit``)
-``rlkit_spo``                          :func:`rlkit.methods.spo.spo_advantage` on ``reward_baselines`` (trainer ``rlkit``)
-=====================================  ===========================================================================
+- policy losses (``actor_rollout_ref.actor.policy_loss.loss_mode``): ``rlkit_ppo`` →
+  :func:`rlkit.methods.grpo.ppo_clip_loss` (GRPO, ASPO, SPO); ``rlkit_gspo`` → :func:`rlkit.methods.gspo.gspo_loss`;
+  ``rlkit_aepo`` → :func:`rlkit.methods.aepo.aepo_loss` and ``rlkit_hapo`` → :func:`rlkit.methods.hapo.hapo_loss`
+  (both need the actor's entropies);
+- advantage estimators (``algorithm.adv_estimator``): ``rlkit_grpo`` → :func:`rlkit.methods.grpo.grpo_advantage`
+  (GRPO, GSPO, AEPO); ``rlkit_hapo_tlga`` → :func:`rlkit.methods.hapo.tlga_advantage` (HAPO); ``rlkit_aspo`` → the
+  base estimator, then :func:`rlkit.methods.aspo.aspo_shape`; ``rlkit_spo`` → :func:`rlkit.methods.spo.spo_advantage`
+  on the tracker's ``reward_baselines`` (the last two need the rlkit trainer).
 
 Trainer ``trainer.v1.trainer_mode=rlkit`` (:mod:`rlkit.verl.trainer`, registered here too) supplies what these
 signatures cannot carry: ASPO's correctness and first-code positions, SPO's baselines, tracker and prompt sampler,
@@ -84,6 +75,7 @@ from typing import Any, NamedTuple
 import torch
 
 from rlkit.methods import aepo, aspo, grpo, gspo, hapo, spo
+from rlkit.registry import get_advantage, get_policy_loss
 from rlkit.tasks.tools import CodeDetection
 from rlkit.verl import ADV_ESTIMATORS, POLICY_LOSSES, TRAINER
 
@@ -255,11 +247,11 @@ def _options(method: str, given: Any, inputs: LossInputs | None) -> Any:
 
 
 def _ppo(common: dict, config: Any, opts: grpo.Config, entropy: Tensor | None) -> tuple[Tensor, dict]:
-    return grpo.ppo_clip_loss(**common, clip_c=config.get("clip_ratio_c", 3.0))
+    return get_policy_loss("ppo")(**common, clip_c=config.get("clip_ratio_c", 3.0))
 
 
 def _gspo(common: dict, config: Any, opts: gspo.Config, entropy: Tensor | None) -> tuple[Tensor, dict]:
-    return gspo.gspo_loss(**common, variant=opts.variant)
+    return get_policy_loss("gspo")(**common, variant=opts.variant)
 
 
 def _aepo(common: dict, config: Any, opts: aepo.Config, entropy: Tensor | None) -> tuple[Tensor, dict]:
@@ -269,8 +261,8 @@ def _aepo(common: dict, config: Any, opts: aepo.Config, entropy: Tensor | None) 
             "pass: run with trainer.v1.trainer_mode=rlkit, or set +algorithm.aepo.use_entropy_advantage=false "
             "(the released ARPO scripts' clip-only form)"
         )
-    return aepo.aepo_loss(**common, entropy=entropy if opts.use_entropy_advantage else None, coef=opts.coef,
-                          clip_c=config.get("clip_ratio_c", 3.0), variant=opts.variant)
+    return get_policy_loss("aepo")(**common, entropy=entropy if opts.use_entropy_advantage else None, coef=opts.coef,
+                                   clip_c=config.get("clip_ratio_c", 3.0), variant=opts.variant)
 
 
 def _hapo(common: dict, config: Any, opts: hapo.Config, entropy: Tensor | None) -> tuple[Tensor, dict]:
@@ -279,7 +271,7 @@ def _hapo(common: dict, config: Any, opts: hapo.Config, entropy: Tensor | None) 
             "rlkit_hapo needs the actor's token entropies (redistribution and adaptive clip), which verl's ppo_loss "
             "does not pass: run with trainer.v1.trainer_mode=rlkit"
         )
-    return hapo.hapo_loss(
+    return get_policy_loss("hapo")(
         **common, entropy=entropy, clip_c=config.get("clip_ratio_c", 10.0), beta=opts.adv_beta,
         alpha=opts.clip_alpha, pivot=opts.entropy_pivot, release_compat=opts.release_compat,
         use_redistribution=opts.adaptive_advantage, use_adaptive_clip=opts.adaptive_clip,
@@ -346,7 +338,7 @@ def grpo_estimator(token_level_rewards: Tensor, response_mask: Tensor, config: A
     """``rlkit_grpo``: :func:`rlkit.methods.grpo.grpo_advantage` → ``(advantages, returns)``, both ``(B, T)``."""
     opts, _ = method_config(config, "grpo")
     norm = config.get("norm_adv_by_std_in_grpo", True) if config is not None else True
-    adv = grpo.grpo_advantage(_sequence_rewards(token_level_rewards), _need_index("rlkit_grpo", index),
+    adv = get_advantage("grpo")(_sequence_rewards(token_level_rewards), _need_index("rlkit_grpo", index),
                               response_mask, norm_by_std=norm, eps=opts.eps)
     return adv, adv
 
@@ -356,7 +348,7 @@ def tlga_estimator(token_level_rewards: Tensor, response_mask: Tensor, config: A
     """``rlkit_hapo_tlga``: :func:`rlkit.methods.hapo.tlga_advantage` (HAPO Eq. 9) → ``(advantages, returns)``."""
     opts, _ = method_config(config, "hapo")
     norm = config.get("norm_adv_by_std_in_grpo", True) if config is not None else True
-    adv = hapo.tlga_advantage(_sequence_rewards(token_level_rewards), _need_index("rlkit_hapo_tlga", index),
+    adv = get_advantage("hapo_tlga")(_sequence_rewards(token_level_rewards), _need_index("rlkit_hapo_tlga", index),
                               response_mask, norm_by_std=norm, fallback_threshold=opts.fallback_threshold,
                               eps=opts.eps)
     return adv, adv
@@ -393,7 +385,7 @@ def aspo_estimator(token_level_rewards: Tensor, response_mask: Tensor, config: A
             f"rlkit_aspo needs per-response {', '.join(missing)}, which verl's estimator call does not carry: "
             "run with trainer.v1.trainer_mode=rlkit"
         )
-    adv = aspo.aspo_shape(adv, index, correct, first_code_pos, response_lengths, delta=opts.delta, k=opts.k,
+    adv = get_advantage("aspo")(adv, index, correct, first_code_pos, response_lengths, delta=opts.delta, k=opts.k,
                           code_pass=code_pass if opts.require_code_pass else None, mask=response_mask)
     return adv, adv
 
@@ -416,11 +408,11 @@ def spo_estimator(token_level_rewards: Tensor, response_mask: Tensor, config: An
         )
     rewards = _sequence_rewards(token_level_rewards)
     if real is None:
-        adv = spo.spo_advantage(rewards, baselines, eps=opts.adv_eps, mask=response_mask)
+        adv = get_advantage("spo")(rewards, baselines, eps=opts.adv_eps, mask=response_mask)
     else:
         real = torch.as_tensor(real, dtype=torch.bool, device=rewards.device)
         adv = torch.zeros(response_mask.shape, dtype=rewards.dtype, device=rewards.device)
-        adv[real] = spo.spo_advantage(rewards[real], baselines[real], eps=opts.adv_eps, mask=response_mask[real])
+        adv[real] = get_advantage("spo")(rewards[real], baselines[real], eps=opts.adv_eps, mask=response_mask[real])
     return adv, adv
 
 

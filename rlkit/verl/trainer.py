@@ -79,7 +79,7 @@ from verl.workers.utils.padding import no_padding_2_padding, response_from_neste
 from rlkit.methods import aspo, hapo, spo
 from rlkit.tasks.tools import CodeDetection, count_code_calls, first_code_char
 from rlkit.verl import ADV_ESTIMATORS, POLICY_LOSSES, TRAINER
-from rlkit.verl.plugin import estimator_inputs, loss_inputs, method_config
+from rlkit.verl.plugin import ASPO_BASES, estimator_inputs, loss_inputs, method_config
 from rlkit.verl.sampling import CONFIG_KEY, save_stats
 
 Tensor = torch.Tensor
@@ -116,7 +116,10 @@ class MethodSetup:
         setup = cls(adv, loss)
         methods = [m for name, m in {**ADV_ESTIMATORS, **POLICY_LOSSES}.items() if name in (adv, loss)]
         if adv == "rlkit_aspo":
-            methods.append(method_config(config.algorithm, "aspo")[0].base_advantage.removesuffix("_tlga"))
+            base = method_config(config.algorithm, "aspo")[0].base_advantage
+            if base not in ASPO_BASES:
+                raise ValueError(f"algorithm.aspo.base_advantage {base!r}; valid: {', '.join(ASPO_BASES)}")
+            methods.append(ADV_ESTIMATORS[f"rlkit_{base}"])
         for method in dict.fromkeys(methods):
             setup.options[method], setup.extras[method] = method_config(config.algorithm, method)
         setup._check(config)
