@@ -505,3 +505,31 @@ def test_aspo_through_verls_transferqueue_path(tokenizer, fake_tq):
     torch.testing.assert_close(got, expected[:, : got.shape[1]])
     assert got[0, 0] > got[1, 0] > 0  # the earlier call is favoured
     assert metrics["aspo/code_ratio"] == pytest.approx(0.5)
+
+
+def test_spo_state_is_saved_in_and_restored_from_verls_checkpoint_folder(tmp_path, monkeypatch):
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+    def verl_save(self):  # verl's own save writes the actor, critic and dataloader into this folder
+        os.makedirs(os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}"))
+
+    def verl_load(self):  # verl's own load finds the newest folder and sets the step
+        self.global_steps = 3
+
+    monkeypatch.setattr(PPOTrainer, "_save_checkpoint", verl_save)
+    monkeypatch.setattr(PPOTrainer, "_load_checkpoint", verl_load)
+    ckpt = f"trainer.default_local_dir={tmp_path}/ckpt"
+    t = spo_trainer(tmp_path, {"p1": [1, 0, 1]}, ckpt)
+    t.spo_tracker.update(["p1", "p2"], torch.tensor([1.0, 0.0]), torch.tensor([0.03, 0.0]))
+    t.spo_sampler.sample(t.spo_tracker.weights(), 3)
+    t.global_steps = 3
+    t._save_checkpoint()
+    resumed = spo_trainer(tmp_path, {"p1": [1, 0, 1]}, ckpt)
+    resumed._load_checkpoint()
+    torch.testing.assert_close(resumed.spo_tracker.alpha, t.spo_tracker.alpha, rtol=0, atol=0)
+    torch.testing.assert_close(resumed.spo_tracker.beta, t.spo_tracker.beta, rtol=0, atol=0)
+    weights = t.spo_tracker.weights()
+    assert resumed.spo_sampler.sample(weights, 5) == t.spo_sampler.sample(weights, 5)  # the same next draws
+    monkeypatch.setattr(PPOTrainer, "_load_checkpoint", lambda self: setattr(self, "global_steps", 7))
+    with pytest.raises(FileNotFoundError, match="global_step_7/rlkit_spo.pt is missing"):
+        spo_trainer(tmp_path, {}, ckpt)._load_checkpoint()

@@ -39,8 +39,8 @@ Deviations forced by verl's extension points (for the methods' book pages):
   batch); D is measured before the update between the stored sampling-time log-probs and the current policy
   (the recipe: after the update, between the post-update log-probs stored at the last visit and now). The stored
   responses live in TransferQueue, which is not checkpointed: after a resume D is 0 until a prompt is drawn
-  again. Rows verl adds to fill a mini-batch (``is_padding``) take no part in SPO's batch normalisation or the
-  tracker (verl's own estimators do see them).
+  again. Rows verl adds to fill a mini-batch (``is_padding``, a copy of the first row's metadata) take no part in
+  SPO's batch normalisation or the tracker.
 - HAPO: the sampler's statistics are the previous step's old-log-prob entropies at the rollout temperature (the
   released code's as well); verl gives a logits processor no way to tell validation requests apart, so sampled
   validation at T > 0 is adapted too.
