@@ -4,7 +4,11 @@ Prints one table: matmul GFLOP/s on the model's own GEMM shapes (the FLOP limit)
 token, sampler new-tokens/s for a batch of sequences and training tokens/s (forward + backward + AdamW step), each
 with its ratio to the limit: tokens/s · FLOPs/token ÷ matmul FLOP/s. Medians of ``--repeats`` runs.
 
-Sampling time includes the prompts' prefill; only new tokens are counted. FLOPs per token: forward 2·N
+Each timed run is paired with a measurement of the limit taken just before it, and a ratio is the median of the
+runs' own ratios: other processes share this CPU, and a limit measured once, at a quiet or a busy moment, would
+skew every ratio after it.
+
+Sampling time includes the prompts' prefill (its share is printed too); only new tokens are counted. FLOPs per token: forward 2·N
 (N = parameters in matmuls: the blocks' weights and the output projection; the embedding lookup is free) + attention 4·d·n_layers·context (QKᵀ and AV, context = keys attended); training 3× the
 forward. Sampling attends to the whole prefix (mean context = prompt + half the new tokens), training to a causal
 half (mean context ≈ (L+1)/2).
@@ -42,18 +46,37 @@ def _median_time(fn, repeats: int, warmup: int = 1) -> float:
     return statistics.median(times)
 
 
-def matmul_flops(shapes: list[tuple[int, int, int]], repeats: int) -> float:
+class MatmulLimit:
     """FLOP/s of running the (M, K) @ (K, N) products in ``shapes`` back to back (their FLOP-weighted rate)."""
-    pairs = [(torch.randn(m, k), torch.randn(k, n)) for m, k, n in shapes]
-    flops = sum(2 * m * k * n for m, k, n in shapes)
-    inner = max(1, int(2e9 // flops))  # ~2 GFLOP per timing so timer noise does not matter
 
-    def run():
-        for _ in range(inner):
-            for a, b in pairs:
+    def __init__(self, shapes: list[tuple[int, int, int]]):
+        self.pairs = [(torch.randn(m, k), torch.randn(k, n)) for m, k, n in shapes]
+        self.flops = sum(2 * m * k * n for m, k, n in shapes)
+        self.inner = max(1, int(2e9 // self.flops))  # ~2 GFLOP per timing so timer noise does not matter
+        self.measured: list[float] = []  # every measurement taken, for the table
+
+    def measure(self) -> float:
+        t0 = time.perf_counter()
+        for _ in range(self.inner):
+            for a, b in self.pairs:
                 torch.matmul(a, b)
+        self.measured.append(self.flops * self.inner / (time.perf_counter() - t0))
+        return self.measured[-1]
 
-    return flops * inner / _median_time(run, repeats)
+
+def paired(fn, limit: MatmulLimit, repeats: int) -> tuple[float, float]:
+    """(median seconds of ``fn``, median of limit·seconds): each run of ``fn`` right after a measurement of the
+    limit, so a ratio work/(seconds·limit) compares with the machine's speed at that moment."""
+    fn()
+    limit.measure()
+    times, products = [], []
+    for _ in range(repeats):
+        flops = limit.measure()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+        products.append(times[-1] * flops)
+    return statistics.median(times), statistics.median(products)
 
 
 def gemm_shapes(cfg: ModelConfig, rows: int) -> list[tuple[int, int, int]]:
@@ -100,9 +123,11 @@ def main() -> None:
     fwd_flops_train = 2 * n_mm + attn * (args.train_len + 1) / 2
 
     # ---- the limit: matmul FLOP/s on the model's GEMMs (decode: one token per sequence; training: B·L rows)
-    mm_decode = matmul_flops(gemm_shapes(cfg, args.batch), args.repeats)
-    mm_train = matmul_flops(gemm_shapes(cfg, args.train_batch * args.train_len), args.repeats)
-    mm_square = matmul_flops([(1024, 1024, 1024)], args.repeats)
+    mm_decode = MatmulLimit(gemm_shapes(cfg, args.batch))
+    mm_train = MatmulLimit(gemm_shapes(cfg, args.train_batch * args.train_len))
+    mm_square = MatmulLimit([(1024, 1024, 1024)])
+    for _ in range(args.repeats):
+        mm_square.measure()
 
     # ---- sampling: fixed length (ignore_eos) so every run does the same work; distinct prompts, and the
     # RL shape (batch / group prompts, each sampled group times: their prefill is shared)
@@ -115,10 +140,17 @@ def main() -> None:
     def run_sample(ps=prompts):
         return sample(model, tok, ps, max_new_tokens=args.new_tokens, generator=g, ignore_eos=True)
 
-    t_sample = _median_time(run_sample, args.repeats)
+    t_sample, lt_sample = paired(run_sample, mm_decode, args.repeats)
     sample_tps = args.batch * args.new_tokens / t_sample
-    t_grouped = _median_time(lambda: run_sample(grouped), args.repeats)
+    t_grouped, lt_grouped = paired(lambda: run_sample(grouped), mm_decode, args.repeats)
     grouped_tps = len(grouped) * args.new_tokens / t_grouped
+
+    def prefill():  # the sampler's first forward: every prompt, keys/values kept, last position's logits
+        ids, mask = tok.encode_batch(prompts)
+        with torch.inference_mode():
+            model(ids, attention_mask=mask, kv_cache=model.new_cache(len(prompts), ids.shape[1] + 1), last_only=True)
+
+    t_prefill = _median_time(prefill, args.repeats)
 
     # ---- training: forward + backward + AdamW step on full sequences
     ids = torch.randint(tok.vocab_size, (args.train_batch, args.train_len), generator=g)
@@ -131,7 +163,7 @@ def main() -> None:
         loss.backward()
         opt.step()
 
-    t_train = _median_time(train_step, args.repeats)
+    t_train, lt_train = paired(train_step, mm_train, args.repeats)
     train_tps = args.train_batch * (args.train_len - 1) / t_train
 
     # ---- RL recompute: token_logprobs forward + backward on a sampled rollout (the policy-loss pass)
@@ -143,35 +175,46 @@ def main() -> None:
         opt.zero_grad(set_to_none=True)
         logp.sum().backward()
 
-    t_lp = _median_time(logprob_step, args.repeats)
+    t_lp, lt_lp = paired(logprob_step, mm_train, args.repeats)
     lp_tps = seq.shape[0] * (seq.shape[1] - 1) / t_lp
     fwd_flops_lp = 2 * n_mm + attn * seq.shape[1] / 2
 
-    def ratio(tps: float, flops_per_token: float, limit: float) -> str:
-        return f"{100 * tps * flops_per_token / limit:5.1f}%"
+    def ratio(n_tokens: float, flops_per_token: float, limit_seconds: float) -> str:
+        """Work done ÷ what the limit does in the run's time (the median of the paired runs' products)."""
+        return f"{100 * n_tokens * flops_per_token / limit_seconds:5.1f}%"
 
     print(f"torch {torch.__version__}, {args.threads} thread(s); model d={cfg.d_model} L={cfg.n_layers} "
           f"H={cfg.n_heads} Hkv={cfg.kv_heads} V={cfg.vocab_size}: {n_params / 1e6:.3f}M params "
           f"({n_mm / 1e6:.3f}M in matmuls); "
           f"median of {args.repeats}")
+    def gflops(limit: MatmulLimit) -> str:
+        return f"{statistics.median(limit.measured) / 1e9:8.1f} GFLOP/s"
+
+    def spread(limit: MatmulLimit) -> str:
+        return f"median; {min(limit.measured) / 1e9:.0f}–{max(limit.measured) / 1e9:.0f} over the run"
+
+    n_new = args.batch * args.new_tokens
     rows = [
-        ("matmul, model GEMMs, M = {} (decode)".format(args.batch), f"{mm_decode / 1e9:8.1f} GFLOP/s", ""),
-        (f"matmul, model GEMMs, M = {args.train_batch * args.train_len} (train)", f"{mm_train / 1e9:8.1f} GFLOP/s", ""),
-        ("matmul, 1024³ (for reference)", f"{mm_square / 1e9:8.1f} GFLOP/s", ""),
+        (f"matmul, model GEMMs, M = {args.batch} (decode)", gflops(mm_decode), spread(mm_decode)),
+        (f"matmul, model GEMMs, M = {args.train_batch * args.train_len} (train)", gflops(mm_train), spread(mm_train)),
+        ("matmul, 1024³ (for reference)", gflops(mm_square), spread(mm_square)),
         ("forward FLOPs/token, sampling", f"{fwd_flops_sample / 1e6:8.2f} MFLOP",
          f"(2·{n_mm / 1e6:.2f}M + attention, ctx {sample_ctx:.0f})"),
         ("forward FLOPs/token, training", f"{fwd_flops_train / 1e6:8.2f} MFLOP",
          f"(×3 for fwd+bwd, ctx {(args.train_len + 1) / 2:.0f})"),
         (f"sampling {args.batch} distinct prompts × {args.new_tokens} new tokens", f"{sample_tps:8.0f} tok/s",
-         f"{ratio(sample_tps, fwd_flops_sample, mm_decode)} of decode-GEMM limit, "
-         f"{ratio(sample_tps, fwd_flops_sample, mm_train)} of train-GEMM limit ({t_sample:.2f} s)"),
+         f"{ratio(n_new, fwd_flops_sample, lt_sample)} of decode-GEMM limit ({t_sample:.2f} s, of which "
+         f"prefill {t_prefill:.2f} s)"),
         (f"sampling {len(grouped) // args.group} prompts × {args.group} × {args.new_tokens} new tokens",
          f"{grouped_tps:8.0f} tok/s",
-         f"{ratio(grouped_tps, fwd_flops_sample, mm_decode)} of decode-GEMM limit ({t_grouped:.2f} s)"),
+         f"{ratio(len(grouped) * args.new_tokens, fwd_flops_sample, lt_grouped)} of decode-GEMM limit "
+         f"({t_grouped:.2f} s)"),
         (f"training {args.train_batch} × {args.train_len} (fwd+bwd+AdamW)", f"{train_tps:8.0f} tok/s",
-         f"{ratio(train_tps, 3 * fwd_flops_train, mm_train)} of train-GEMM limit ({t_train * 1e3:.0f} ms/step)"),
+         f"{ratio(args.train_batch * (args.train_len - 1), 3 * fwd_flops_train, lt_train)} of train-GEMM limit "
+         f"({t_train * 1e3:.0f} ms/step)"),
         (f"token_logprobs fwd+bwd on the rollout {tuple(seq.shape)}", f"{lp_tps:8.0f} tok/s",
-         f"{ratio(lp_tps, 3 * fwd_flops_lp, mm_train)} of train-GEMM limit ({t_lp * 1e3:.0f} ms)"),
+         f"{ratio(seq.shape[0] * (seq.shape[1] - 1), 3 * fwd_flops_lp, lt_lp)} of train-GEMM limit "
+         f"({t_lp * 1e3:.0f} ms)"),
     ]
     w0 = max(len(r[0]) for r in rows)
     print(f"| {'measure':<{w0}} | {'value':>16} | ratio |")

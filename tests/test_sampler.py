@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from rlkit.methods.hapo import adaptive_temperature, entropy_stats
 from rlkit.tiny.model import ModelConfig, TinyDecoder, token_logprobs
-from rlkit.tiny.sampler import sample
+from rlkit.tiny.sampler import _inverse_cdf_sample, sample
 from rlkit.tiny.tokenizer import CharTokenizer
 
 ALPHA = "0123456789+-*/ #=.abcdexyz?"
@@ -44,8 +44,8 @@ class Scripted(TinyDecoder):
         self.register_buffer("bigram", torch.nn.functional.one_hot(nxt, TOK.vocab_size).float() * scale)
         self.eval()
 
-    def forward(self, ids, **kw):
-        return super().forward(ids, **kw) + self.bigram[ids]
+    def forward(self, ids, last_only=False, **kw):
+        return super().forward(ids, last_only=last_only, **kw) + self.bigram[ids[:, -1:] if last_only else ids]
 
 
 # a → <code>1+2</code> … ' ' → # → <eos>;  b → <eos>;  c → 7 → 7 → … (never ends)
@@ -121,6 +121,19 @@ def test_greedy_batch_equals_rows_alone_with_compaction():
     assert r.lengths.tolist() == [1] * 6 + [20, 20] and r.texts[6] == "7" * 20
 
 
+def test_inverse_cdf_sampling_matches_the_distribution():
+    """Frequencies of 40k draws match the probabilities (4 standard errors); zero-probability tokens never come,
+    one-hot rows always give their token."""
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.3, 0.2, 0.0], [0.0, 0.0, 0.0, 0.0, 0.0, 1.0]]).repeat(20000, 1)
+    draws = _inverse_cdf_sample(probs, torch.Generator().manual_seed(0))
+    first = torch.bincount(draws[0::2], minlength=6).float() / 20000
+    se = (probs[0] * (1 - probs[0]) / 20000).sqrt()
+    assert ((first - probs[0]).abs() <= 4 * se + 1e-9).all(), first
+    assert (draws[1::2] == 5).all()
+    unnormalised = torch.tensor([[1e-30, 2e-30, 0.0]]).repeat(1000, 1)  # scale-free: u is drawn up to the total
+    assert set(_inverse_cdf_sample(unnormalised, None).tolist()) == {0, 1}
+
+
 def test_seeded_sampling_is_reproducible():
     model = small_model(1)
     prompts = ["1+2", "abc", "1+2"]
@@ -134,16 +147,18 @@ def test_seeded_sampling_is_reproducible():
 
 
 @settings(max_examples=50, deadline=None)  # fewer: each example samples a batch and recomputes it
-@given(st.integers(0, 2**16), st.sampled_from([1.0, 0.7, "fn"]), st.sampled_from([None, 1]))
-def test_sampled_logp_equals_recomputed(seed, temp, kv_heads):
+@given(st.integers(0, 2**16), st.sampled_from([1.0, 0.7, "fn"]), st.sampled_from([None, 1]),
+       st.sampled_from([["a", "1+2 = ?", "c", "a"], ["a", "a", "1+2 = ?", "1+2 = ?", "c", "c"]]))
+def test_sampled_logp_equals_recomputed(seed, temp, kv_heads, prompts):
     """logp stored at sampling time == token_logprobs of the same tokens at the same temperature (mask-1 tokens);
-    entropy == the untempered entropy. A bigram bias makes tool calls (and forced tokens) frequent."""
+    entropy == the untempered entropy. A bigram bias makes tool calls (and forced tokens) frequent. The second
+    prompt list is a GRPO layout (each prompt's samples side by side), the first shares a prompt out of order."""
     model = Scripted(SCRIPT, scale=3.0, seed=seed % 5)
     if kv_heads:
         model = small_model(seed % 5, n_kv_heads=kv_heads)
     g = torch.Generator().manual_seed(seed)
     kw = {"temperature_fn": lambda z: 0.5 + torch.sigmoid(z[:, 0])} if temp == "fn" else {"temperature": temp}
-    r = sample(model, TOK, ["a", "1+2 = ?", "c", "a"], max_new_tokens=24, generator=g, tool=fake_tool, **kw)
+    r = sample(model, TOK, prompts, max_new_tokens=24, generator=g, tool=fake_tool, **kw)
     ids, att, start = r.sequences()
     with torch.no_grad():
         logp, ent = token_logprobs(model, ids, att, start, temperature=r.temperature)

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlkit.tasks.tools import first_code_token
+from rlkit.tiny import model as model_module
 from rlkit.tiny.model import ModelConfig, TinyDecoder, positions_from_mask, token_logprobs
 from rlkit.tiny.tokenizer import SPECIALS, CharTokenizer
 
@@ -150,16 +151,19 @@ def test_left_padded_rows_equal_rows_alone(kv_heads):
     with torch.no_grad():
         batch = model(ids, attention_mask=mask)
         assert torch.isfinite(batch).all()  # all-padding prefixes stay finite
+        torch.testing.assert_close(model(ids, attention_mask=mask, last_only=True), batch[:, -1:])
         for row, text in enumerate(texts):
             alone = model(TOK.encode_batch([text])[0])
             torch.testing.assert_close(batch[row, mask[row]], alone[0], atol=1e-5, rtol=1e-4)
 
 
 @settings(max_examples=50, deadline=None)  # fewer: each example runs ~10 model forwards
-@given(st.lists(st.integers(1, 6), min_size=1, max_size=4), st.integers(0, 2**16), st.sampled_from([None, 1]))
-def test_kv_cache_equals_full_forward(chunks, seed, kv_heads):
+@given(st.lists(st.integers(1, 6), min_size=1, max_size=4), st.integers(0, 2**16), st.sampled_from([None, 1]),
+       st.sampled_from([2048, 5]), st.sampled_from([16, 2]))
+def test_kv_cache_equals_full_forward(chunks, seed, kv_heads, prefill_chunk, grow):
     """Feeding a left-padded batch through the cache in chunks (prefill, then pieces, then single tokens)
-    gives the full forward's logits at every real position."""
+    gives the full forward's logits at every real position. ``prefill_chunk`` 5 splits the prefill by rows;
+    ``grow`` 2 widens the rows' tail buffer often (and by more for longer chunks)."""
     model = small_model(seed % 7, n_kv_heads=kv_heads)
     g = torch.Generator().manual_seed(seed)
     B, L = 3, sum(chunks) + 3
@@ -168,16 +172,59 @@ def test_kv_cache_equals_full_forward(chunks, seed, kv_heads):
     pads = torch.randint(0, chunks[0] + 1, (B,), generator=g)
     for r, p in enumerate(pads.tolist()):
         mask[r, :p] = False
-    with torch.no_grad():
+    with torch.no_grad(), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(model_module, "PREFILL_CHUNK_TOKENS", prefill_chunk)
+        mp.setattr(model_module.KVCache, "GROW", grow)
         full = model(ids, attention_mask=mask)
         cache = model.new_cache(B, L)
         parts, s = [], 0
         for n in chunks + [1, 1, 1]:
             parts.append(model(ids[:, s : s + n], attention_mask=mask[:, s : s + n], kv_cache=cache))
             s += n
+        last = model(ids[:, : chunks[0]], attention_mask=mask[:, : chunks[0]], kv_cache=model.new_cache(B, L),
+                     last_only=True)
     assert cache.length == L
     assert cache.n_tokens.tolist() == mask.sum(1).tolist()
     torch.testing.assert_close(torch.cat(parts, 1)[mask], full[mask], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(last, parts[0][:, -1:])
+
+
+@pytest.mark.parametrize("kv_heads", [None, 2])
+@pytest.mark.parametrize("grow", [16, 2])
+@pytest.mark.parametrize("rows, keep", [([2, 0, 2, 2, 1, 0], [0, 2, 5]), ([0, 0, 1, 1, 2, 2], [0, 1, 4])])
+def test_shared_prefix_rows_equal_full_forward(kv_heads, grow, rows, keep, monkeypatch):
+    """Rows selected (repeated, reordered, some dropped) from one prefill share their prompt's keys; appending a
+    different continuation to each, in chunks of 2 and 1 tokens, gives each row's full forward (``grow`` 2: the
+    rows' tail buffer is widened on the way). The second ``rows`` are
+    already grouped prompt by prompt (GRPO's layout), the first are not; ``keep`` leaves two rows on one prompt."""
+    monkeypatch.setattr(model_module.KVCache, "GROW", grow)
+    model = small_model(5, n_kv_heads=kv_heads)
+    g = torch.Generator().manual_seed(0)
+    prompts, mask = TOK.encode_batch(["12+3?", "a", "xyz 99 ="])
+    rows, keep = torch.tensor(rows), torch.tensor(keep)
+    cont = torch.randint(7, TOK.vocab_size, (len(rows), 5), generator=g)
+    with torch.no_grad():
+        cache = model.new_cache(3, prompts.shape[1] + 6)
+        model(prompts, attention_mask=mask, kv_cache=cache)
+        cache.select(rows)
+        assert cache.shared and len(cache.prefix_k[0]) == 3 and cache.regular == (rows.tolist() == sorted(rows))
+        steps = [model(cont[:, :2], kv_cache=cache), model(cont[:, 2:3], kv_cache=cache)]
+        cache.select(keep)  # the other rows finish: one prompt is no longer read, one serves two rows
+        assert cache.shared and len(cache.prefix_k[0]) == 2
+        steps += [model(cont[keep, 3:4], kv_cache=cache), model(cont[keep, 4:5], kv_cache=cache)]
+        cache.select(torch.tensor([1, 2]))  # one row per prompt: no sharing left
+        assert not cache.shared
+        last = model(cont[keep[[1, 2]], 4:5], kv_cache=cache)  # a repeat of the last token, one step further
+        for i, r in enumerate(rows.tolist()):
+            seq = torch.cat([prompts[r, mask[r]], cont[i]])[None]
+            full = model(seq)[0, -5:]
+            torch.testing.assert_close(torch.cat([steps[0][i], steps[1][i]]), full[:3], atol=1e-5, rtol=1e-4)
+            if i in keep.tolist():
+                j = keep.tolist().index(i)
+                torch.testing.assert_close(torch.cat([steps[2][j], steps[3][j]]), full[3:], atol=1e-5, rtol=1e-4)
+                if j > 0:
+                    again = model(torch.cat([seq, cont[i, 4:5][None]], 1))[0, -1]
+                    torch.testing.assert_close(last[j - 1, 0], again, atol=1e-5, rtol=1e-4)
 
 
 def test_cache_select_and_errors():
@@ -194,6 +241,8 @@ def test_cache_select_and_errors():
         model(ids[:2], kv_cache=cache)
     with pytest.raises(ValueError, match="rows"):
         model(ids[:1, :1], kv_cache=cache)
+    with pytest.raises(ValueError, match="real"):
+        model(ids[:2, :1], attention_mask=torch.tensor([[True], [False]]), kv_cache=cache)
     with pytest.raises(ValueError, match="max_len"):
         model.new_cache(1, 65)
     with pytest.raises(ValueError, match=r"\(B, L\)"):
