@@ -274,3 +274,50 @@ def test_token_logprobs_hand_check_and_gradient():
         token_logprobs(model, seq, att, 0)
     with pytest.raises(ValueError, match="temperature"):
         token_logprobs(model, seq, att, P, temperature=0.0)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), chunk=st.integers(1, 5), per_token_temperature=st.booleans())
+def test_token_logprobs_in_length_chunks_equal_one_padded_batch(seed, chunk, per_token_temperature):
+    """Chunks of rows of similar length, each cut to its own padding, give the values and gradients of the whole
+    padded batch, and 0 past each response's end."""
+    g = torch.Generator().manual_seed(seed)
+    model = small_model(seed % 7).train()
+    B, P, T = 9, 12, 10
+    prompt_len = torch.randint(1, P + 1, (B,), generator=g)
+    response_len = torch.randint(0, T + 1, (B,), generator=g)
+    cols = torch.arange(P + T)
+    att = ((cols >= P - prompt_len[:, None]) & (cols < P)) | ((cols >= P) & (cols < P + response_len[:, None]))
+    ids = torch.where(att, torch.randint(4, TOK.vocab_size, (B, P + T), generator=g), TOK.pad_id)
+    temps = torch.rand(B, T, generator=g) + 0.5 if per_token_temperature else 0.7
+    whole = token_logprobs(model, ids, att, P, temperature=temps, rows_per_chunk=B)
+    parts = token_logprobs(model, ids, att, P, temperature=temps, rows_per_chunk=chunk)
+    real = att[:, P:]
+    for a, b in zip(whole, parts):
+        torch.testing.assert_close(a[real], b[real], atol=2e-5, rtol=1e-4)
+        assert torch.all(b[~real] == 0)
+    grads = [torch.autograd.grad((lp * real).sum(), list(model.parameters()))
+             for lp, _ in (whole, parts)]
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-3)
+
+
+def test_sft_loss_in_length_chunks_equals_one_padded_batch():
+    """``next_token_loss`` (rows of similar length together, padding cut) equals the padded batch's mean
+    cross-entropy over the solution targets, in value and gradient."""
+    from rlkit.tasks import arithmetic
+    from rlkit.tiny.sft import next_token_loss
+    from rlkit.tiny.task import build_tokenizer, sft_batch
+
+    tok = build_tokenizer()
+    torch.manual_seed(0)
+    model = TinyDecoder(ModelConfig(vocab_size=tok.vocab_size, d_model=32, n_layers=2, n_heads=2, max_len=512))
+    ids, target = sft_batch(tok, arithmetic.make_split(13, "train", seed=1), "mixed")
+    assert (ids == tok.pad_id).any()  # the rows differ in length
+    padded = torch.nn.functional.cross_entropy(model(ids[:, :-1])[target], ids[:, 1:][target])
+    for rows_per_chunk in (1, 4, 13):
+        chunked = next_token_loss(model, ids, target, tok.pad_id, rows_per_chunk)
+        torch.testing.assert_close(chunked, padded)
+        for a, b in zip(torch.autograd.grad(padded, list(model.parameters()), retain_graph=True),
+                        torch.autograd.grad(chunked, list(model.parameters()))):
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
