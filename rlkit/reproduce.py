@@ -305,11 +305,13 @@ def reproduce(
             raise KeyError(f"unknown reproductions {unknown}; valid: {', '.join(sorted(names))}")
         specs = [s for s in specs if s.name in only]
     results = Path(results).resolve()
+    # notebooks run with the repository as working directory: a path inside it is shown relative, as on the CLI
+    shown = results.relative_to(REPO) if results.is_relative_to(REPO) else results
     done: list[Path] = []
     minutes: dict[str, float] = {}
     jobs = [(s, d, k) for s in specs for k, d in enumerate(s.run_dirs(results, seeds))]
     for i, (spec, out_dir, k) in enumerate(jobs, 1):
-        params = {"scale": scale or spec.scale, "results": str(results), "device": device, "progress": False,
+        params = {"scale": scale or spec.scale, "results": str(shown), "device": device, "progress": False,
                   **spec.parameters}
         params.update({"seed": k} if spec.method else {"seeds": seeds or spec.seeds})
         what = f"{spec.name}" + (f" seed {k}" if spec.method else "")
