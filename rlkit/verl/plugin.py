@@ -77,7 +77,7 @@ import torch
 from rlkit.methods import aepo, aspo, grpo, gspo, hapo, spo
 from rlkit.registry import get_advantage, get_policy_loss
 from rlkit.tasks.tools import CodeDetection
-from rlkit.verl import ADV_ESTIMATORS, POLICY_LOSSES, TRAINER
+from rlkit.verl import ADV_ESTIMATORS, POLICY_LOSSES, TRAINER, cpu
 
 Tensor = torch.Tensor
 _log = logging.getLogger("rlkit.verl")
@@ -463,6 +463,7 @@ def ensure_registered() -> None:
 
 def _load() -> None:
     try:
+        cpu.install()  # the CPU platform (and, in CPU runs, its fixes): rlkit.verl.cpu
         register()
         missing = missing_names()
         if missing:
