@@ -119,3 +119,43 @@ def test_bad_settings_fail_naming_the_key(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps({"median": 0.0}))
     with pytest.raises(ValueError, match="lacks the entropy statistics std, scale_pos, scale_neg"):
         sampling.load_stats(str(tmp_path / "bad.json"))
+
+
+def test_applied_temperatures_are_recorded_for_the_trainer(tmp_path):
+    """The processor's running totals → the trainer's per-step mean and std of T·(1 + τ·h̃), over processes."""
+    path = tmp_path / "stats.json"
+    logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(3)) * 3
+    sampling.save_stats(str(path), stats_of(logits))
+    proc = sampling.AdaptiveTemperatureProcessor(vllm_config(path), "cpu", False)
+    before = sampling.read_applied(str(path))
+    assert before == {"tokens": 0.0, "factor_sum": 0.0, "factor_sq_sum": 0.0}
+    out = proc.apply(logits.clone())
+    factors = logits / out  # each row divided by its 1 + τ·h̃
+    proc.update_state(SimpleNamespace(batch_size=0, added=[], removed=[], moved=[]))  # the batch emptied: flush
+    after = sampling.read_applied(str(path))
+    assert after["tokens"] == 6
+    m = sampling.applied_metrics(before, after, temperature=0.8)
+    assert m["hapo/sampler/temperature_mean"] == pytest.approx(0.8 * factors[:, 0].double().mean().item(), rel=1e-5)
+    assert m["hapo/sampler/temperature_std"] == pytest.approx(
+        0.8 * factors[:, 0].double().std(unbiased=False).item(), rel=1e-3)
+    assert m["hapo/sampler/temperature_std"] > 0
+    other = tmp_path / "stats.applied.999999.json"  # another vLLM process's totals are added
+    other.write_text('{"tokens": 4, "factor_sum": 4.0, "factor_sq_sum": 4.0}')
+    assert sampling.read_applied(str(path))["tokens"] == 10
+    assert sampling.applied_metrics(after, after, 1.0) == {"hapo/sampler/adapted_tokens": 0.0}
+
+
+def test_recording_never_stops_sampling(tmp_path):
+    """Nothing adapted yet (step 1: no statistics): nothing written; an unwritable record: a warning, not an error
+    (a processor's exception kills vLLM's engine)."""
+    path = tmp_path / "no_dir_yet" / "stats.json"
+    proc = sampling.AdaptiveTemperatureProcessor(vllm_config(path), "cpu", False)
+    proc.update_state(SimpleNamespace(batch_size=0))
+    assert not path.parent.exists()
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    proc = sampling.AdaptiveTemperatureProcessor(vllm_config(blocker / "stats.json"), "cpu", False)
+    proc.applied["tokens"] = 1.0
+    with pytest.warns(UserWarning, match="cannot record"):
+        proc.flush()
+    proc.flush()  # said once

@@ -380,6 +380,8 @@ class FakeTransferQueue:
         return KVBatchMeta(keys=list(keys), tags=[part_tags.get(k, {}) for k in keys], partition_id=partition_id)
 
     def kv_batch_get(self, keys, partition_id, select_fields=None):
+        if not keys:
+            raise ValueError("Received an empty list as keys.")
         rows = [self.records[partition_id][k] for k in keys]
         names = [n for n in (select_fields or rows[0]) if all(n in r for r in rows)]  # absent fields are left out
         out = {}
@@ -397,6 +399,8 @@ class FakeTransferQueue:
         return {partition_id: dict(self.tags.get(partition_id, {}))}
 
     def kv_clear(self, keys, partition_id):
+        if not keys:  # as TransferQueue's client does (found by the first real SPO run through main_ppo)
+            raise ValueError("Received an empty list as keys.")
         for key in keys:
             self.records[partition_id].pop(key)
             self.tags[partition_id].pop(key, None)
@@ -408,13 +412,16 @@ class FakeActor:
 
     _dispatch_info = {"actor": [0]}
 
-    def __init__(self, store):
-        self.store, self.shift = store, 0.0
+    def __init__(self, store, micro_batch: int = 1):
+        self.store, self.shift, self.micro_batch = store, 0.0, micro_batch
 
     def log_probs(self, ids):
         return -0.01 * ids.double() - self.shift
 
     def compute_log_prob(self, meta):  # like verl's engine: position j holds the log-prob of token j + 1
+        # verl's engine with fixed micro-batches (use_dynamic_bsz=false) asserts this (found by a real SPO run)
+        assert len(meta.keys) % self.micro_batch == 0, "data size must be divisible by micro_batch_size_per_gpu"
+        assert "temperature" in meta.extra_info, "KeyError: 'temperature'"  # the engine reads it (a real SPO run)
         part = self.store.records[meta.partition_id]
         for key in meta.keys:
             logp = self.log_probs(torch.cat([part[key]["prompts"], part[key]["responses"]]))
@@ -452,12 +459,14 @@ def put_step(store, actor, prompt_ids, rewards, responses, **fields):
         keys.append(f"{record['uid']}_0_0")
         store.records.setdefault("train", {})[keys[-1]] = record
         tags.append({"status": "success", "seq_len": len(prompt) + len(resp)})
-    return KVBatchMeta(keys=keys, tags=tags, partition_id="train", extra_info={"temperature": 1.0})
+    return KVBatchMeta(keys=keys, tags=tags, partition_id="train")  # the advantage step's meta carries no settings
 
 
 def test_spo_steps_through_verls_transferqueue_path(tmp_path, fake_tq, tokenizer):
-    t = spo_trainer(tmp_path, {"p0": [1, 0], "p2": [1, 1, 1, 0]}, "+algorithm.spo.d_half=1.0")
-    t.tokenizer, actor = tokenizer, FakeActor(fake_tq)
+    t = spo_trainer(tmp_path, {"p0": [1, 0], "p2": [1, 1, 1, 0]}, "+algorithm.spo.d_half=1.0",
+                    "actor_rollout_ref.actor.use_dynamic_bsz=false",
+                    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4")
+    t.tokenizer, actor = tokenizer, FakeActor(fake_tq, micro_batch=4)
     t.actor_rollout_wg = actor
     reference = spo.ValueTracker([f"p{i}" for i in range(8)], offline_scores={"p0": [1, 0], "p2": [1, 1, 1, 0]},
                                  offline_N=4, d_half=1.0)  # D = 0.1 gives ρ = 2^−0.1 ≈ 0.93, inside the clip
@@ -510,8 +519,13 @@ def test_aspo_through_verls_transferqueue_path(tokenizer, fake_tq):
 def test_spo_state_is_saved_in_and_restored_from_verls_checkpoint_folder(tmp_path, monkeypatch):
     from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 
-    def verl_save(self):  # verl's own save writes the actor, critic and dataloader into this folder
-        os.makedirs(os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}"))
+    def verl_save(self):  # verl's own save: actor, critic and dataloader into this folder, then the tracker file
+        folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+        os.makedirs(folder, exist_ok=True)
+        # rlkit's part is on disk before verl names the checkpoint complete (a kill in between loses nothing)
+        assert os.path.exists(os.path.join(folder, "rlkit_spo.pt"))
+        with open(os.path.join(self.config.trainer.default_local_dir, "latest_checkpointed_iteration.txt"), "w") as f:
+            f.write(str(self.global_steps))
 
     def verl_load(self):  # verl's own load finds the newest folder and sets the step
         self.global_steps = 3

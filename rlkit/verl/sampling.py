@@ -20,14 +20,23 @@ Interface: ``vllm.v1.sample.logits_processor.LogitsProcessor`` (vLLM ≥ 0.10.2,
 ``logits_processors=["rlkit.verl.sampling:AdaptiveTemperatureProcessor"]``, in
 ``actor_rollout_ref.rollout.engine_kwargs.vllm`` from ``+algorithm.hapo.*``.
 
+What the processor applied is recorded, so the run can log the temperatures vLLM actually sampled at: each
+process keeps running totals of the tokens it adapted and of their factors 1 + τ·h̃ (and squares), and writes
+them at most every :data:`FLUSH_S` seconds and whenever its batch empties to ``<stats_path stem>.applied.<pid>.json``
+(:func:`read_applied` sums every process's file; the rlkit trainer logs the step's difference as
+``hapo/sampler/temperature_mean`` and ``_std``).
+
 vLLM rejects custom logits processors together with speculative decoding. Every request the engine samples is
 adapted (verl gives a logits processor no per-request tag, so validation at T > 0 is adapted too).
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import time
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -42,6 +51,40 @@ except ImportError:  # pragma: no cover - the CPU test machines have no vLLM
 
 CONFIG_KEY = "rlkit_hapo"
 """Key of the processor's settings in vLLM's ``additional_config``."""
+FLUSH_S = 0.1
+"""Longest time between two writes of a processor's applied totals."""
+APPLIED = ("tokens", "factor_sum", "factor_sq_sum")
+"""The applied totals: tokens adapted, Σ (1 + τ·h̃), Σ (1 + τ·h̃)²."""
+
+
+def _applied_glob(stats_path: str) -> str:
+    return f"{os.path.splitext(stats_path)[0]}.applied.*.json"
+
+
+def read_applied(stats_path: str) -> dict[str, float]:
+    """The applied totals of every processor process writing next to ``stats_path`` (zeros when none has)."""
+    totals = dict.fromkeys(APPLIED, 0.0)
+    for path in glob.glob(_applied_glob(stats_path)):
+        try:
+            with open(path) as f:
+                values = json.load(f)
+        except (OSError, ValueError):  # a file being replaced: the next read gets it
+            continue
+        for name in APPLIED:
+            totals[name] += float(values.get(name, 0.0))
+    return totals
+
+
+def applied_metrics(before: Mapping[str, float], after: Mapping[str, float], temperature: float) -> dict[str, float]:
+    """The sampled temperatures T·(1 + τ·h̃) of the tokens adapted between two :func:`read_applied` totals."""
+    tokens = after["tokens"] - before["tokens"]
+    out = {"hapo/sampler/adapted_tokens": tokens}
+    if tokens > 0:
+        mean = (after["factor_sum"] - before["factor_sum"]) / tokens
+        var = max((after["factor_sq_sum"] - before["factor_sq_sum"]) / tokens - mean * mean, 0.0)
+        out["hapo/sampler/temperature_mean"] = temperature * mean
+        out["hapo/sampler/temperature_std"] = temperature * var**0.5
+    return out
 
 
 def save_stats(path: str, stats: EntropyStats) -> dict[str, float]:
@@ -88,6 +131,9 @@ class AdaptiveTemperatureProcessor(_LogitsProcessor):
         self.device = torch.device(device)
         self.stats: EntropyStats | None = None
         self._version: tuple[int, int] | None = None
+        self.applied = dict.fromkeys(APPLIED, 0.0)
+        self.applied_path = _applied_glob(self.stats_path).replace("*", str(os.getpid()))
+        self._flushed_at, self._flush_failed = 0.0, False
         self.reload()
 
     @classmethod
@@ -100,14 +146,35 @@ class AdaptiveTemperatureProcessor(_LogitsProcessor):
         return False
 
     def update_state(self, batch_update: Any) -> None:
-        """Called by vLLM before every engine step: pick up the trainer's newest statistics."""
+        """Called by vLLM before every engine step: pick up the trainer's newest statistics; record the applied
+        totals when the batch has emptied (a rollout ended)."""
         self.reload()
+        if batch_update is not None and getattr(batch_update, "batch_size", 1) == 0:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the applied totals (atomically) for :func:`read_applied`. A record is a metric, never a reason to
+        stop sampling: a failed write is reported once and sampling goes on."""
+        self._flushed_at = time.monotonic()
+        if not self.applied["tokens"]:
+            return
+        tmp = f"{self.applied_path}.tmp"
+        try:
+            os.makedirs(os.path.dirname(self.applied_path) or ".", exist_ok=True)
+            with open(tmp, "w") as f:
+                json.dump(self.applied, f)
+            os.replace(tmp, self.applied_path)
+        except OSError as e:
+            if not self._flush_failed:
+                warnings.warn(f"HAPO's sampler cannot record its temperatures in {self.applied_path}: {e}",
+                              stacklevel=2)
+            self._flush_failed = True
 
     def reload(self) -> bool:
         """Re-read the statistics file if it changed since the last read; True when new ones were loaded."""
         try:
             st = os.stat(self.stats_path)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return False  # no training step has finished yet: sample at T
         version = (st.st_mtime_ns, st.st_size)
         if version == self._version:
@@ -122,4 +189,9 @@ class AdaptiveTemperatureProcessor(_LogitsProcessor):
         # earlier processors may have masked tokens with -inf; 0·(-inf) would make the entropy NaN
         finite = torch.nan_to_num(logits.float(), neginf=torch.finfo(torch.float32).min / 2)
         scale = adaptive_temperature(finite, 1.0, self.stats, tau=self.tau, release_compat=self.release_compat)
+        self.applied["tokens"] += scale.numel()
+        self.applied["factor_sum"] += scale.double().sum().item()
+        self.applied["factor_sq_sum"] += scale.double().square().sum().item()
+        if time.monotonic() - self._flushed_at > FLUSH_S:
+            self.flush()
         return logits / scale.unsqueeze(-1).to(logits.dtype)

@@ -20,7 +20,8 @@ the methods need beyond that, each at the verl hook where the data exists:
   ``algorithm.hapo.stats_path`` (default ``<trainer.default_local_dir>/hapo_entropy_stats.json``), and before the
   rollout servers start it adds :class:`rlkit.verl.sampling.AdaptiveTemperatureProcessor` and its settings to
   ``actor_rollout_ref.rollout.engine_kwargs.vllm`` (``logits_processors``, ``additional_config.rlkit_hapo``).
-  vLLM only.
+  vLLM only. The temperatures the processor applied in the step's rollout are logged as
+  ``hapo/sampler/temperature_mean``/``_std`` (:func:`rlkit.verl.sampling.applied_metrics`).
 - SPO (``algorithm.adv_estimator=rlkit_spo``, ``rollout.n=1``): a :class:`~rlkit.methods.spo.ValueTracker` and a
   :class:`~rlkit.methods.spo.PromptSampler` over the whole training set, keyed by each row's
   ``extra_info["prompt_id"]``, initialised from ``+algorithm.spo.offline_values`` (``offline_values.json``:
@@ -80,7 +81,7 @@ from rlkit.methods import aspo, hapo, spo
 from rlkit.tasks.tools import CodeDetection, count_code_calls, first_code_char
 from rlkit.verl import ADV_ESTIMATORS, POLICY_LOSSES, TRAINER
 from rlkit.verl.plugin import ASPO_BASES, estimator_inputs, loss_inputs, method_config
-from rlkit.verl.sampling import CONFIG_KEY, save_stats
+from rlkit.verl.sampling import APPLIED, CONFIG_KEY, applied_metrics, read_applied, save_stats
 
 Tensor = torch.Tensor
 _log = logging.getLogger("rlkit.verl")
@@ -249,10 +250,12 @@ class RlkitTrainer(PPOTrainerSync):
         self.spo_tracker: spo.ValueTracker | None = None
         self.spo_sampler: spo.PromptSampler | None = None
         self._pending: tuple | None = None  # (batch, data) of the step, for SPO's update after the actor step
+        self._hapo_applied = dict.fromkeys(APPLIED, 0.0)
         if self.method.adaptive_temperature:
             path = self.method.extras["hapo"]["stats_path"]
             self.hapo_stats_path = os.path.abspath(
                 path if path is not None else os.path.join(config.trainer.default_local_dir, "hapo_entropy_stats.json"))
+            self._hapo_applied = read_applied(self.hapo_stats_path)  # totals an earlier launch left behind
         with open_dict(config):
             if self.method.needs_entropy:
                 config.actor_rollout_ref.actor.calculate_entropy = True
@@ -299,6 +302,10 @@ class RlkitTrainer(PPOTrainerSync):
             entropy, mask = _padded(data["entropy"]), _padded(data["response_mask"])
             real = _real_rows(batch)
             metrics.update(self.write_sampler_stats(entropy[real], mask[real]))
+            applied = read_applied(self.hapo_stats_path)  # what vLLM sampled at in this step's rollout
+            metrics.update(applied_metrics(self._hapo_applied, applied,
+                                           float(self.config.actor_rollout_ref.rollout.temperature)))
+            self._hapo_applied = applied
         return batch
 
     def write_sampler_stats(self, entropy: Tensor, mask: Tensor) -> dict[str, float]:
@@ -422,9 +429,11 @@ class RlkitTrainer(PPOTrainerSync):
         seen = sorted({pid for pid in ids if pid in stored})
         if not seen:
             return divergence
+        # the log-prob pass as verl's own old-log-prob pass runs it (the step's meta no longer carries its settings)
         meta = KVBatchMeta(partition_id=SPO_MEMORY, keys=seen, tags=[dict(stored[pid]) for pid in seen],
-                           extra_info={**batch.extra_info, "calculate_entropy": False, "compute_loss": False})
-        meta = upsample_batch_to_divisible_size(meta, self._actor_dp_size(), self.tokenizer.eos_token_id)
+                           extra_info={**batch.extra_info, "calculate_entropy": False, "compute_loss": False,
+                                       "temperature": self.config.actor_rollout_ref.rollout.temperature})
+        meta = upsample_batch_to_divisible_size(meta, self._log_prob_batch_multiple(), self.tokenizer.eos_token_id)
         self.actor_rollout_wg.compute_log_prob(meta)
         now = tq.kv_batch_get(keys=seen, partition_id=SPO_MEMORY,
                               select_fields=["log_probs", "rlkit_log_probs_then", "response_mask"])
@@ -436,6 +445,13 @@ class RlkitTrainer(PPOTrainerSync):
             tq.kv_clear(keys=padding, partition_id=SPO_MEMORY)
         by_id = dict(zip(seen, d.tolist()))
         return torch.tensor([by_id.get(pid, 0.0) for pid in ids], dtype=torch.float64)
+
+    def _log_prob_batch_multiple(self) -> int:
+        """Rows a log-prob pass must come in multiples of: the data-parallel ranks, times each rank's micro-batch
+        when micro-batches have a fixed size (``actor.use_dynamic_bsz=false``; verl's engine asserts it)."""
+        arr = self.config.actor_rollout_ref
+        micro = 1 if arr.actor.use_dynamic_bsz else int(arr.rollout.log_prob_micro_batch_size_per_gpu or 1)
+        return self._actor_dp_size() * micro
 
     def _actor_dp_size(self) -> int:
         info = self.actor_rollout_wg._dispatch_info.get("actor", None)
@@ -473,19 +489,22 @@ class RlkitTrainer(PPOTrainerSync):
         record = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id)
         record["rlkit_log_probs_then"] = record["old_log_probs"]
         stored = list(latest)
-        tq.kv_clear(keys=[k for k in stored if k in tq.kv_list(SPO_MEMORY).get(SPO_MEMORY, {})],
-                    partition_id=SPO_MEMORY)
+        replaced = [k for k in stored if k in tq.kv_list(SPO_MEMORY).get(SPO_MEMORY, {})]
+        if replaced:  # TransferQueue refuses an empty key list
+            tq.kv_clear(keys=replaced, partition_id=SPO_MEMORY)
         tq.kv_batch_put(keys=stored, partition_id=SPO_MEMORY, fields=record,
                         tags=[{k: v for k, v in batch.tags[row].items() if k != "status"} for row in latest.values()])
 
     # ----------------------------------------------------------------------- checkpoints (SPO's state)
 
     def _save_checkpoint(self):
-        super()._save_checkpoint()
+        # SPO's state first: verl writes latest_checkpointed_iteration.txt last, so a checkpoint it names is whole
         if self.spo_tracker is not None:
             folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+            os.makedirs(folder, exist_ok=True)
             torch.save({"tracker": self.spo_tracker.state_dict(), "sampler": self.spo_sampler.state_dict()},
                        os.path.join(folder, "rlkit_spo.pt"))
+        super()._save_checkpoint()
 
     def _load_checkpoint(self):
         super()._load_checkpoint()
