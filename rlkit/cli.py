@@ -155,18 +155,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="PNG path")
     p.set_defaults(func=_plot)
 
-    from rlkit.verl.launch import DATASETS, PRESETS  # light: verl itself is imported only to validate
+    from rlkit.verl.launch import DATASETS, DEVICES, PRESETS  # light: verl itself is imported only to validate
 
-    p = sub.add_parser("launch", help="a full-scale verl run: method preset → validated main_ppo command")
+    p = sub.add_parser("launch", help="a verl run (GPUs, or this machine's CPU): method preset → validated main_ppo")
     p.add_argument("--method", required=True, choices=list(PRESETS))
-    p.add_argument("--dataset", required=True, choices=list(DATASETS))
-    p.add_argument("--model", required=True, help="HF model id or local path")
-    p.add_argument("--gpus", type=int, required=True, help="GPUs per node")
-    p.add_argument("--nodes", type=int, default=1)
+    p.add_argument("--device", default="gpu", choices=list(DEVICES),
+                   help="gpu (default) or cpu: verl's trainer on this machine's CPU at toy scale, vLLM's CPU build")
+    p.add_argument("--dataset", default=None, choices=list(DATASETS), help="required on GPUs; CPU default arithmetic")
+    p.add_argument("--model", default=None,
+                   help="HF model id or local path (required on GPUs; CPU default: a tiny model rlkit builds)")
+    p.add_argument("--gpus", type=int, default=None, help="GPUs per node (GPU runs)")
+    p.add_argument("--nodes", type=int, default=None, help="nodes (GPU runs; default 1)")
     p.add_argument("--ray-address", default=None, help="an existing Ray cluster (default: start one locally)")
-    p.add_argument("--experiment", default=None, help="run name (default <method>-<dataset>-<model>)")
+    p.add_argument("--steps", type=int, default=None, help="training steps (trainer.total_training_steps)")
+    p.add_argument("--experiment", default=None, help="run name (default <method>-<dataset>-<model>[-cpu])")
     p.add_argument("--runs-dir", default="runs", help="metrics go to RUNS_DIR/<experiment>/metrics.jsonl")
     p.add_argument("--data", default=None, help="parquet directory of `rlkit data` (default data/<dataset>)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in RUNS_DIR/<experiment> from its newest checkpoint")
+    p.add_argument("--timeout", type=float, default=None, help="stop the launch after this many seconds")
+    p.add_argument("--verbose", action="store_true", help="print main_ppo's own output (always in launch.log)")
     p.add_argument("--dry-run", action="store_true", help="validate and print the command, do not run it")
     p.add_argument("overrides", nargs=argparse.REMAINDER, help="-- then Hydra overrides (key=value ...)")
     p.set_defaults(func=_launch)

@@ -47,7 +47,7 @@ def checked(method: str, dataset: str):
     return _CHECKED[method, dataset]
 
 
-@pytest.mark.parametrize("dataset", list(L.DATASETS))
+@pytest.mark.parametrize("dataset", list(L.BOOK_RUNS))
 @pytest.mark.parametrize("method", L.METHODS)
 def test_every_preset_composes_and_validates(method, dataset):
     """Each method on each dataset, with the model and GPUs the book's page shows."""
@@ -61,7 +61,7 @@ def test_every_preset_composes_and_validates(method, dataset):
         (batch.prompts, batch.mini_batch, batch.n)
     assert cfg.data.train_batch_size // actor.ppo_mini_batch_size == preset.updates
     assert "file" in cfg.trainer.logger
-    assert cfg.ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH == f"{p.run_dir}/metrics.jsonl"
+    assert cfg.ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH == f"{p.run_dir}/verl_metrics.jsonl"
     assert OmegaConf.to_container(cfg, resolve=True)  # every interpolation resolves (main_ppo resolves them)
 
 
@@ -191,8 +191,11 @@ def test_a_gpu_count_that_cannot_split_the_papers_batch_is_refused():
 
 # ------------------------------------------------------------------------------------------------ run
 def test_metrics_land_where_rlkit_reads_them(tmp_path, monkeypatch):
-    """verl's own FileLogger, pointed at the path launch hands to Ray, writes what rlkit.metrics reads."""
+    """verl's own FileLogger, pointed at the path launch hands to Ray, writes lines that the watchdog's relay
+    copies into the metrics.jsonl rlkit.metrics reads."""
     from verl.utils.tracking import FileLogger
+
+    from rlkit.verl.runner import _Relay
 
     monkeypatch.chdir(tmp_path)
     p = L.plan("grpo", "gsm8k", MODEL, gpus=1)
@@ -200,21 +203,26 @@ def test_metrics_land_where_rlkit_reads_them(tmp_path, monkeypatch):
     Path(p.run_dir).mkdir(parents=True)
     env = cfg.ray_kwargs.ray_init.runtime_env.env_vars  # what Ray hands verl's trainer actor
     monkeypatch.setenv("VERL_FILE_LOGGER_PATH", env.VERL_FILE_LOGGER_PATH)
+    relay = _Relay(Path(p.run_dir), after=None)
     logger = FileLogger(cfg.trainer.project_name, cfg.trainer.experiment_name)
     logger.log({"critic/score/mean": 0.25, "actor/pg_clipfrac": float("nan")}, step=1)
+    assert [r["step"] for r in relay.poll()] == [1]
     logger.log({"critic/score/mean": 0.5, "actor/pg_clipfrac": 0.01}, step=2)
     logger.finish()
+    assert [r["step"] for r in relay.poll()] == [2]
+    relay.close()
     frame = metrics_frame(Path(p.run_dir) / "metrics.jsonl")
     assert frame["critic/score/mean"].tolist() == [0.25, 0.5]
     assert frame.index.tolist() == [1, 2]
 
 
 def test_run_checks_inputs_and_never_clobbers_metrics(tmp_path, monkeypatch):
+    from rlkit.verl.runner import Result
     from rlkit.verl.tools import TOOL_CONFIG
 
     monkeypatch.chdir(tmp_path)
     calls = []
-    monkeypatch.setattr(L, "_execute", lambda argv: calls.append(argv) or 0)
+    monkeypatch.setattr(L, "_execute", lambda argv, **kw: calls.append((argv, kw)) or Result(0, "finished", [], None, 1.0))
     args = _launch_args("aspo", "gsm8k", "--experiment", "t1")
     with pytest.raises(SystemExit, match="train.parquet not found.*rlkit data gsm8k"):
         cli.main(args)
@@ -222,16 +230,20 @@ def test_run_checks_inputs_and_never_clobbers_metrics(tmp_path, monkeypatch):
     for name in ("train.parquet", "test.parquet"):
         (tmp_path / "data" / "gsm8k" / name).write_bytes(b"")
     assert cli.main(args) == 0
-    assert calls[0][1:] == L.plan("aspo", "gsm8k", MODEL, gpus=2, experiment="t1").command[1:]
+    argv, kwargs = calls[0]
+    assert argv[1:] == L.plan("aspo", "gsm8k", MODEL, gpus=2, experiment="t1").command[1:]
+    assert kwargs["resume_after"] is None and kwargs["limits"] == L.GPU_LIMITS and kwargs["env"] == {}
     run_dir = tmp_path / "runs" / "t1"
     config = json.loads((run_dir / "config.json").read_text())
     assert config["method"] == "aspo" and config["verl"]["trainer"]["experiment_name"] == "t1"
     assert json.loads((run_dir / "env.json").read_text())["gpus"] == 2
     assert (run_dir / L.TOOL_CONFIG_NAME).read_text() == TOOL_CONFIG.read_text()  # the tools the run used
     (run_dir / "metrics.jsonl").write_text('{"step": 1, "data": {}}\n')
-    with pytest.raises(SystemExit, match="metrics.jsonl exists"):
+    with pytest.raises(SystemExit, match="metrics.jsonl exist.*--resume"):
         cli.main(args)
     assert len(calls) == 1
+    assert cli.main([*args[:1], "--resume", *args[1:]]) == 0  # no checkpoint yet: from scratch, verl told so
+    assert calls[1][1]["resume_after"] is None and "trainer.resume_mode=disable" in calls[1][0]
 
 
 # ------------------------------------------------------------------------------------------------ the book
@@ -239,5 +251,5 @@ def test_book_page_commands_are_todays_presets():
     text = BOOK_PAGE.read_text()
     assert L.update_book_page(text) == text, "book/full_scale_runs.md is stale: regenerate (update_book_page)"
     shown = {(m, d) for _, m, d in L._BLOCK.findall(text) if m}
-    assert shown == {(m, d) for d in L.DATASETS for m in L.METHODS}
+    assert shown == {(m, d) for d in L.BOOK_RUNS for m in L.METHODS}
     assert "<!-- rlkit presets -->" in text

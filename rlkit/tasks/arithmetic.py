@@ -542,3 +542,26 @@ def reward(problem: Problem, text: str, mode: str = "strict") -> float:
     """1.0 if the response ``text`` (without the prompt) gives ``problem``'s answer by rlkit's one answer rule
     (:func:`rlkit.tasks.gsm8k.score`, ``mode`` ``"strict"`` or ``"flexible"``), else 0.0."""
     return score(text, problem.answer, mode)
+
+
+REWARD_RULES = ("answer", "digit")
+
+
+def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None,
+                  rule: str = "answer", **kwargs) -> dict:
+    """verl custom reward function for these problems (``reward.custom_reward_function.path=pkg://`` this module,
+    ``name=compute_score``, ``reward_kwargs.rule``). Returns ``{"score": 1.0 | 0.0, "acc": bool}``.
+
+    - ``rule="answer"``: rlkit's one answer rule, the strict ``#### n`` (:func:`reward`, the tiny engine's reward).
+    - ``rule="digit"``: a *probe* for plumbing runs of an untrained model, not a task: 1.0 when the response
+      contains the answer's last digit anywhere. An untrained model of the character vocabulary (89 ids) writes
+      that digit in about half of its 64-token responses, so groups mix 0s and 1s and advantages are not zero,
+      and a policy that learns to write digits raises it; it says nothing about arithmetic.
+    """
+    if rule not in REWARD_RULES:
+        raise ValueError(f"unknown reward rule {rule!r}; valid: {', '.join(REWARD_RULES)}")
+    if rule == "digit":
+        acc = str(ground_truth).strip()[-1:] in solution_str
+    else:
+        acc = score(solution_str, ground_truth) == 1.0
+    return {"score": float(acc), "acc": bool(acc)}

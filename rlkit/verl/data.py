@@ -48,7 +48,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rlkit.tasks import dapo_math, gsm8k
+from rlkit.tasks import arithmetic, dapo_math, gsm8k
 
 GSM8K_SOURCE = "openai/gsm8k"
 GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
@@ -147,6 +147,30 @@ def prepare_gsm8k(out: str | os.PathLike, source: str | os.PathLike = GSM8K_SOUR
     summary = {}
     for split in ("train", "test"):
         rows = gsm8k_rows(gsm8k.load(source, split), split)
+        summary[split] = {"rows": len(rows), "path": str(write_rows(rows, Path(out) / f"{split}.parquet"))}
+    return summary
+
+
+ARITHMETIC_SOURCE = "rlkit/arithmetic"
+"""``data_source`` of the word problems (scored by :func:`rlkit.tasks.arithmetic.compute_score`)."""
+ARITHMETIC_FORM = "mixed"
+"""The solution form kept as each row's reference ``answer`` (the tiny engine's default form)."""
+
+
+def arithmetic_rows(problems: Sequence[arithmetic.Problem], split: str) -> list[dict[str, Any]]:
+    """Rows of the tiny engine's word problems: the prompt is :func:`rlkit.tasks.arithmetic.prompt` (the question
+    and a newline, exactly what the tiny engine samples from), the ground truth the integer answer."""
+    return [make_row(ARITHMETIC_SOURCE, arithmetic.prompt(p), str(p.answer), split, i,
+                     p.solution(ARITHMETIC_FORM), p.question) for i, p in enumerate(problems)]
+
+
+def prepare_arithmetic(out: str | os.PathLike, *, n_train: int = 2000, n_test: int = 200, seed: int = 0,
+                       **knobs: Any) -> dict[str, Any]:
+    """``out/train.parquet`` and ``out/test.parquet``: :func:`rlkit.tasks.arithmetic.make_split` problems
+    (``knobs``: :class:`~rlkit.tasks.arithmetic.TaskConfig` fields), hash-disjoint splits as in the tiny engine."""
+    summary = {}
+    for split, n in (("train", n_train), ("test", n_test)):
+        rows = arithmetic_rows(arithmetic.make_split(n, split, seed, **knobs), split)
         summary[split] = {"rows": len(rows), "path": str(write_rows(rows, Path(out) / f"{split}.parquet"))}
     return summary
 
@@ -348,6 +372,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--source", default=GSM8K_SOURCE, help=f"{source_help} (default %(default)s)")
     p.set_defaults(func=lambda a: _print(prepare_gsm8k(a.out, a.source)))
 
+    p = data.add_parser("arithmetic", help="train.parquet + test.parquet of the tiny engine's word problems")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--train", type=int, default=2000, help="training problems (default %(default)s)")
+    p.add_argument("--test", type=int, default=200, help="held-out problems (default %(default)s)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=lambda a: _print(prepare_arithmetic(a.out, n_train=a.train, n_test=a.test, seed=a.seed)))
     p = data.add_parser("dapo", help=f"{DAPO_TRAIN_FILE} (DAPO-Math-17k) + {DAPO_VAL_FILE} (AIME 2024)")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--source", default=dapo_math.TRAIN_SOURCE, help=f"{source_help} (default %(default)s)")

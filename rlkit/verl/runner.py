@@ -1,0 +1,412 @@
+"""Running ``main_ppo`` under a watchdog, its metrics kept safe across kills and resumes.
+
+A launch (:func:`execute`) starts ``python -m verl.trainer.main_ppo`` in a session of its own, writes everything
+it prints to ``runs/<experiment>/launch.log``, and watches it:
+
+- **progress**: verl's ``file`` logger writes each step's line to ``verl_metrics.jsonl`` (:data:`VERL_METRICS`;
+  verl truncates that file at every start); the watchdog copies each new line into ``metrics.jsonl``, fsynced
+  (:class:`rlkit.metrics.MetricsWriter`), and prints a one-line summary of the step;
+- **limits** (:class:`Limits`): the first line must come within ``startup_s``, each later one within ``step_s``
+  of the last, and once a Python traceback appears in the output the run must log a step or exit within
+  ``error_grace_s`` (a failure inside a Ray worker or vLLM can leave the driver waiting forever: the weight-sync
+  failure of vLLM's CPU build did);
+- **ending**: on a limit, Ctrl-C or SIGTERM it stops the whole process tree — ``main_ppo``, Ray's processes and
+  vLLM's, found by an environment marker each of them inherits (:data:`MARKER`), since Ray starts some of them in
+  sessions of their own — and reports the underlying error (:func:`describe_error`): the first traceback in the
+  output (in Ray and vLLM the first error is the cause, later ones are its echoes) and the exception that ended
+  the run.
+
+Resume (:func:`resume_point`). verl saves checkpoint N *before* it logs step N, so a run killed in between has
+checkpoint N and no line N, and resuming from N would lose that step. The resume point is therefore the newest
+complete checkpoint (at or below verl's ``latest_checkpointed_iteration.txt``) whose step is also in
+``metrics.jsonl``; ``metrics.jsonl`` is cut back to that step (the steps after it are run again), so a killed
+and resumed run has each step exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from rlkit.metrics import MetricsWriter, read_metrics
+
+VERL_METRICS = "verl_metrics.jsonl"
+"""verl's own file logger output in the run directory (``VERL_FILE_LOGGER_PATH``); rewritten at every start."""
+METRICS = "metrics.jsonl"
+LOG = "launch.log"
+LAUNCH = "launch.json"
+"""The last launch of the run: its marker, command, start time and outcome."""
+MARKER = "RLKIT_LAUNCH_ID"
+"""Environment variable every process of a launch inherits: how its process tree is found and stopped."""
+
+_TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
+_FATAL = re.compile(r"Traceback \(most recent call last\)|Error executing job with overrides")
+_EXCEPTION_LINE = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt|Exit)(?:\([\w.]+\))?(?::|$)")
+_CARETS = re.compile(r"\s*[\^~]+\s*")
+_RAY_PREFIX = re.compile(r"^(?:\x1b\[\d+m)?\([\w.:]+(?: pid=\d+(?:, ip=[\d.]+)?)?\)(?:\x1b\[0m)? ?")
+_RAY_REPEATED = re.compile(r"(?:\x1b\[\d+m)? ?\[repeated \d+x across cluster\](?:\x1b\[0m)?$")
+_LOG_HEADER = re.compile(r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d [\d:]+ \[[^\]]+\] ")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How long a launch may go without progress before the watchdog stops it (seconds; None: no limit)."""
+
+    startup_s: float | None = 1800.0
+    """Start to the first step's metrics line (Ray, model loading, vLLM start-up and warm-up, step 1)."""
+    step_s: float | None = 3600.0
+    """Between two metrics lines (one step, with validation and checkpointing)."""
+    error_grace_s: float = 120.0
+    """After a traceback appears in the output: time to log a step or exit before the run counts as hung."""
+    total_s: float | None = None
+    """The whole launch."""
+
+    def __post_init__(self) -> None:
+        for name in ("startup_s", "step_s", "error_grace_s", "total_s"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be > 0 seconds, got {value!r}")
+
+
+@dataclass
+class Result:
+    """What :func:`execute` returns."""
+
+    returncode: int
+    """``main_ppo``'s exit status; 124 when the watchdog stopped it, 130 on Ctrl-C/SIGTERM."""
+    outcome: str
+    """``finished``, ``failed`` (non-zero exit), ``stalled``, ``hung``, ``timeout`` or ``interrupted``."""
+    steps: list[int]
+    """Steps whose metrics lines this launch added to ``metrics.jsonl``."""
+    error: str | None
+    """The underlying error (:func:`describe_error`: the first traceback, and the exception that ended the run),
+    when the launch did not finish."""
+    seconds: float
+
+
+# ------------------------------------------------------------------------------------------------ resume
+
+
+def checkpoint_steps(ckpt_dir: str | os.PathLike) -> list[int]:
+    """Steps of the complete checkpoints in verl's ``default_local_dir``, ascending.
+
+    Complete: at or below ``latest_checkpointed_iteration.txt`` (verl writes it after every part of a save) and
+    still holding the actor's state and the dataloader's (verl deletes the actor part of old checkpoints).
+    """
+    ckpt_dir = Path(ckpt_dir)
+    tracker = ckpt_dir / "latest_checkpointed_iteration.txt"
+    try:
+        latest = int(tracker.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return []
+    steps = []
+    for folder in ckpt_dir.glob("global_step_*"):
+        match = re.fullmatch(r"global_step_(\d+)", folder.name)
+        if not match or int(match.group(1)) > latest:
+            continue
+        actor = folder / "actor"
+        if (folder / "data.pt").is_file() and actor.is_dir() and any(actor.iterdir()):
+            steps.append(int(match.group(1)))
+    return sorted(steps)
+
+
+def logged_steps(run_dir: str | os.PathLike) -> list[int]:
+    """Steps of ``metrics.jsonl`` (empty when there is none)."""
+    path = Path(run_dir) / METRICS
+    return [r["step"] for r in read_metrics(path)] if path.exists() else []
+
+
+def resume_point(run_dir: str | os.PathLike, ckpt_dir: str | os.PathLike) -> int:
+    """The newest complete checkpoint whose step has its line in ``metrics.jsonl``; 0 (a fresh start) if none."""
+    logged = set(logged_steps(run_dir))
+    usable = [s for s in checkpoint_steps(ckpt_dir) if s in logged]
+    return usable[-1] if usable else 0
+
+
+# ------------------------------------------------------------------------------------------------ processes
+
+
+def marked_pids(marker: str) -> list[int]:
+    """Processes (other than this one) whose environment holds ``RLKIT_LAUNCH_ID=marker`` (Linux ``/proc``)."""
+    needle = f"{MARKER}={marker}".encode() + b"\0"
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:  # gone, or not ours to read
+            continue
+        if needle in environ + b"\0":
+            pids.append(int(entry.name))
+    return pids
+
+
+def stop_tree(proc: subprocess.Popen | None, marker: str, *, grace_s: float = 10.0) -> None:
+    """SIGTERM the launch's session and every marked process, SIGKILL what is left after ``grace_s``."""
+    def signal_all(sig: int) -> None:
+        if proc is not None and proc.poll() is None:
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                pass
+        for pid in marked_pids(marker):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+    signal_all(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and ((proc is not None and proc.poll() is None) or marked_pids(marker)):
+        time.sleep(0.2)
+    signal_all(signal.SIGKILL)
+    if proc is not None:
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def stop_previous(run_dir: str | os.PathLike) -> int:
+    """Stop what an earlier launch of this run left running (its marker is in ``launch.json``); how many."""
+    try:
+        marker = json.loads((Path(run_dir) / LAUNCH).read_text())["marker"]
+    except (FileNotFoundError, KeyError, ValueError):
+        return 0
+    left = marked_pids(marker)
+    if left:
+        stop_tree(None, marker)
+    return len(left)
+
+
+# ------------------------------------------------------------------------------------------------ errors
+
+
+def strip_ray_prefix(line: str) -> str:
+    """``(TaskRunner pid=12, ip=…) (Worker pid=9) ERROR 11-24 06:30:40 [x.py:1] text`` → ``text``: Ray's
+    per-process prefixes (colours included) and a vLLM log header."""
+    line = _RAY_REPEATED.sub("", line.rstrip("\n"))
+    while True:
+        stripped = _LOG_HEADER.sub("", _RAY_PREFIX.sub("", line))
+        if stripped == line:
+            return line
+        line = stripped
+
+
+def traceback_blocks(lines: Sequence[str]) -> list[list[str]]:
+    """Each traceback in ``lines``, prefixes and ``^^^`` markers removed, from its first line to its exception."""
+    blocks: list[list[str]] = []
+    current: list[str] | None = None
+    for raw in lines:
+        line = strip_ray_prefix(raw)
+        if _CARETS.fullmatch(line):
+            continue
+        if _TRACEBACK.search(line):
+            current = [line]
+            blocks.append(current)
+        elif current is not None:
+            current.append(line)
+            if _EXCEPTION_LINE.match(line):
+                current = None
+    return blocks
+
+
+def last_error(lines: Sequence[str], *, context: int = 30) -> str | None:
+    """The last traceback of ``lines``, cut to its last ``context`` lines; None if there is none."""
+    blocks = traceback_blocks(lines)
+    return _shorten(blocks[-1], context) if blocks else None
+
+
+def describe_error(first: Sequence[str], tail: Sequence[str], *, context: int = 30) -> str | None:
+    """The run's first traceback (``first``: the output from the first traceback on; in Ray and vLLM the first
+    error is the cause, the later ones its echoes), and the exception that ended it (``tail``) when different."""
+    head, end = traceback_blocks(first), traceback_blocks(tail)
+    if not head and not end:
+        return None
+    text = _shorten(head[0] if head else end[-1], context)
+    if head and end and end[-1][-1] != head[0][-1] and _EXCEPTION_LINE.match(end[-1][-1]):
+        text += f"\n... and the run ended with: {end[-1][-1]}"
+    return text
+
+
+def _shorten(block: list[str], context: int) -> str:
+    if len(block) > context:
+        block = [block[0], f"  ... ({len(block) - context} lines) ...", *block[-(context - 1):]]
+    return "\n".join(block)
+
+
+# ------------------------------------------------------------------------------------------------ the watch
+
+
+class _Output(threading.Thread):
+    """Copies the child's output to the log (and, with ``echo``, to the terminal), noting tracebacks."""
+
+    def __init__(self, stream: IO[bytes], log: IO[str], echo: bool) -> None:
+        super().__init__(daemon=True)
+        self.stream, self.log, self.echo = stream, log, echo
+        self.tail: deque[str] = deque(maxlen=400)
+        self.first_error: list[str] = []  # the output from the first traceback on (300 lines)
+        self.error_at: float | None = None
+
+    def run(self) -> None:
+        for raw in iter(self.stream.readline, b""):
+            line = raw.decode("utf-8", errors="replace")
+            self.log.write(line)
+            self.log.flush()
+            self.tail.append(line)
+            if (self.first_error or _TRACEBACK.search(line)) and len(self.first_error) < 300:
+                self.first_error.append(line)
+            if self.error_at is None and _FATAL.search(line):
+                self.error_at = time.monotonic()
+            if self.echo:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+
+
+class _Relay:
+    """Copies new lines of verl's metrics file into ``metrics.jsonl`` (steps after ``after`` only)."""
+
+    def __init__(self, run_dir: Path, after: int | None) -> None:
+        self.source = run_dir / VERL_METRICS
+        self.writer = MetricsWriter.open(run_dir / METRICS, resume_after=after)
+        self.after, self.offset, self.steps = after, 0, []
+        self._partial = b""
+
+    def poll(self) -> list[dict[str, Any]]:
+        try:
+            with self.source.open("rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return []
+        self.offset += len(chunk)
+        *complete, self._partial = (self._partial + chunk).split(b"\n")
+        new = []
+        for line in complete:
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            step = int(record["step"])
+            if (self.after is not None and step <= self.after) or step in self.steps:
+                continue  # a resumed run re-validates its resume step before training: keep the first line
+            self.writer.log(record["data"], step)
+            self.steps.append(step)
+            new.append(record)
+        return new
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def default_report(record: Mapping[str, Any], total: int | None) -> None:
+    """One line per step: step, reward, response length and the step's seconds."""
+    data = record["data"]
+    parts = [f"step {record['step']}" + (f"/{total}" if total else "")]
+    for key, label, fmt in (("critic/score/mean", "reward", ".3f"), ("response_length/mean", "length", ".1f"),
+                            ("timing_s/step", "s", ".1f")):
+        if isinstance(data.get(key), (int, float)):
+            parts.append(f"{label} {data[key]:{fmt}}")
+    val = [f"{k.split('/')[-2] if k.count('/') > 1 else k} {v:.3f}" for k, v in data.items()
+           if k.startswith("val-core/") and isinstance(v, (int, float))]
+    print("  " + " · ".join(parts + val), flush=True)
+
+
+def execute(argv: Sequence[str], *, run_dir: str | os.PathLike, env: Mapping[str, str] | None = None,
+            limits: Limits = Limits(), resume_after: int | None = None, total_steps: int | None = None, echo: bool = False,
+            report: Callable[[Mapping[str, Any], int | None], None] | None = default_report,
+            poll_s: float = 1.0) -> Result:
+    """Run ``argv`` (``main_ppo``) under the watchdog (module doc). ``metrics.jsonl`` starts empty, or with
+    ``resume_after`` keeps its lines up to that step; it receives this launch's steps. Returns a :class:`Result`; never raises for a failed run."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    stop_previous(run_dir)
+    marker = f"{run_dir.name}-{uuid.uuid4().hex[:12]}"
+    child_env = {**os.environ, **(env or {}), MARKER: marker, "PYTHONUNBUFFERED": "1"}
+    (run_dir / VERL_METRICS).unlink(missing_ok=True)
+    launch_record = {"marker": marker, "argv": list(argv), "started": time.time(), "resume_after": resume_after}
+    (run_dir / LAUNCH).write_text(json.dumps(launch_record, indent=2))
+
+    relay = _Relay(run_dir, resume_after)
+    start = last_progress = time.monotonic()
+    outcome, returncode = "finished", 0
+    with (run_dir / LOG).open("a", encoding="utf-8") as log:
+        how = "fresh start" if resume_after is None else f"resuming after step {resume_after}"
+        log.write(f"\n===== rlkit launch {time.strftime('%Y-%m-%d %H:%M:%S')}: {how}\n")
+        log.flush()
+        proc = subprocess.Popen(list(argv), env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        output = _Output(proc.stdout, log, echo)
+        output.start()
+        interrupted: list[int] = []
+        previous = {}
+        if threading.current_thread() is threading.main_thread():  # Ctrl-C / SIGTERM: stop the tree, then return
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                previous[sig] = signal.signal(sig, lambda signum, frame: interrupted.append(signum))
+        try:
+            while True:
+                for record in relay.poll():
+                    last_progress = time.monotonic()
+                    output.error_at = None  # progress after a traceback: it was not fatal
+                    if report is not None:
+                        report(record, total_steps)
+                if proc.poll() is not None:
+                    output.join(timeout=5)
+                    relay.poll()
+                    returncode = proc.returncode
+                    outcome = "finished" if returncode == 0 else "failed"
+                    break
+                now = time.monotonic()
+                waited = now - last_progress
+                limit = limits.step_s if relay.steps else limits.startup_s
+                reason = None
+                if interrupted:
+                    reason, outcome = "interrupted", "interrupted"
+                elif limits.total_s is not None and now - start > limits.total_s:
+                    reason, outcome = f"the launch ran past its {limits.total_s:.0f} s limit", "timeout"
+                elif output.error_at is not None and now - output.error_at > limits.error_grace_s:
+                    reason, outcome = (f"a traceback appeared and the run neither logged a step nor exited within "
+                                       f"{limits.error_grace_s:.0f} s"), "hung"
+                elif limit is not None and waited > limit:
+                    what = "a step" if relay.steps else "its first step"
+                    reason, outcome = f"no metrics line for {waited:.0f} s (limit {limit:.0f} s for {what})", "stalled"
+                if reason is not None:
+                    log.write(f"\n===== rlkit watchdog: stopping the launch: {reason}\n")
+                    log.flush()
+                    stop_tree(proc, marker)
+                    output.join(timeout=5)
+                    returncode = 130 if outcome == "interrupted" else 124
+                    break
+                time.sleep(poll_s)
+        finally:
+            if proc.poll() is None:
+                stop_tree(proc, marker)
+            else:
+                stop_tree(None, marker, grace_s=5.0)  # Ray or vLLM processes that outlived main_ppo
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            relay.poll()
+            relay.close()
+    error = None if outcome == "finished" else describe_error(output.first_error, list(output.tail))
+    seconds = time.monotonic() - start
+    launch_record.update(outcome=outcome, returncode=returncode, seconds=round(seconds, 1), steps=relay.steps,
+                         error=error)
+    (run_dir / LAUNCH).write_text(json.dumps(launch_record, indent=2))
+    return Result(returncode=returncode, outcome=outcome, steps=relay.steps, error=error, seconds=seconds)
+
+
+__all__ = ["LAUNCH", "LOG", "MARKER", "METRICS", "VERL_METRICS", "Limits", "Result", "checkpoint_steps",
+           "describe_error", "execute", "last_error", "traceback_blocks", "logged_steps", "marked_pids", "resume_point", "stop_previous", "stop_tree",
+           "strip_ray_prefix"]

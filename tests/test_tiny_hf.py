@@ -1,0 +1,72 @@
+"""The tiny engine's tokenizer and model shape in Hugging Face form: same ids, tags as single tokens kept in decoded
+text, the tiny engine's prompt as the chat template, and a model directory transformers loads without custom code."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+pytest.importorskip("transformers")
+
+from rlkit.tasks import arithmetic  # noqa: E402
+from rlkit.tiny.hf import hf_tokenizer, save_random_model  # noqa: E402
+from rlkit.tiny.task import build_tokenizer  # noqa: E402
+from rlkit.tiny.tokenizer import SPECIALS  # noqa: E402
+
+TINY = build_tokenizer()
+HF = hf_tokenizer(TINY)
+PIECES = st.sampled_from(list(arithmetic.ALPHABET) + list(SPECIALS) + ["é", "~", "\t"])
+
+
+def test_gold_solutions_encode_to_the_same_ids():
+    for p in arithmetic.make_split(50, "train", seed=3):
+        for form in arithmetic.FORMS:
+            text = arithmetic.prompt(p) + p.solution(form)
+            assert HF.encode(text, add_special_tokens=False) == TINY.encode(text)
+
+
+@given(st.lists(PIECES, max_size=60).map("".join))
+def test_any_text_encodes_as_the_tiny_tokenizer_does(text):
+    """Characters outside the alphabet are dropped by both (the tiny tokenizer's errors="ignore")."""
+    ids = HF.encode(text, add_special_tokens=False)
+    assert ids == TINY.encode(text, errors="ignore")
+    assert HF.decode(ids) == TINY.decode(ids)
+
+
+def test_tags_are_single_tokens_kept_when_special_tokens_are_skipped():
+    text = "<code>3*4</code><output>12</output> #### 12"
+    ids = HF.encode(text, add_special_tokens=False)
+    assert ids[0] == TINY.code_id and ids.count(TINY.end_code_id) == 1 and ids.count(TINY.output_id) == 1
+    assert HF.decode(ids + [TINY.eos_id], skip_special_tokens=True) == text  # verl's reward path decodes so
+    assert HF.decode([TINY.bos_id, *ids, TINY.eos_id]) == "<bos>" + text + "<eos>"
+    assert (HF.pad_token_id, HF.bos_token_id, HF.eos_token_id) == (TINY.pad_id, TINY.bos_id, TINY.eos_id)
+    assert len(HF) == TINY.vocab_size
+
+
+def test_chat_template_is_the_tiny_engines_prompt():
+    question = arithmetic.make_split(1, "test")[0]
+    messages = [{"role": "user", "content": arithmetic.prompt(question)}]
+    ids = HF.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+    assert list(ids) == [TINY.bos_id, *TINY.encode(arithmetic.prompt(question))]
+
+
+def test_random_model_directory_loads_without_custom_code(tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = save_random_model(tmp_path / "m", TINY, d_model=64, n_heads=2, seed=1)
+    assert {"config.json", "model.safetensors", "tokenizer.json", "rlkit_model.json"} <= {f.name for f in path.iterdir()}
+    model = AutoModelForCausalLM.from_pretrained(path)
+    tok = AutoTokenizer.from_pretrained(path)
+    assert type(model).__name__ == "LlamaForCausalLM" and model.config.head_dim == 32
+    assert model.config.tie_word_embeddings and model.dtype == torch.float32
+    assert tok.encode("<code>1+1</code>", add_special_tokens=False) == TINY.encode("<code>1+1</code>")
+    again = AutoModelForCausalLM.from_pretrained(save_random_model(tmp_path / "m2", TINY, d_model=64, n_heads=2, seed=1))
+    for a, b in zip(model.state_dict().values(), again.state_dict().values()):
+        assert torch.equal(a, b)  # deterministic in the seed
+    save_random_model(path, TINY, d_model=64, n_heads=2, seed=2)  # replaces the directory in place
+    assert not torch.equal(AutoModelForCausalLM.from_pretrained(path).model.embed_tokens.weight,
+                           model.model.embed_tokens.weight)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary left behind

