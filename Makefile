@@ -7,13 +7,14 @@ PIP    := $(PY) -m pip
 TORCH  := torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test reproduce book clean help
+.PHONY: venv test test-fast reproduce book clean help
 
 help:
 	@echo "make reproduce make venv, execute every notebook at cpu scale (papermill), build the book (book/_build/html)"
 	@echo "make book      rebuild the book from the executed notebooks in reproductions/results"
 	@echo "make venv      create .venv and install rlkit with all extras (+ torch, verl, vLLM's CPU build)"
-	@echo "make test      make venv, then run the whole test suite"
+	@echo "make test      make venv, then run the whole test suite (verl's main_ppo on the CPU included)"
+	@echo "make test-fast the test suite without verl's main_ppo runs on the CPU"
 	@echo "make clean     remove .venv and caches"
 
 venv: $(STAMP)
@@ -33,6 +34,10 @@ $(STAMP): pyproject.toml Makefile
 
 test: venv
 	$(PY) -m pytest -q -p no:cacheprovider
+
+# Everything but verl's real main_ppo runs on the CPU (tests/test_verl_cpu_runs.py, about 20 minutes)
+test-fast: venv
+	$(PY) -m pytest -q -p no:cacheprovider -m "not verl_cpu"
 
 # Re-uses finished runs in reproductions/results and resumes killed ones; delete a run directory to redo it.
 reproduce: venv

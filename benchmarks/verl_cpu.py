@@ -95,8 +95,8 @@ def main() -> None:
     for label, verl_key, tiny_key in PHASES:
         v = statistics.median(verl[verl_key])
         t = statistics.median(tiny[tiny_key]) if tiny_key else None
-        ratio = f"{v / t:11.1f}" if t else f"{'—':>11}"
-        print(f"| {label:<14} | {v:9.3f} | {t if t is not None else float('nan'):9.3f} | {ratio} |")
+        tiny_cell, ratio = (f"{t:9.3f}", f"{v / t:11.1f}") if t else (f"{'—':>9}", f"{'—':>11}")
+        print(f"| {label:<14} | {v:9.3f} | {tiny_cell} | {ratio} |")
     gen = statistics.median(verl["timing_s/gen"]) / verl_tokens, statistics.median(tiny["timing_s/gen"]) / tiny_tokens
     print(f"| {'gen per token':<14} | {gen[0] * 1e3:7.2f}ms | {gen[1] * 1e3:7.2f}ms | {gen[0] / gen[1]:11.1f} |")
     print(f"\nwhole run: verl {verl_s:.0f} s (Ray, vLLM and FSDP start-up included), tiny {tiny_s:.0f} s")
