@@ -81,9 +81,9 @@ def paired(fn, limit: MatmulLimit, repeats: int) -> tuple[float, float]:
 
 def gemm_shapes(cfg: ModelConfig, rows: int) -> list[tuple[int, int, int]]:
     """The model's weight GEMMs for ``rows`` tokens at once (attention's batched products are left out)."""
-    d, f = cfg.d_model, cfg.mlp_ratio * cfg.d_model
+    d, f = cfg.d_model, cfg.ffn
     qkv = (cfg.n_heads + 2 * cfg.kv_heads) * cfg.d_head
-    per_layer = [(rows, d, qkv), (rows, d, d), (rows, d, f), (rows, f, d)]
+    per_layer = [(rows, d, qkv), (rows, d, d), (rows, d, 2 * f), (rows, f, d)]  # gate and up fused
     return per_layer * cfg.n_layers + [(rows, d, cfg.vocab_size)]
 
 

@@ -1,4 +1,5 @@
-"""The ``rlkit`` command: ``methods`` (the registry), ``train`` (the tiny engine), ``reproduce`` (the notebooks,
+"""The ``rlkit`` command: ``methods`` (the registry), ``train`` (the tiny engine), ``export`` (its SFT start as a
+Hugging Face model), ``reproduce`` (the notebooks,
 executed with papermill), ``book`` (the Jupyter Book), ``plot`` (curves of any run), ``data`` (verl parquet, SPO's
 offline values) and ``launch`` (full-scale verl runs)."""
 
@@ -27,15 +28,19 @@ def _methods(args: argparse.Namespace) -> int:
     return 0
 
 
+def _overrides(items: list[str] | None) -> dict[str, str]:
+    from rlkit.tiny.rl import parse_sets
+
+    try:
+        return parse_sets(items)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+
+
 def _train(args: argparse.Namespace) -> int:
     from rlkit.tiny.rl import build_config, train
 
-    overrides = {}
-    for item in args.set or []:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"--set expects KEY=VALUE, got {item!r}")
-        overrides[key.strip()] = value
+    overrides = _overrides(args.set)
     overrides["seed"] = args.seed
     try:
         cfg = build_config(args.method, args.scale, overrides)
@@ -52,6 +57,19 @@ def _train(args: argparse.Namespace) -> int:
     except FileExistsError as e:
         raise SystemExit(f"rlkit train: {e}") from None
     print(f"metrics: {out / 'metrics.jsonl'}")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from rlkit.tiny.hf import export_sft
+    from rlkit.tiny.rl import build_config
+
+    try:
+        sft = build_config("grpo", args.scale, _overrides(args.set)).sft
+        out = export_sft(args.out, sft, scale=args.scale, sft_cache=args.sft_cache, device=args.device)
+    except (KeyError, ValueError) as e:
+        raise SystemExit(f"rlkit export: {e.args[0] if e.args else e}") from None
+    print(f"model: {out} (transformers LlamaForCausalLM, tokenizer.json; rlkit launch --device cpu --model {out})")
     return 0
 
 
@@ -130,6 +148,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override any config field, dotted for nested ones: --set steps=100 --set gspo.clip_low=3e-3")
     p.set_defaults(func=_train)
 
+    p = sub.add_parser("export", help="the tiny engine's SFT start as a Hugging Face model directory (verl, vLLM)")
+    p.add_argument("--out", required=True, help="model directory to write")
+    p.add_argument("--scale", default="cpu", choices=list(SCALES), help="whose SFT start (default cpu)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where SFT trains if not cached")
+    p.add_argument("--sft-cache", default=None, help="SFT checkpoint cache (default $RLKIT_CACHE/sft)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="SFT fields as rlkit train takes them")
+    p.set_defaults(func=_export)
+
     from rlkit.book import BOOK_DIR
     from rlkit.reproduce import RESULTS_DIR
 
@@ -173,6 +199,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", default=None, help="parquet directory of `rlkit data` (default data/<dataset>)")
     p.add_argument("--resume", action="store_true",
                    help="continue the run in RUNS_DIR/<experiment> from its newest checkpoint")
+    p.add_argument("--tiny-scale", default=None, choices=list(SCALES),
+                   help="run the tiny engine's run of this scale in verl: its SFT start, pool, held-out problems "
+                        "and settings (rlkit/verl/from_tiny.py)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="with --tiny-scale: tiny-engine fields as rlkit train takes them (--set steps=20)")
     p.add_argument("--timeout", type=float, default=None, help="stop the launch after this many seconds")
     p.add_argument("--verbose", action="store_true", help="print main_ppo's own output (always in launch.log)")
     p.add_argument("--dry-run", action="store_true", help="validate and print the command, do not run it")

@@ -52,6 +52,56 @@ def test_chat_template_is_the_tiny_engines_prompt():
     assert list(ids) == [TINY.bos_id, *TINY.encode(arithmetic.prompt(question))]
 
 
+def _trained_like(config, seed=0):
+    """A TinyDecoder with weights far from their initialisation (every mapping error shows in the logits)."""
+    import torch
+
+    from rlkit.tiny.model import TinyDecoder
+
+    torch.manual_seed(seed)
+    model = TinyDecoder(config)
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    return model.eval()
+
+
+@pytest.mark.parametrize("shape", [dict(d_model=128, n_heads=4, n_layers=2), dict(d_model=64, n_heads=2, n_kv_heads=1)])
+def test_exported_model_has_the_tiny_engines_logits(tmp_path, shape):
+    """transformers' LlamaForCausalLM loaded from the export (no custom code) gives the tiny engine's logits to
+    1e-4 on held-out prompts with their solutions, one at a time and left-padded in a batch (positions from the
+    mask, as verl passes them)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rlkit.tiny.hf import export
+    from rlkit.tiny.model import ModelConfig
+
+    tiny = _trained_like(ModelConfig(vocab_size=TINY.vocab_size, **shape))
+    hf = AutoModelForCausalLM.from_pretrained(export(tiny, TINY, tmp_path / "m")).eval()
+    assert type(hf).__name__ == "LlamaForCausalLM"
+    problems = arithmetic.make_split(6, "test", seed=5)
+    texts = [arithmetic.prompt(p) + p.solution("mixed") for p in problems]
+    with torch.no_grad():
+        for text in texts:
+            ids = torch.tensor([[TINY.bos_id, *TINY.encode(text)]])
+            torch.testing.assert_close(hf(ids).logits, tiny(ids), rtol=0, atol=1e-4)
+        ids, mask = TINY.encode_batch(texts, bos=True, pad_left=True)
+        positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+        got = hf(ids, attention_mask=mask.long(), position_ids=positions).logits
+        want = tiny(ids, attention_mask=mask)
+        torch.testing.assert_close(got[mask.bool()], want[mask.bool()], rtol=0, atol=1e-4)
+
+
+def test_export_refuses_heads_vllm_cannot_serve(tmp_path):
+    from rlkit.tiny.hf import export
+    from rlkit.tiny.model import ModelConfig
+
+    narrow = _trained_like(ModelConfig(vocab_size=TINY.vocab_size, d_model=32, n_heads=2))
+    with pytest.raises(ValueError, match="head size 16 .*takes 32, 64, 80"):
+        export(narrow, TINY, tmp_path / "m")
+    assert not (tmp_path / "m").exists()
+
+
 def test_random_model_directory_loads_without_custom_code(tmp_path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -70,3 +120,24 @@ def test_random_model_directory_loads_without_custom_code(tmp_path):
     assert not torch.equal(AutoModelForCausalLM.from_pretrained(path).model.embed_tokens.weight,
                            model.model.embed_tokens.weight)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary left behind
+
+
+def test_rlkit_export_writes_the_sft_start(tmp_path, monkeypatch, capsys):
+    """``rlkit export`` at smoke scale (widened to heads of 32): the cached SFT checkpoint's logits, exported."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rlkit import cli
+    from rlkit.tiny.rl import build_config
+    from rlkit.tiny.sft import warm_start
+
+    monkeypatch.setenv("RLKIT_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "sft-model"
+    assert cli.main(["export", "--scale", "smoke", "--set", "sft.d_model=64", "--out", str(out)]) == 0
+    sft, _, info = warm_start(build_config("grpo", "smoke", {"sft.d_model": "64"}).sft, progress=False)
+    assert info["cached"]  # the one export trained
+    ids = torch.tensor([[TINY.bos_id, *TINY.encode(arithmetic.prompt(arithmetic.make_split(1, "test")[0]))]])
+    with torch.no_grad():
+        torch.testing.assert_close(AutoModelForCausalLM.from_pretrained(out)(ids).logits, sft(ids), rtol=0, atol=1e-4)
+    with pytest.raises(SystemExit, match="head size 16"):
+        cli.main(["export", "--scale", "smoke", "--out", str(tmp_path / "narrow")])

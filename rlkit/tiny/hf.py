@@ -1,4 +1,9 @@
-"""The tiny engine's tokenizer and model shape in Hugging Face form: what transformers, vLLM and verl load.
+"""The tiny engine's model and tokenizer in Hugging Face form: what transformers, vLLM and verl load.
+
+:class:`~rlkit.tiny.model.TinyDecoder` is a ``LlamaForCausalLM`` (RMSNorm, rotate-half RoPE, gated SiLU MLP, no
+biases, tied embeddings), so a checkpoint becomes a transformers model directory by renaming its weights
+(:func:`llama_state_dict`: the fused QKV and gate-up projections split into Llama's ``q/k/v_proj`` and
+``gate/up_proj``) — no custom code, the same logits (a test checks them to 1e-4 on held-out prompts).
 
 :func:`hf_tokenizer` turns :class:`~rlkit.tiny.tokenizer.CharTokenizer` into a ``PreTrainedTokenizerFast`` with the
 same ids: one token per character (a BPE vocabulary of single characters and no merges, split by a per-character
@@ -6,11 +11,11 @@ pre-tokenizer), ``<pad>``/``<bos>``/``<eos>`` as special tokens and the tool tag
 ``<output>``, ``</output>`` as added tokens, each a single id. The tags are *not* special, as Qwen's
 ``<tool_call>`` is not: decoding with ``skip_special_tokens=True`` (verl's reward path) keeps them in the text.
 Characters outside the alphabet are dropped, as the tiny tokenizer's ``errors="ignore"`` does. The chat template
-is the tiny engine's prompt: ``<bos>`` then the messages' contents, nothing added for the reply.
+(:data:`CHAT_TEMPLATE`) writes the tiny engine's text: ``<bos>``, the prompt, and a tool's answer as
+``<output>…</output>``.
 
-:func:`llama_config` is the matching ``LlamaConfig`` (RMSNorm, rotate-half RoPE, no biases, tied embeddings);
-:func:`save_random_model` writes a randomly initialised model of that shape with the tokenizer — the default
-model of ``rlkit launch --device cpu`` (:mod:`rlkit.verl.launch`). transformers is imported only in these
+:func:`export` writes a model directory (``rlkit export`` for the SFT start, :func:`save_random_model` for an
+untrained one, the default model of ``rlkit launch --device cpu``). transformers is imported only in these
 functions.
 """
 
@@ -18,16 +23,24 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from rlkit.tiny.model import ModelConfig, TinyDecoder
 from rlkit.tiny.tokenizer import BOS, EOS, PAD, CharTokenizer
 
-CHAT_TEMPLATE = "{{ bos_token }}{% for message in messages %}{{ message['content'] }}{% endfor %}"
-"""The tiny engine's prompt as a chat template: ``<bos>`` + the contents (arithmetic prompts end in a newline)."""
+CHAT_TEMPLATE = ("{{ bos_token }}{% for message in messages %}{% if message['role'] == 'tool' %}"
+                 "<output>{{ message['content'] }}</output>{% else %}{{ message['content'] }}{% endif %}{% endfor %}")
+"""The tiny engine's text as a chat template: ``<bos>``, then each message's content as it is — a tool's answer
+inside ``<output>…</output>``, as the tiny sampler writes it — and nothing added for the reply."""
+
+VLLM_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+"""Attention head sizes vLLM's CPU attention accepts (``CPUAttentionBackend.get_supported_head_sizes`` in vLLM
+0.32; a test keeps this equal to the installed vLLM's list)."""
 
 
 def hf_tokenizer(tokenizer: CharTokenizer) -> Any:
@@ -48,59 +61,120 @@ def hf_tokenizer(tokenizer: CharTokenizer) -> Any:
     return fast
 
 
-def llama_config(*, vocab_size: int, d_model: int, n_layers: int, n_heads: int, n_kv_heads: int | None = None,
-                 d_ff: int, max_len: int, rope_base: float = 10000.0, norm_eps: float = 1e-5,
-                 init_std: float = 0.02, tokenizer: CharTokenizer | None = None) -> Any:
-    """A ``LlamaConfig`` of this shape (float32, tied embeddings, no biases; the tokenizer's special ids)."""
+def llama_config(config: ModelConfig, tokenizer: CharTokenizer | None = None) -> Any:
+    """The ``LlamaConfig`` of a :class:`~rlkit.tiny.model.ModelConfig` (float32; the tokenizer's special ids)."""
     from transformers import LlamaConfig
 
     ids = {}
     if tokenizer is not None:
         ids = {"pad_token_id": tokenizer.pad_id, "bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id}
-    return LlamaConfig(vocab_size=vocab_size, hidden_size=d_model, intermediate_size=d_ff,
-                       num_hidden_layers=n_layers, num_attention_heads=n_heads,
-                       num_key_value_heads=n_kv_heads or n_heads, head_dim=d_model // n_heads,
-                       max_position_embeddings=max_len, rms_norm_eps=norm_eps, rope_theta=rope_base,
-                       initializer_range=init_std, tie_word_embeddings=True, attention_bias=False, mlp_bias=False,
-                       hidden_act="silu", torch_dtype="float32", **ids)
+    if not config.tie_embeddings:
+        raise ValueError("export writes tied embeddings (the tiny engine's default): tie_embeddings=False is not "
+                         "supported")
+    return LlamaConfig(vocab_size=config.vocab_size, hidden_size=config.d_model, intermediate_size=config.ffn,
+                       num_hidden_layers=config.n_layers, num_attention_heads=config.n_heads,
+                       num_key_value_heads=config.kv_heads, head_dim=config.d_head,
+                       max_position_embeddings=config.max_len, rms_norm_eps=config.norm_eps,
+                       rope_theta=config.rope_base, initializer_range=config.init_std, tie_word_embeddings=True,
+                       attention_bias=False, mlp_bias=False, hidden_act="silu", torch_dtype="float32", **ids)
 
 
-def save_pretrained(path: str | os.PathLike, model: Any, tokenizer: Any, record: dict | None = None) -> Path:
-    """Write ``model``, ``tokenizer`` and ``record`` (as ``rlkit_model.json``: how the model was made) to ``path``
-    atomically: into a temporary sibling, which then replaces ``path``."""
-    import shutil
+def llama_state_dict(model: TinyDecoder) -> dict[str, torch.Tensor]:
+    """``model``'s weights under Llama's names (``model.layers.{i}.self_attn.q_proj.weight``, ...)."""
+    cfg = model.config
+    q, kv = cfg.n_heads * cfg.d_head, cfg.kv_heads * cfg.d_head
+    out = {"model.embed_tokens.weight": model.embed.weight, "model.norm.weight": model.norm.weight}
+    for i, block in enumerate(model.blocks):
+        p = f"model.layers.{i}."
+        wq, wk, wv = block.qkv.weight.split([q, kv, kv])
+        gate, up = block.gate_up.weight.chunk(2)
+        out.update({
+            p + "input_layernorm.weight": block.attn_norm.weight,
+            p + "self_attn.q_proj.weight": wq, p + "self_attn.k_proj.weight": wk, p + "self_attn.v_proj.weight": wv,
+            p + "self_attn.o_proj.weight": block.proj.weight,
+            p + "post_attention_layernorm.weight": block.mlp_norm.weight,
+            p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up, p + "mlp.down_proj.weight": block.down.weight,
+        })
+    return {name: t.detach().to("cpu", torch.float32).contiguous() for name, t in out.items()}
 
+
+def check_vllm_shape(config: ModelConfig) -> None:
+    """Refuse a shape vLLM's CPU attention cannot serve, naming the sizes it takes."""
+    if config.d_head not in VLLM_HEAD_SIZES:
+        raise ValueError(f"head size {config.d_head} (d_model {config.d_model} / {config.n_heads} heads) is refused "
+                         f"by vLLM's CPU attention, which takes {', '.join(map(str, VLLM_HEAD_SIZES))}: choose "
+                         "d_model and n_heads whose quotient is one of them")
+
+
+def export(model: TinyDecoder, tokenizer: CharTokenizer, path: str | os.PathLike, *, record: dict | None = None,
+           check_vllm: bool = True) -> Path:
+    """Write ``model`` as a Llama model directory (config, safetensors, tokenizer.json, chat template) to ``path``,
+    atomically, with ``record`` (how it was made) as ``rlkit_model.json``. ``check_vllm``: refuse head sizes
+    vLLM's CPU attention cannot serve (:func:`check_vllm_shape`)."""
+    from transformers import LlamaForCausalLM
+
+    if check_vllm:
+        check_vllm_shape(model.config)
+    if tokenizer.vocab_size != model.config.vocab_size:
+        raise ValueError(f"tokenizer has {tokenizer.vocab_size} ids, the model {model.config.vocab_size}")
+    with torch.device("meta"):
+        hf = LlamaForCausalLM(llama_config(model.config, tokenizer))
+    hf.load_state_dict(llama_state_dict(model), strict=False, assign=True)
+    hf.tie_weights()
+    return _save(path, hf, hf_tokenizer(tokenizer), record)
+
+
+def _save(path: str | os.PathLike, model: Any, tokenizer: Any, record: dict | None) -> Path:
+    """``model`` and ``tokenizer`` (and ``record``) into ``path`` via a temporary sibling that replaces it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    if record is not None:
-        (tmp / "rlkit_model.json").write_text(json.dumps(record, indent=2))
-    if path.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old.", dir=path.parent))
-        os.replace(path, old / path.name)
-        os.replace(tmp, path)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, path)
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        if record is not None:
+            (tmp / "rlkit_model.json").write_text(json.dumps(record, indent=2, default=str))
+        if path.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old.", dir=path.parent))
+            os.replace(path, old / path.name)
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return path
 
 
-def save_random_model(path: str | os.PathLike, tokenizer: CharTokenizer, *, d_model: int = 64, n_layers: int = 2,
-                      n_heads: int = 2, d_ff: int = 128, max_len: int = 512, seed: int = 0) -> Path:
-    """A randomly initialised Llama of the tiny engine's vocabulary (head size ``d_model / n_heads``), with
-    :func:`hf_tokenizer`, in ``path``. Deterministic in ``seed``; ``rlkit_model.json`` records how it was made."""
-    from transformers import LlamaForCausalLM
+def export_sft(path: str | os.PathLike, sft: Any, *, scale: str | None = None, sft_cache: str | os.PathLike | None = None,
+               device: str = "cpu", progress: bool = True) -> Path:
+    """``rlkit export``: the SFT start of ``sft`` (an :class:`~rlkit.tiny.sft.SFTConfig`: the checkpoint every tiny
+    run with that config starts from, trained and cached on first use) as a model directory."""
+    from dataclasses import asdict
 
-    config = llama_config(vocab_size=tokenizer.vocab_size, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
-                          d_ff=d_ff, max_len=max_len, tokenizer=tokenizer)
+    from rlkit.tiny.sft import warm_start
+
+    check_vllm_shape(ModelConfig(vocab_size=1, d_model=sft.d_model, n_layers=sft.n_layers, n_heads=sft.n_heads,
+                                 n_kv_heads=sft.n_kv_heads))  # before minutes of SFT
+    model, tokenizer, info = warm_start(sft, device=device, cache_dir=sft_cache, progress=progress)
+    record = {"kind": "sft", "scale": scale, "sft_config": asdict(sft), "sft": info,
+              "model_config": model.config.to_dict()}
+    return export(model, tokenizer, path, record=record)
+
+
+def save_random_model(path: str | os.PathLike, tokenizer: CharTokenizer, *, d_model: int = 64, n_layers: int = 2,
+                      n_heads: int = 2, max_len: int = 512, seed: int = 0) -> Path:
+    """An untrained :class:`~rlkit.tiny.model.TinyDecoder` (the tiny engine's initialisation, seeded) exported to
+    ``path``: the default model of CPU verl runs."""
+    config = ModelConfig(vocab_size=tokenizer.vocab_size, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
+                         max_len=max_len)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(config)
-    record = {"kind": "random", "seed": seed, "d_model": d_model, "n_layers": n_layers, "n_heads": n_heads,
-              "d_ff": d_ff, "max_len": max_len, "vocab_size": tokenizer.vocab_size}
-    return save_pretrained(path, model, hf_tokenizer(tokenizer), record)
+        model = TinyDecoder(config)
+    return export(model, tokenizer, path, record={"kind": "random", "seed": seed, "model_config": config.to_dict()},
+                  check_vllm=False)
 
 
-__all__ = ["CHAT_TEMPLATE", "hf_tokenizer", "llama_config", "save_pretrained", "save_random_model"]
+__all__ = ["CHAT_TEMPLATE", "VLLM_HEAD_SIZES", "check_vllm_shape", "export", "export_sft", "hf_tokenizer",
+           "llama_config",
+           "llama_state_dict", "save_random_model"]

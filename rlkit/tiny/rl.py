@@ -171,6 +171,17 @@ def _apply(obj: Any, values: dict[str, Any], prefix: str = "") -> None:
             set_field(obj, prefix + key, value)
 
 
+def parse_sets(items: list[str] | None) -> dict[str, str]:
+    """``["steps=100", "gspo.clip_low=3e-3"]`` (the CLI's ``--set``) → ``{"steps": "100", ...}``."""
+    out = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
+        out[key.strip()] = value
+    return out
+
+
 def set_field(obj: Any, dotted: str, value: Any) -> None:
     """Set a (nested, frozen or not) dataclass field by dotted name; strings are parsed as YAML scalars."""
     head, _, rest = dotted.partition(".")

@@ -4,7 +4,7 @@ Every RL method starts from the same checkpoint: :func:`warm_start` trains once 
 calls (other methods, other seeds of the RL stage, the notebooks) load the file. The cache key hashes the SFT
 config, the model shape, the task knobs and the tokenizer, so changing any of them trains a new model.
 
-Schedule (NOTES-tiny-engine): AdamW, linear warm-up then cosine decay, a batch of fresh training problems each
+Schedule (as measured when this engine was built): AdamW, linear warm-up then cosine decay, a batch of fresh training problems each
 step; training may stop before the schedule ends (``schedule_steps``). The model learns to copy digits in a sharp transition (≈ 300–500 steps at d = 128); stopping where
 held-out accuracy is ≈ 55–70% leaves RL room to improve.
 """
@@ -23,7 +23,7 @@ import torch
 from tqdm.auto import tqdm
 
 from rlkit.tasks import arithmetic
-from rlkit.tiny.model import ModelConfig, TinyDecoder
+from rlkit.tiny.model import ARCHITECTURE, ModelConfig, TinyDecoder
 from rlkit.tiny.task import build_tokenizer, evaluate, max_response_tokens, sft_batch
 from rlkit.tiny.tokenizer import CharTokenizer
 
@@ -71,7 +71,8 @@ class SFTConfig:
 
     def key(self, tokenizer: CharTokenizer) -> str:
         """Cache key: a hash of this config and the tokenizer's vocabulary."""
-        blob = json.dumps({"sft": asdict(self), "tokenizer": tokenizer.to_dict()}, sort_keys=True, default=list)
+        blob = json.dumps({"sft": asdict(self), "tokenizer": tokenizer.to_dict(), "architecture": ARCHITECTURE},
+                          sort_keys=True, default=list)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

@@ -21,6 +21,8 @@ import torch
 PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
 CODE, END_CODE, OUTPUT, END_OUTPUT = "<code>", "</code>", "<output>", "</output>"
 SPECIALS: tuple[str, ...] = (PAD, BOS, EOS, CODE, END_CODE, OUTPUT, END_OUTPUT)
+TOOL_TAGS: tuple[str, ...] = (CODE, END_CODE, OUTPUT, END_OUTPUT)
+"""The calculator protocol's tags: single tokens in every tokenizer that speaks it (here, and exported)."""
 ERRORS = ("strict", "ignore")
 
 

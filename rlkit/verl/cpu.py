@@ -44,6 +44,8 @@ from typing import Any
 
 import torch
 
+from rlkit.tiny.hf import VLLM_HEAD_SIZES  # noqa: F401  (the sizes vLLM's CPU attention takes; checked at launch)
+
 PLATFORM = "cpu"
 """verl's name of the platform (``VERL_PLATFORM``)."""
 
@@ -63,9 +65,6 @@ ENV = {
 }
 """Environment of a CPU run: the launcher sets it for ``main_ppo``; Ray's workers and vLLM inherit it."""
 
-VLLM_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
-"""Attention head sizes vLLM's CPU attention accepts (``CPUAttentionBackend.get_supported_head_sizes`` in 0.32;
-not 16). A test keeps this equal to the installed vLLM's list; checking it needs no vLLM import."""
 
 
 def active() -> bool:
