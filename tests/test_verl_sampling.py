@@ -38,12 +38,23 @@ def stats_of(logits, pivot=0.5):
 
 
 def test_base_class_is_vllms_when_installed_else_object():
-    if importlib.util.find_spec("vllm") is None:  # the CPU machines: the module still imports and runs
-        assert sampling.AdaptiveTemperatureProcessor.__bases__ == (object,)
+    if importlib.util.find_spec("vllm") is None:  # no vLLM: the module still imports and runs
+        assert sampling.AdaptiveTemperatureProcessor.__bases__ == (sampling._AdaptiveTemperature,)
     else:  # vLLM loads it by qualified name and checks the base class
         from vllm.v1.sample.logits_processor import LogitsProcessor
 
         assert issubclass(sampling.AdaptiveTemperatureProcessor, LogitsProcessor)
+    assert sampling.AdaptiveTemperatureProcessor is sampling.AdaptiveTemperatureProcessor  # built once
+    assert sampling.AdaptiveTemperatureProcessor.__qualname__ == "AdaptiveTemperatureProcessor"
+
+
+def test_importing_the_module_does_not_import_vllm():
+    """Every verl process imports it through rlkit's plugin; vLLM (3 s) only where the processor is used."""
+    import subprocess
+    import sys
+
+    code = "import sys, rlkit.verl.sampling; print('vllm' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
 
 
 def test_first_step_without_statistics_changes_nothing(tmp_path):

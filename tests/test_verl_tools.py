@@ -102,3 +102,94 @@ def test_print_last_expression_runs_like_a_notebook_cell(tool):
     assert _call(tool, {"code": code})[0].text == "éx\n"
     assert _call(tool, {"code": "None"})[0].text == ""  # None is not shown
     assert _call(tool, {"code": "x = [1]\nx.append(2)\nprint(x)"})[0].text == "[1, 2]\n"
+
+
+# ---------------------------------------------------------------------------------- the word problems' calculator
+def _calculator_call(parameters: dict) -> tuple[ToolResponse, float, dict]:
+    from rlkit.verl.tools import CALCULATOR_CONFIG
+
+    (calculator,) = initialize_tools_from_config(str(CALCULATOR_CONFIG))
+    assert calculator.name == "calculator"
+    return _call(calculator, parameters)
+
+
+@pytest.mark.parametrize("expression, answer, reward", [
+    ("48-18", "30", 1.0),
+    ("(7+5)*3", "36", 1.0),
+    ("1/0", "error", 0.0),
+    ("__import__('os')", "error", 0.0),
+    (17, "error", 0.0),  # not a string: verl passes the model's arguments as they were parsed
+])
+def test_calculator_tool_answers_as_the_tiny_engine_does(expression, answer, reward):
+    from rlkit.tasks.calculator import run_tool
+
+    response, got_reward, info = _calculator_call({"expression": expression})
+    assert response.text.startswith(answer) and got_reward == reward
+    assert response.text == run_tool(expression if isinstance(expression, str) else "")
+    assert info["status"] == ("ok" if reward else "error")
+
+
+@pytest.fixture(scope="module")
+def hf_tok():
+    from rlkit.tiny.hf import hf_tokenizer
+    from rlkit.tiny.task import build_tokenizer
+
+    return hf_tokenizer(build_tokenizer())
+
+
+def _parse(tok, text: str):
+    from rlkit.verl.tools import CodeTagParser
+
+    ids = tok.encode(text, add_special_tokens=False)
+    return asyncio.run(CodeTagParser(tok).extract_tool_calls(ids))
+
+
+def test_code_parser_stops_at_end_code_and_reads_the_last_call(hf_tok):
+    import json
+
+    from rlkit.verl.tools import CodeTagParser
+
+    parser = CodeTagParser(hf_tok)
+    assert parser.stop_token_ids == [hf_tok.convert_tokens_to_ids("</code>")]
+    text, (call,) = _parse(hf_tok, "He has 48-18 = <code>48-18</code><output>30</output> left, <code>30*2</code>")
+    assert call.name == "calculator" and json.loads(call.arguments) == {"expression": "30*2"}
+    assert text.endswith("<code>30*2</code>")
+
+
+@pytest.mark.parametrize("text", [
+    "He has 30 left.\n#### 30<eos>",  # an answer: no call
+    "stray </code>",  # a </code> without <code> in the turn ends the response
+    "<code>48-18",  # cut by the length limit before </code>
+])
+def test_code_parser_finds_no_call_without_a_closed_code_tag(hf_tok, text):
+    assert _parse(hf_tok, text)[1] == []
+
+
+def test_code_parser_refuses_a_tokenizer_without_single_token_tags():
+    from transformers import PreTrainedTokenizerFast
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from rlkit.verl.tools import CodeTagParser
+
+    chars = {c: i for i, c in enumerate("<>/codeutp0123456789")}
+    core = Tokenizer(models.BPE(vocab=chars, merges=[], unk_token=None))
+    core.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    plain = PreTrainedTokenizerFast(tokenizer_object=core)
+    with pytest.raises(ValueError, match="<code>, </code>, <output>, </output> as single tokens.*rlkit export"):
+        CodeTagParser(plain)
+
+
+def test_chat_template_renders_the_tool_answer_as_the_tiny_engine_writes_it(hf_tok):
+    """verl's agent loop appends a tool message through its Continuous Token builder (the generic one for a
+    ``llama`` model): the tokens it appends must be the tiny sampler's forced ``<output>value</output>``, and the
+    prompt the tiny engine's ``<bos>`` + question."""
+    from verl.utils.tokenizer.continuous_token_wiring import create_continuous_token_builder
+
+    builder = create_continuous_token_builder(hf_tok, hf_model_type="llama")
+    before = [{"role": "user", "content": "Q?\n"}, {"role": "assistant", "content": "<code>48-18</code>"}]
+    appended = builder.tokenize_context_incremental_messages(before, [*before, {"role": "tool", "content": "30"}])
+    assert appended == hf_tok.encode("<output>30</output>", add_special_tokens=False)
+    assert hf_tok.decode(appended) == "<output>30</output>"
+    prompt = hf_tok.apply_chat_template([{"role": "user", "content": "Q?\n"}], tokenize=False,
+                                        add_generation_prompt=True)
+    assert prompt == "<bos>Q?\n"

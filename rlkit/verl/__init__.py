@@ -18,4 +18,16 @@ ADV_ESTIMATORS = {"rlkit_grpo": "grpo", "rlkit_hapo_tlga": "hapo", "rlkit_aspo":
 #: verl trainer name (``trainer.v1.trainer_mode``) of :class:`rlkit.verl.trainer.RlkitTrainer`.
 TRAINER = "rlkit"
 
-__all__ = ["ADV_ESTIMATORS", "POLICY_LOSSES", "TRAINER"]
+#: method ``Config`` field → the verl key a verl run sets it with (``+algorithm.<method>.<field>`` refuses these).
+VERL_OWNED = {
+    "clip_low": "actor_rollout_ref.actor.clip_ratio_low",
+    "clip_high": "actor_rollout_ref.actor.clip_ratio_high",
+    "clip_c": "actor_rollout_ref.actor.clip_ratio_c",
+    "agg": "actor_rollout_ref.actor.loss_agg_mode",
+    "norm_by_std": "algorithm.norm_adv_by_std_in_grpo",
+    "temperature": "actor_rollout_ref.rollout.temperature",
+    "mini_batches": "actor_rollout_ref.actor.ppo_mini_batch_size",
+    "adv_estimator": "algorithm.adv_estimator",
+}
+
+__all__ = ["ADV_ESTIMATORS", "POLICY_LOSSES", "TRAINER", "VERL_OWNED"]

@@ -17,7 +17,7 @@ DAPO rows use :func:`rlkit.tasks.dapo_math.prompt` (a ``\\boxed{}`` answer) and 
 (the sources repeat problems); ``answer`` is the final answer. The one addition to verl's schema is
 ``extra_info.prompt_id`` (:func:`prompt_id`), which SPO's trainer reads (:mod:`rlkit.verl.trainer`).
 
-**SPO offline values** (the SPO recipe's ``estimate_offline_values/``, METHODS.md §4):
+**SPO offline values** (the SPO recipe's ``estimate_offline_values/``, method notes: SPO):
 
 1. :func:`split_subsets` — the training parquet in contiguous parts, one job each;
 2. :func:`estimate_offline_values` — N responses per prompt from a ``sampler`` (:func:`vllm_sampler` on GPUs;

@@ -85,13 +85,13 @@ class LaunchError(ValueError):
 COMMON: dict[str, Any] = {
     "trainer.v1.trainer_mode": TRAINER,  # rlkit's trainer (rlkit/verl/trainer.py) runs every method's hooks
     "actor_rollout_ref.rollout.name": "vllm",
-    # AEPO scripts, SPO train.sh, HAPO recipes (METHODS §2, §4, §5); verl's GSPO and GSM8K examples
+    # AEPO scripts, SPO train.sh, HAPO recipes (method notes: AEPO, SPO, HAPO); verl's GSPO and GSM8K examples
     "actor_rollout_ref.actor.optim.lr": 1e-6,
-    # KL = 0: GSPO §5.1, SPO train.sh, HAPO recipes, AEPO scripts (METHODS §2–§5)
+    # KL = 0: GSPO §5.1, SPO train.sh, HAPO recipes, AEPO scripts (method notes: AEPO, GSPO, SPO, HAPO)
     "actor_rollout_ref.actor.use_kl_loss": False,
     "algorithm.use_kl_in_reward": False,
-    "actor_rollout_ref.actor.entropy_coeff": 0,  # AEPO/ARLArena and HAPO: no entropy bonus (METHODS §2, §5)
-    "actor_rollout_ref.rollout.temperature": 1.0,  # ASPO §4.1; HAPO's base temperature (METHODS §1, §5)
+    "actor_rollout_ref.actor.entropy_coeff": 0,  # AEPO/ARLArena and HAPO: no entropy bonus (method notes: AEPO, HAPO)
+    "actor_rollout_ref.rollout.temperature": 1.0,  # ASPO §4.1; HAPO's base temperature (method notes: ASPO, HAPO)
     "actor_rollout_ref.rollout.gpu_memory_utilization": 0.6,  # verl's GSM8K GRPO example
     "actor_rollout_ref.actor.use_dynamic_bsz": True,  # micro-batches packed by tokens (verl's DAPO recipe)
     "data.filter_overlong_prompts": True,
@@ -119,6 +119,8 @@ class Dataset:
     """Overrides every method shares on this dataset."""
     rollout_tp: int
     """vLLM tensor parallelism (reduced to what the GPUs per node allow)."""
+    tool: str | None = None
+    """A tool every method's rollouts use on this dataset (:data:`TOOLS`), or None."""
 
 
 DATASETS: dict[str, Dataset] = {
@@ -133,7 +135,8 @@ DATASETS: dict[str, Dataset] = {
         # validation: greedy (verl's default val_kwargs), one answer per problem
     }),
     # The tiny engine's word problems (rlkit data arithmetic): CPU runs by default; any model on GPUs.
-    "arithmetic": Dataset(train="train.parquet", val="test.parquet", rollout_tp=1, keys={
+    # Every method calls the calculator here, as in the tiny engine (verl's tool agent loop, rlkit.verl.tools).
+    "arithmetic": Dataset(train="train.parquet", val="test.parquet", rollout_tp=1, tool="calculator", keys={
         "data.max_prompt_length": 256,  # questions ≤ 200 characters (rlkit.tasks.arithmetic)
         "data.max_response_length": 512,
         "reward.custom_reward_function.path": "pkg://rlkit.tasks.arithmetic",  # the tiny engine's answer rule
@@ -151,6 +154,17 @@ DATASETS: dict[str, Dataset] = {
         "trainer.test_freq": 10,  # verl's GSPO example on DAPO-Math
     }),
 }
+
+
+TOOLS: dict[str, dict[str, Any]] = {
+    # rlkit's sandboxed Python for tool-integrated presets (ASPO, SPO) on GSM8K and DAPO-Math: verl's hermes calls
+    "sandbox": {},
+    # the tiny engine's calculator: <code>expr</code> ends a turn, <output>value</output> comes back (mask 0);
+    # up to 8 calls and the answer, as the tiny sampler's max_tool_calls
+    "calculator": {"actor_rollout_ref.rollout.multi_turn.format": "rlkit_code",
+                   "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": 9},
+}
+"""Tools a run can use (a copy of the tool's config goes into the run directory) and their overrides."""
 
 
 @dataclass(frozen=True)
@@ -175,11 +189,12 @@ class Preset:
     dapo: dict[str, Any]
     """Overrides on DAPO-Math only: the paper's lengths, epochs, validation sampling, DAPO mechanics."""
     tools: bool = False
-    """Tool-integrated: multi-turn rollouts with rlkit's sandboxed Python (:mod:`rlkit.verl.tools`)."""
+    """Tool-integrated: multi-turn rollouts with rlkit's sandboxed Python (:mod:`rlkit.verl.tools`); on a dataset
+    with its own tool (the word problems' calculator) that tool instead."""
 
 
 # DAPO's mechanics (clip-higher, dynamic sampling, token-mean loss, overlong shaping), as verl's DAPO recipe
-# and HAPO's recipes set them (METHODS §5: "filter_groups on acc, overlong buffer 4096 with penalty 1.0").
+# and HAPO's recipes set them (method notes: HAPO: "filter_groups on acc, overlong buffer 4096 with penalty 1.0").
 _DYNAMIC_SAMPLING = {"algorithm.filter_groups.enable": True, "algorithm.filter_groups.metric": "acc"}
 
 
@@ -204,23 +219,23 @@ def _val(n: int, temperature: float, top_p: float | None = None, top_k: int | No
     return {f"actor_rollout_ref.rollout.val_kwargs.{k}": v for k, v in given.items() if v is not None}
 
 
-# AIME as SPO's recipe samples it (METHODS §4): 16 answers per problem, T 0.6, top-p 0.95, top-k 20.
+# AIME as SPO's recipe samples it (method notes: SPO): 16 answers per problem, T 0.6, top-p 0.95, top-k 20.
 _SPO_VAL = _val(16, 0.6, 0.95, 20)
 
 # SPO's reward (seed 002, the recipe's compute_score): one </think>, no code block after it, then the answer.
 _SPO_FORMAT = {"+reward.custom_reward_function.reward_kwargs.format_rule": True}
 
 PRESETS: dict[str, Preset] = {
-    # GRPO, the baseline: SPO's GRPO column (METHODS §4, recipe/spo/train.sh): 128 prompts × 8, mini-batch 16.
+    # GRPO, the baseline: SPO's GRPO column (method notes: SPOrecipe/spo/train.sh): 128 prompts × 8, mini-batch 16.
     "grpo": Preset(
         n=8, updates=8, dapo_prompts=128,
         keys={
             "algorithm.adv_estimator": "rlkit_grpo",
             "actor_rollout_ref.actor.policy_loss.loss_mode": "rlkit_ppo",
-            **_clip(0.2, 0.28, 10.0),  # SPO train.sh, shared by its GRPO runs (METHODS §4)
-            "actor_rollout_ref.actor.loss_agg_mode": "token-mean",  # SPO recipe (METHODS §4)
+            **_clip(0.2, 0.28, 10.0),  # SPO train.sh, shared by its GRPO runs (method notes: SPO)
+            "actor_rollout_ref.actor.loss_agg_mode": "token-mean",  # SPO recipe (method notes: SPO)
         },
-        dapo={"data.max_response_length": 8192, **_SPO_VAL, **_SPO_FORMAT},  # SPO train.sh (METHODS §4)
+        dapo={"data.max_response_length": 8192, **_SPO_VAL, **_SPO_FORMAT},  # SPO train.sh (method notes: SPO)
     ),
     # GSPO (paper v2 §5.1): sequence-ratio loss on GRPO advantages, no critic (AEPO/GSPO integration guide).
     "gspo": Preset(
@@ -230,21 +245,21 @@ PRESETS: dict[str, Preset] = {
             "algorithm.adv_estimator": "rlkit_grpo",
             "actor_rollout_ref.actor.policy_loss.loss_mode": "rlkit_gspo",
             **_clip(3e-4, 4e-4, 10.0),  # ε_left 3e-4, ε_right 4e-4: paper §5.1; c = 10: verl's GSPO example
-            "actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-mean",  # Eq. 5's (1/G)Σ_i (METHODS §3)
+            "actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-mean",  # Eq. 5's (1/G)Σ_i (method notes: GSPO)
         },
         # verl's GSPO example on DAPO-Math: 8k responses, overlong penalty, validation top-p 0.7 at T 1.0
         dapo={"data.max_response_length": 8192, **_overlong(), **_val(1, 1.0, 0.7)},
     ),
     # ASPO (§4.1): DAPO with a Python tool, 96 prompts × 8, max length 16,384, 3 epochs; Eq. 2's δ, k (§4.5).
     "aspo": Preset(
-        n=8, updates=16,  # mini-batch not stated; DAPO's 16 steps per batch (512/32, METHODS §5)
+        n=8, updates=16,  # mini-batch not stated; DAPO's 16 steps per batch (512/32, method notes: HAPO)
         dapo_prompts=96,
         keys={
             "algorithm.adv_estimator": "rlkit_aspo",
             "actor_rollout_ref.actor.policy_loss.loss_mode": "rlkit_ppo",
             **_clip(0.2, 0.28, 10.0),  # DAPO's clip-higher (verl's DAPO recipe, HAPO recipes: c = 10)
             "actor_rollout_ref.actor.loss_agg_mode": "token-mean",  # DAPO's token-level loss
-            **_DYNAMIC_SAMPLING,  # DAPO (METHODS §1: "DAPO dynamic sampling removes all-correct groups")
+            **_DYNAMIC_SAMPLING,  # DAPO (method notes: ASPO: "DAPO dynamic sampling removes all-correct groups")
             "+algorithm.aspo.delta": -2.0,  # conservative setting, §4.5
             "+algorithm.aspo.k": 0.7,  # §4.5
         },
@@ -253,42 +268,42 @@ PRESETS: dict[str, Preset] = {
         tools=True,  # the Python interpreter whose first call ASPO moves earlier (§4.1)
     ),
     # AEPO: GRPO advantages, the AEPO loss, no critic (AEPO/GSPO integration guide); ARLArena's math trainer
-    # (examples/math_trainer/4B/train_aepo.sh, METHODS §2): 512 prompts × 4, mini-batch 128, 16k lengths.
+    # (examples/math_trainer/4B/train_aepo.sh, method notes: AEPO): 512 prompts × 4, mini-batch 128, 16k lengths.
     "aepo": Preset(
         n=4, updates=4, dapo_prompts=512,
         keys={
             "algorithm.adv_estimator": "rlkit_grpo",
             "actor_rollout_ref.actor.policy_loss.loss_mode": "rlkit_aepo",
-            **_clip(0.2, 0.28, 3.0),  # ARLArena math_agent_trainer.yaml (METHODS §2)
-            "actor_rollout_ref.actor.loss_agg_mode": "token-mean",  # both AEPO codes (METHODS §7)
+            **_clip(0.2, 0.28, 3.0),  # ARLArena math_agent_trainer.yaml (method notes: AEPO)
+            "actor_rollout_ref.actor.loss_agg_mode": "token-mean",  # both AEPO codes (method notes: implementation)
         },
         dapo={"data.max_response_length": 16384},  # ARLArena's 4B script (its KL loss left off: coefficient?)
     ),
-    # SPO (recipe/spo/train.sh, METHODS §4): one response per prompt, 1024 prompts, mini-batch 128, a tool.
+    # SPO (recipe/spo/train.sh, method notes: SPO): one response per prompt, 1024 prompts, mini-batch 128, a tool.
     "spo": Preset(
         n=1, updates=8, dapo_prompts=1024,
         keys={
             "algorithm.adv_estimator": "rlkit_spo",
             "actor_rollout_ref.actor.policy_loss.loss_mode": "rlkit_ppo",
-            **_clip(0.2, 0.28, 10.0),  # train.sh (METHODS §4)
+            **_clip(0.2, 0.28, 10.0),  # train.sh (method notes: SPO)
             "actor_rollout_ref.actor.loss_agg_mode": "token-mean",
-            "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": 8,  # train.sh (METHODS §4)
+            "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": 8,  # train.sh (method notes: SPO)
         },
-        dapo={"data.max_response_length": 8192, **_SPO_VAL, **_SPO_FORMAT,  # train.sh (METHODS §4)
+        dapo={"data.max_response_length": 8192, **_SPO_VAL, **_SPO_FORMAT,  # train.sh (method notes: SPO)
               "+algorithm.spo.offline_values": DataFile("offline_values.json")},  # rlkit data's SPO pipeline
-        tools=True,  # the recipe's ReTool-style multi-turn Python agent (METHODS §4)
+        tools=True,  # the recipe's ReTool-style multi-turn Python agent (method notes: SPO)
     ),
-    # HAPO (recipes, METHODS §5): DAPO + the four components; 512 prompts × 16, mini-batch 32, 32×A100.
+    # HAPO (recipes, method notes: HAPO): DAPO + the four components; 512 prompts × 16, mini-batch 32, 32×A100.
     "hapo": Preset(
         n=16, updates=16, dapo_prompts=512,
         keys={
             "algorithm.adv_estimator": "rlkit_hapo_tlga",  # B: token-level group average
             "actor_rollout_ref.actor.policy_loss.loss_mode": "rlkit_hapo",  # C, D: redistribution, clip
-            **_clip(0.2, 0.28, 10.0),  # paper's clip-higher 0.28 (the recipes: 0.2), c = 10 (METHODS §5)
+            **_clip(0.2, 0.28, 10.0),  # paper's clip-higher 0.28 (the recipes: 0.2), c = 10 (method notes: HAPO)
             "actor_rollout_ref.actor.loss_agg_mode": "token-mean",
             **_DYNAMIC_SAMPLING,
-            "actor_rollout_ref.actor.optim.lr_warmup_steps": 10,  # recipes (METHODS §5)
-            "actor_rollout_ref.actor.optim.weight_decay": 0.1,  # recipes (METHODS §5)
+            "actor_rollout_ref.actor.optim.lr_warmup_steps": 10,  # recipes (method notes: HAPO)
+            "actor_rollout_ref.actor.optim.weight_decay": 0.1,  # recipes (method notes: HAPO)
         },
         # Qwen3 recipes: 12,288 tokens, overlong 4096 with penalty 1.0; validation n 8, T 0.5, top-p 0.7
         dapo={"data.max_response_length": 12288, **_overlong(), **_val(8, 0.5, 0.7)},
@@ -440,7 +455,9 @@ class Plan:
     data_dir: str
     overrides: tuple[str, ...]
     tool_config: str | None = None
-    """Where the run's copy of rlkit's tool config goes (tool-integrated methods), written at launch."""
+    """Where the run's copy of rlkit's tool config goes (tool-integrated runs), written at launch."""
+    tool: str | None = None
+    """The run's tool (:data:`TOOLS`), or None."""
     device: str = "gpu"
     env: tuple[tuple[str, str], ...] = ()
     """Environment variables ``main_ppo`` runs with (CPU runs: :data:`rlkit.verl.cpu.ENV`)."""
@@ -473,17 +490,21 @@ def default_experiment(method: str, dataset: str, model: str, device: str = "gpu
 
 def plan(method: str, dataset: str | None, model: str | None, *, gpus: int | None = None, nodes: int | None = None,
          ray_address: str | None = None, experiment: str | None = None, runs_dir: str = "runs",
-         data_dir: str | None = None, device: str = "gpu", steps: int | None = None,
+         data_dir: str | None = None, device: str = "gpu", steps: int | None = None, tiny: Any = None,
          extra: Sequence[str] = ()) -> Plan:
     """The overrides for one run (nothing is composed or checked here: see :func:`check`).
 
     ``device="cpu"``: a CPU run (module doc); ``dataset`` defaults to ``arithmetic`` and ``model`` to
     :func:`default_cpu_model`'s path, GPUs and nodes are 1. ``steps``: ``trainer.total_training_steps``.
+    ``tiny``: a tiny-engine :class:`~rlkit.tiny.rl.RLConfig` whose settings the run takes
+    (:func:`rlkit.verl.from_tiny.overrides`; ``model`` and ``data_dir`` are then its prepared ones).
     """
     preset = _preset(method)
     if device not in DEVICES:
         raise LaunchError(f"unknown device {device!r}; valid: {', '.join(DEVICES)}")
     on_cpu = device == "cpu"
+    if tiny is not None:
+        dataset = dataset or "arithmetic"
     if on_cpu:
         if (gpus or 1) != 1 or (nodes or 1) != 1 or ray_address:
             raise LaunchError("--device cpu runs on this machine alone: leave out --gpus, --nodes and --ray-address")
@@ -497,16 +518,22 @@ def plan(method: str, dataset: str | None, model: str | None, *, gpus: int | Non
         raise LaunchError(f"--gpus and --nodes must be ≥ 1, got gpus={gpus}, nodes={nodes}")
     if steps is not None and steps < 1:
         raise LaunchError(f"--steps must be ≥ 1, got {steps}")
+    if tiny is not None and (dataset != "arithmetic" or tiny.method != method):
+        raise LaunchError(f"--tiny-scale runs {tiny.method} on the word problems (--dataset arithmetic), "
+                          f"not {method} on {dataset}")
     default_model = on_cpu and model is None
     model = str(cache_dir() / "models" / CPU_MODEL) if default_model else model
+    if experiment is None and tiny is not None:
+        experiment = f"{method}-tiny-{tiny.scale}-seed{tiny.seed}" + ("-cpu" if on_cpu else "")
     experiment = experiment or default_experiment(method, dataset, model, device)
     run_dir = f"{runs_dir.rstrip('/')}/{experiment}"
     data_dir = (data_dir or f"data/{dataset}").rstrip("/")
     batch = cpu_batch(method) if on_cpu else scaled_batch(method, dataset, gpus * nodes)
-    tool_config = f"{run_dir}/{TOOL_CONFIG_NAME}" if preset.tools else None
+    tool = spec.tool or ("sandbox" if preset.tools else None)
+    tool_config = f"{run_dir}/{TOOL_CONFIG_NAME}" if tool else None
     tools = {"actor_rollout_ref.rollout.multi_turn.enable": True,
              "actor_rollout_ref.rollout.multi_turn.tool_config_path": tool_config,
-             "actor_rollout_ref.rollout.agent.default_agent_loop": "tool_agent"} if preset.tools else {}
+             "actor_rollout_ref.rollout.agent.default_agent_loop": "tool_agent", **TOOLS[tool]} if tool else {}
     values: dict[str, Any] = {
         **COMMON, **spec.keys, **preset.keys, **(preset.dapo if dataset == "dapo" else {}), **tools,
         **(CPU if on_cpu else {}),
@@ -525,7 +552,14 @@ def plan(method: str, dataset: str | None, model: str | None, *, gpus: int | Non
     }
     if default_model and dataset == "arithmetic":  # an untrained model never answers: the digit probe varies
         values["+reward.custom_reward_function.reward_kwargs.rule"] = "digit"
-    if steps is not None or on_cpu:
+    if tiny is not None:
+        from rlkit.verl.from_tiny import overrides as tiny_overrides
+
+        try:
+            values.update(tiny_overrides(tiny))
+        except ValueError as e:
+            raise LaunchError(str(e)) from None
+    if steps is not None or (on_cpu and tiny is None):
         values["trainer.total_training_steps"] = steps or CPU_STEPS
     if ray_address:
         values["+ray_kwargs.ray_init.address"] = ray_address
@@ -533,7 +567,7 @@ def plan(method: str, dataset: str | None, model: str | None, *, gpus: int | Non
     overrides = [f"{key}={hydra_value(value)}" for key, value in values.items()]
     return Plan(method=method, dataset=dataset, model=model, gpus=gpus, nodes=nodes, experiment=experiment,
                 run_dir=run_dir, data_dir=data_dir, overrides=tuple(merge_overrides(overrides, extra)),
-                tool_config=tool_config, device=device, env=tuple(cpu.ENV.items()) if on_cpu else (),
+                tool_config=tool_config, tool=tool, device=device, env=tuple(cpu.ENV.items()) if on_cpu else (),
                 remote=bool(ray_address))
 
 
@@ -659,6 +693,8 @@ def check(p: Plan):
         if p.model == str(cache_dir() / "models" / CPU_MODEL):
             default_cpu_model()
         check_cpu_model(p.model)
+    if p.tool == "calculator":
+        check_tool_tags(p.model)
     cfg = compose(p.overrides)
     validate(cfg, tool_config=_tool_source(p, cfg))
     return cfg
@@ -763,9 +799,26 @@ def _tool_source(p: Plan, cfg) -> str | None:
     path = cfg.actor_rollout_ref.rollout.multi_turn.tool_config_path
     if path is not None and path == p.tool_config:
         with _quiet():
-            from rlkit.verl.tools import TOOL_CONFIG
-        return str(TOOL_CONFIG)
+            from rlkit.verl.tools import CALCULATOR_CONFIG, TOOL_CONFIG
+        return str(CALCULATOR_CONFIG if p.tool == "calculator" else TOOL_CONFIG)
     return path
+
+
+def check_tool_tags(model: str) -> None:
+    """The calculator protocol needs the tool tags as single tokens of the model's tokenizer."""
+    from transformers import AutoTokenizer
+
+    from rlkit.tiny.tokenizer import TOOL_TAGS
+
+    try:
+        with _quiet():
+            tokenizer = AutoTokenizer.from_pretrained(model)
+    except Exception as e:
+        raise LaunchError(f"cannot load the tokenizer of --model {model} to check its tool tags: {e}") from None
+    split = [tag for tag in TOOL_TAGS if len(tokenizer.encode(tag, add_special_tokens=False)) != 1]
+    if split:
+        raise LaunchError(f"--model {model}: its tokenizer splits {', '.join(split)}; the word problems' calculator "
+                          f"needs {', '.join(TOOL_TAGS)} as single tokens (models from `rlkit export` have them)")
 
 
 def check_batch(cfg) -> None:
@@ -851,12 +904,12 @@ def _check_logger(cfg) -> None:
 BOOK_RUNS: dict[str, dict[str, tuple[str, int, int]]] = {
     "gsm8k": {m: ("Qwen/Qwen2.5-0.5B-Instruct", 1, 1) for m in METHODS},  # one 80 GB GPU
     "dapo": {
-        "grpo": ("Qwen/Qwen3-8B", 8, 1),  # SPO's GRPO baseline (METHODS §4)
+        "grpo": ("Qwen/Qwen3-8B", 8, 1),  # SPO's GRPO baseline (method notes: SPO)
         "gspo": ("Qwen/Qwen3-8B-Base", 8, 1),  # the paper's Qwen3-30B-A3B-Base is MoE: Megatron territory
         "aspo": ("Qwen/Qwen3-8B", 8, 1),  # ASPO §4.1
-        "aepo": ("Qwen/Qwen3-4B", 8, 1),  # ARLArena's math trainer, 4B (METHODS §2)
-        "spo": ("Qwen/Qwen3-8B", 8, 1),  # SPO (METHODS §4)
-        "hapo": ("Qwen/Qwen3-8B-Base", 8, 4),  # v1 Table 1's Qwen3 row, 32×A100 (METHODS §5)
+        "aepo": ("Qwen/Qwen3-4B", 8, 1),  # ARLArena's math trainer, 4B (method notes: AEPO)
+        "spo": ("Qwen/Qwen3-8B", 8, 1),  # SPO (method notes: SPO)
+        "hapo": ("Qwen/Qwen3-8B-Base", 8, 4),  # v1 Table 1's Qwen3 row, 32×A100 (method notes: HAPO)
     },
 }
 
@@ -1034,9 +1087,29 @@ def main(args) -> int:
     extra = list(args.overrides or [])
     if extra and extra[0] == "--":
         extra = extra[1:]
-    p = plan(args.method, args.dataset, args.model, gpus=args.gpus, nodes=args.nodes, ray_address=args.ray_address,
-             experiment=args.experiment, runs_dir=args.runs_dir, data_dir=args.data, device=args.device,
-             steps=args.steps, extra=extra)
+    model, data, tiny = args.model, args.data, None
+    if args.tiny_scale is not None:
+        from rlkit.tiny.rl import parse_sets
+        from rlkit.verl import from_tiny
+
+        try:
+            tiny = from_tiny.run_config(args.method, args.tiny_scale, parse_sets(args.set))
+        except (KeyError, ValueError) as e:
+            raise LaunchError(f"--tiny-scale/--set: {e.args[0] if e.args else e}") from None
+        print(f"preparing the tiny engine's {args.tiny_scale} run for verl (SFT start, pool, held-out problems)",
+              flush=True)
+        try:
+            prepared = from_tiny.prepare(tiny, cache_dir() / "from-tiny")
+        except ValueError as e:  # e.g. a head size vLLM's CPU attention refuses, named before any training
+            raise LaunchError(f"--tiny-scale {args.tiny_scale}: {e}") from None
+        model, data = model or str(prepared["model"]), data or str(prepared["data"])
+        if "offline_values" in prepared:
+            extra = [f"+algorithm.spo.offline_values={prepared['offline_values']}", *extra]
+    elif args.set:
+        raise LaunchError("--set sets tiny-engine fields: use it with --tiny-scale (verl keys go after --)")
+    p = plan(args.method, args.dataset, model, gpus=args.gpus, nodes=args.nodes, ray_address=args.ray_address,
+             experiment=args.experiment, runs_dir=args.runs_dir, data_dir=data, device=args.device,
+             steps=args.steps, tiny=tiny, extra=extra)
     cfg = check(p)
     print(p.shell(multiline=True), flush=True)
     if args.dry_run:

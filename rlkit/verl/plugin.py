@@ -77,7 +77,7 @@ import torch
 from rlkit.methods import aepo, aspo, grpo, gspo, hapo, spo
 from rlkit.registry import get_advantage, get_policy_loss
 from rlkit.tasks.tools import CodeDetection
-from rlkit.verl import ADV_ESTIMATORS, POLICY_LOSSES, TRAINER, cpu
+from rlkit.verl import ADV_ESTIMATORS, POLICY_LOSSES, TRAINER, VERL_OWNED, cpu
 
 Tensor = torch.Tensor
 _log = logging.getLogger("rlkit.verl")
@@ -85,18 +85,6 @@ _log = logging.getLogger("rlkit.verl")
 CONFIGS = {"grpo": grpo.Config, "gspo": gspo.Config, "aepo": aepo.Config, "hapo": hapo.Config,
            "aspo": aspo.Config, "spo": spo.Config}
 """rlkit method → the ``Config`` dataclass whose field names ``+algorithm.<method>.*`` uses."""
-
-VERL_OWNED = {
-    "clip_low": "actor_rollout_ref.actor.clip_ratio_low",
-    "clip_high": "actor_rollout_ref.actor.clip_ratio_high",
-    "clip_c": "actor_rollout_ref.actor.clip_ratio_c",
-    "agg": "actor_rollout_ref.actor.loss_agg_mode",
-    "norm_by_std": "algorithm.norm_adv_by_std_in_grpo",
-    "temperature": "actor_rollout_ref.rollout.temperature",
-    "mini_batches": "actor_rollout_ref.actor.ppo_mini_batch_size",
-    "adv_estimator": "algorithm.adv_estimator",
-}
-"""``Config`` fields a verl run sets with verl's own key (the value)."""
 
 VERL_EXTRAS = {"hapo": {"stats_path": None}, "spo": {"offline_values": None}}
 """Keys only a verl run has, per method, with their defaults."""
@@ -435,6 +423,7 @@ def register() -> None:
         core_algos.register_policy_loss(name)(fn)
     for name, fn in ESTIMATOR_FUNCTIONS.items():
         core_algos.register_adv_est(name)(fn)  # verl refuses a name held by another function
+    import rlkit.verl.tools  # noqa: F401  (registers the calculator's tool parser, format rlkit_code)
     import rlkit.verl.trainer  # noqa: F401  (registers the trainer with verl's register_trainer)
 
 

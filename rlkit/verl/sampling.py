@@ -44,10 +44,6 @@ import torch
 
 from rlkit.methods.hapo import EntropyStats, adaptive_temperature
 
-try:  # vLLM is optional: with it, vLLM loads the processor by its qualified name and checks the base class
-    from vllm.v1.sample.logits_processor import LogitsProcessor as _LogitsProcessor
-except ImportError:  # pragma: no cover - the CPU test machines have no vLLM
-    _LogitsProcessor = object
 
 CONFIG_KEY = "rlkit_hapo"
 """Key of the processor's settings in vLLM's ``additional_config``."""
@@ -109,7 +105,7 @@ def load_stats(path: str, device: torch.device | str = "cpu") -> EntropyStats:
                           for n in EntropyStats._fields))
 
 
-class AdaptiveTemperatureProcessor(_LogitsProcessor):
+class _AdaptiveTemperature:
     """Scales each row of logits by 1/(1 + τ·h̃) so that vLLM samples at T·(1 + τ·h̃) (module doc)."""
 
     def __init__(self, vllm_config: Any, device: torch.device | str, is_pin_memory: bool) -> None:
@@ -195,3 +191,19 @@ class AdaptiveTemperatureProcessor(_LogitsProcessor):
         if time.monotonic() - self._flushed_at > FLUSH_S:
             self.flush()
         return logits / scale.unsqueeze(-1).to(logits.dtype)
+
+
+def __getattr__(name: str) -> Any:
+    """``AdaptiveTemperatureProcessor``: the processor as a subclass of vLLM's ``LogitsProcessor`` (which vLLM
+    checks), built on first use, so that importing this module — every verl process does, through rlkit's plugin —
+    does not import vLLM (3 s). Without vLLM it is the plain class."""
+    if name != "AdaptiveTemperatureProcessor":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    try:
+        from vllm.v1.sample.logits_processor import LogitsProcessor
+        bases: tuple[type, ...] = (_AdaptiveTemperature, LogitsProcessor)
+    except ImportError:  # vLLM is optional: the processor still imports and runs on CPU tensors
+        bases = (_AdaptiveTemperature,)
+    cls = type(name, bases, {"__module__": __name__, "__qualname__": name, "__doc__": _AdaptiveTemperature.__doc__})
+    globals()[name] = cls
+    return cls

@@ -1,4 +1,19 @@
-"""The code interpreter of tool-integrated verl runs (ASPO, SPO): a verl ``BaseTool`` backed by rlkit's sandbox.
+"""verl tools of rlkit's runs: the tiny engine's calculator (the word problems) and a sandboxed Python interpreter
+(tool-integrated ASPO and SPO on GSM8K and DAPO-Math).
+
+**Calculator** (:class:`CalculatorTool`, :data:`CALCULATOR_CONFIG`, tool parser :data:`CODE_FORMAT`). The tiny
+engine's policy writes ``<code>48-18</code>`` and the environment writes ``<output>30</output>`` after it. In
+verl's tool agent loop (``default_agent_loop=tool_agent``, ``multi_turn.format=rlkit_code``) the same happens in
+turns: :class:`CodeTagParser` stops generation at ``</code>`` (a stop token), reads the expression between the
+turn's last ``<code>`` and that ``</code>``, and the tool's answer comes back as a ``tool`` message, which the
+model's chat template (:data:`rlkit.tiny.hf.CHAT_TEMPLATE`) renders as ``<output>30</output>``: the tokens the tiny
+engine forces, appended by verl with response mask 0 (not the model's, out of the loss). The tool's reward is 1.0
+when the calculator answered and 0.0 for ``error: …``: verl keeps it in ``tool_rewards``, ASPO's ``code_pass``.
+Where verl differs from the tiny sampler: a ``</code>`` with no ``<code>`` in its turn ends the response (no tool
+call, so verl's loop stops; the tiny engine keeps sampling), and the number of calls is capped by
+``multi_turn.max_assistant_turns`` rather than ``max_tool_calls``.
+
+**Sandbox** (:class:`SandboxTool`, :data:`TOOL_CONFIG`): a verl ``BaseTool`` backed by rlkit's sandbox.
 
 It replaces verl's ``SandboxFusionTool`` (which needs a SandboxFusion server) with a local process per call,
 confined by :mod:`rlkit.tasks.sandbox`. verl builds it from :data:`TOOL_CONFIG` (``sandbox_tool.yaml``)::
@@ -35,15 +50,66 @@ from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
+import json
+
 from omegaconf import OmegaConf
+from verl.experimental.agent_loop.tool_parser import FunctionCall, ToolParser
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 from verl.utils.rollout_trace import rollout_trace_op
 
+from rlkit.tasks.calculator import run_tool
 from rlkit.tasks.sandbox import Limits, SandboxResult, run_code
+from rlkit.tiny.tokenizer import CODE, END_CODE, TOOL_TAGS
 
 TOOL_CONFIG = Path(__file__).with_name("sandbox_tool.yaml")
 """verl tool config (``multi_turn.tool_config_path``) declaring :class:`SandboxTool` as ``code_interpreter``."""
+
+CALCULATOR_CONFIG = Path(__file__).with_name("calculator_tool.yaml")
+"""verl tool config declaring :class:`CalculatorTool` as ``calculator`` (the word problems' tool)."""
+CODE_FORMAT = "rlkit_code"
+"""``actor_rollout_ref.rollout.multi_turn.format`` of :class:`CodeTagParser`."""
+CALCULATOR = "calculator"
+
+
+class CalculatorTool(BaseTool):
+    """verl tool answering ``{"expression": ...}`` with :func:`rlkit.tasks.calculator.run_tool` (module doc)."""
+
+    async def create(self, instance_id: str | None = None, **kwargs) -> tuple[str, ToolResponse]:
+        return instance_id or str(uuid4()), ToolResponse()
+
+    @rollout_trace_op
+    async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs) -> tuple[ToolResponse, float, dict]:
+        expression = parameters.get("expression", "")
+        answer = run_tool(expression if isinstance(expression, str) else "")
+        ok = not answer.startswith("error")
+        return ToolResponse(text=answer), float(ok), {"status": "ok" if ok else "error"}
+
+
+@ToolParser.register(CODE_FORMAT)
+class CodeTagParser(ToolParser):
+    """Stops a turn at ``</code>`` and turns ``<code>expr</code>`` into a ``calculator`` call (module doc)."""
+
+    def __init__(self, tokenizer) -> None:
+        super().__init__(tokenizer)
+        missing = [tag for tag in TOOL_TAGS if len(tokenizer.encode(tag, add_special_tokens=False)) != 1]
+        if missing:
+            raise ValueError(f"the calculator protocol needs {', '.join(TOOL_TAGS)} as single tokens; this "
+                             f"tokenizer splits {', '.join(missing)} (export the model with `rlkit export`)")
+        self.end_code_id = tokenizer.encode(END_CODE, add_special_tokens=False)[0]
+
+    @property
+    def stop_token_ids(self) -> list[int]:
+        return [self.end_code_id]
+
+    async def extract_tool_calls(self, responses_ids: list[int], tools: list | None = None
+                                 ) -> tuple[str, list[FunctionCall]]:
+        text = self.tokenizer.decode(responses_ids, skip_special_tokens=False)
+        if not responses_ids or responses_ids[-1] != self.end_code_id or CODE not in text:
+            return text, []
+        expression = text[text.rindex(CODE) + len(CODE): text.rindex(END_CODE)]
+        return text, [FunctionCall(name=CALCULATOR, arguments=json.dumps({"expression": expression}))]
+
 
 DEFAULTS: dict[str, Any] = {
     "type": "native", "num_workers": 8, "default_timeout": 30, "cpu_seconds": None, "memory_limit_mb": 1024,

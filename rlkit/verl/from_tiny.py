@@ -1,0 +1,167 @@
+"""A tiny-engine run in verl: the same task, starting checkpoint and settings (``rlkit launch --tiny-scale S``).
+
+:func:`overrides` turns the tiny engine's :class:`~rlkit.tiny.rl.RLConfig` of a method and scale into verl keys,
+and :func:`prepare` writes what the run reads, so that verl's ``main_ppo`` and ``rlkit train`` train the same
+model on the same problems with the same hyperparameters:
+
+- **model** — the SFT start of that scale (the checkpoint every tiny run starts from, cached by its config),
+  exported as a Llama model directory (:func:`rlkit.tiny.hf.export_sft`);
+- **data** — ``train.parquet`` holds the tiny engine's prompt pool (:func:`rlkit.tasks.arithmetic.make_pool`), in
+  pool order, and ``test.parquet`` its held-out problems (``make_split(eval_size, "test", seed=0)``); verl keeps
+  the pool whole (``train_max_samples=-1``) and validates on every held-out problem, greedily, with the calculator;
+- **SPO's offline values** — the tiny engine's own offline pass (``offline_N`` samples per pool prompt from the SFT
+  model with its sampler and seed), keyed by prompt id: both trackers start from the same numbers;
+- **settings** — prompts per step and responses per prompt, optimizer steps per batch, learning rate and warm-up,
+  Adam's betas (no weight decay), gradient clip, sampling temperature, the response budget, the steps and the
+  validation schedule, every method's clip range, aggregation and options (``+algorithm.<method>.*`` with the
+  field names of its ``Config``), and no DAPO mechanics unless the tiny run has them (dynamic sampling, overlong
+  penalty).
+
+What cannot be matched is listed with the comparison (the book's *Two engines* page): verl's AdamW runs a warm-up
+from 0 where the tiny engine's starts at lr/warmup, its sampler is vLLM (so the old log-probs are recomputed by the
+trainer, not the sampler's), its loss runs in micro-batches, and a stray ``</code>`` ends a verl response.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from rlkit.tiny.rl import RLConfig, build_config
+
+DATA_FORM = "mixed"
+"""Reference solutions kept in the rows (the tiny engine's default form)."""
+
+
+def run_config(method: str, scale: str, overrides: dict[str, Any] | None = None) -> RLConfig:
+    """The tiny engine's configuration of ``method`` at ``scale`` (``rlkit train --set`` style ``overrides``)."""
+    return build_config(method, scale, overrides)
+
+
+def cache_key(cfg: RLConfig) -> str:
+    """Name of the prepared files: the SFT start, the pool and the held-out set depend on these fields only."""
+    from rlkit.tiny.task import build_tokenizer
+
+    extra = {"pool": cfg.pool_size, "eval": cfg.eval_size}
+    blob = json.dumps({"sft": cfg.sft.key(build_tokenizer()), **extra}, sort_keys=True)
+    return f"{cfg.scale}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
+
+
+def _loss_config(cfg: RLConfig) -> Any:
+    """The ``Config`` whose clip range and aggregation the method's loss uses in the tiny engine."""
+    return {"gspo": cfg.gspo, "aepo": cfg.aepo, "hapo": cfg.hapo, "spo": cfg.spo}.get(cfg.method, cfg.grpo)
+
+
+def _method_options(name: str, config: Any) -> dict[str, Any]:
+    """``+algorithm.<name>.<field>`` for every field verl does not own (its own keys carry the rest)."""
+    from rlkit.verl import VERL_OWNED
+
+    out = {}
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if f.name in VERL_OWNED or dataclasses.is_dataclass(value) or f.name == "code_detection":
+            continue
+        out[f"+algorithm.{name}.{f.name}"] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def overrides(cfg: RLConfig) -> dict[str, Any]:
+    """verl keys reproducing ``cfg`` (module doc), applied after the method's preset and the CPU preset."""
+    from rlkit.tasks import arithmetic
+    from rlkit.tiny.task import max_response_tokens
+
+    if cfg.sft.form != DATA_FORM:
+        raise ValueError(f"the verl twin of a tiny run uses the {DATA_FORM!r} form's calculator; sft.form is "
+                         f"{cfg.sft.form!r}")
+    loss = _loss_config(cfg)
+    prompts = cfg.prompts_per_step
+    if prompts % cfg.mini_batches:
+        raise ValueError(f"prompts_per_step {prompts} is not a multiple of mini_batches {cfg.mini_batches}")
+    actor = "actor_rollout_ref.actor."
+    micro = math.gcd(16, prompts // cfg.mini_batches * cfg.group_size)  # ≤ 16 rows a forward, dividing a mini-batch
+    keys: dict[str, Any] = {
+        "data.train_batch_size": prompts,
+        "actor_rollout_ref.rollout.n": cfg.group_size,
+        actor + "ppo_mini_batch_size": prompts // cfg.mini_batches,
+        actor + "ppo_micro_batch_size_per_gpu": micro,
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": micro,
+        actor + "optim.lr": cfg.lr,
+        actor + "optim.lr_warmup_steps": cfg.warmup_steps,
+        actor + "optim.weight_decay": 0.0,  # the tiny engine's Adam
+        "+" + actor + "optim.betas": [0.9, 0.99],
+        actor + "grad_clip": cfg.grad_clip,
+        "actor_rollout_ref.rollout.temperature": cfg.temperature,
+        "data.max_response_length": cfg.max_new_tokens or max_response_tokens(cfg.sft.task, cfg.sft.form),
+        "data.max_prompt_length": arithmetic.MAX_QUESTION_CHARS + 2,
+        "data.train_max_samples": -1,
+        "data.val_max_samples": -1,
+        "data.shuffle": True,
+        "data.seed": cfg.seed,
+        "trainer.total_training_steps": cfg.steps,
+        "trainer.test_freq": cfg.eval_every,
+        "trainer.save_freq": cfg.eval_every,
+        "trainer.val_before_train": True,
+        actor + "clip_ratio_low": loss.clip_low,
+        actor + "clip_ratio_high": loss.clip_high,
+        actor + "loss_agg_mode": loss.agg,
+        "algorithm.norm_adv_by_std_in_grpo": (cfg.hapo if cfg.method == "hapo" else cfg.grpo).norm_by_std,
+        "algorithm.filter_groups.enable": cfg.dynamic_sampling,
+    }
+    if getattr(loss, "clip_c", None) is not None:
+        keys[actor + "clip_ratio_c"] = loss.clip_c
+    if cfg.overlong_buffer:
+        raise ValueError("the verl twin does not carry the tiny engine's overlong penalty (overlong_buffer > 0)")
+    if cfg.method in ("grpo", "gspo", "aepo", "aspo"):
+        keys.update(_method_options("grpo", cfg.grpo))
+    if cfg.method in ("gspo", "aspo", "aepo", "spo", "hapo"):
+        keys.update(_method_options(cfg.method, getattr(cfg, cfg.method)))
+    if cfg.method == "aspo":
+        keys.pop("+algorithm.aspo.base_advantage", None)
+    return keys
+
+
+def prepare(cfg: RLConfig, root: str | os.PathLike, *, device: str = "cpu", progress: bool = True) -> dict[str, Path]:
+    """Write the model, the data and (SPO) the offline values of ``cfg`` under ``root/<cache_key>``, once;
+    returns their paths (``model``, ``data``, and ``offline_values`` for SPO)."""
+    import torch
+
+    from rlkit.tasks import arithmetic
+    from rlkit.tiny.hf import export_sft
+    from rlkit.tiny.rl import _offline_scores
+    from rlkit.tiny.sft import warm_start
+    from rlkit.tiny.task import max_response_tokens
+    from rlkit.verl.data import arithmetic_rows, prompt_id, write_rows
+
+    home = Path(root) / cache_key(cfg)
+    model_dir, data_dir = home / "model", home / "data"
+    knobs = dataclasses.asdict(cfg.sft.task)
+    if not (model_dir / "config.json").exists():
+        export_sft(model_dir, cfg.sft, scale=cfg.scale, device=device, progress=progress)
+    if not (data_dir / "test.parquet").exists():
+        pool = arithmetic.make_pool(cfg.pool_size, seed=cfg.sft.seed, **knobs)
+        held_out = arithmetic.make_split(cfg.eval_size, "test", seed=0, **knobs)
+        write_rows(arithmetic_rows(pool, "train"), data_dir / "train.parquet")
+        write_rows(arithmetic_rows(held_out, "test"), data_dir / "test.parquet")
+    out = {"model": model_dir, "data": data_dir}
+    if cfg.method == "spo" and cfg.spo.offline_N:
+        path = data_dir / f"offline_values-N{cfg.spo.offline_N}-seed{cfg.seed}.json"
+        if not path.exists():
+            model, tokenizer, _ = warm_start(cfg.sft, device=device, progress=progress)
+            pool = arithmetic.make_pool(cfg.pool_size, seed=cfg.sft.seed, **knobs)
+            gen = torch.Generator(device=device).manual_seed(cfg.seed + 1)  # the tiny run's sampler seed
+            max_new = cfg.max_new_tokens or max_response_tokens(cfg.sft.task, cfg.sft.form)
+            scores = _offline_scores(model, tokenizer, pool, cfg, max_new, cfg.sft.form, gen)
+            values = {prompt_id(pool[i].question): s for i, s in scores.items()}
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(values))
+            os.replace(tmp, path)
+        out["offline_values"] = path
+    return out
+
+
+__all__ = ["DATA_FORM", "cache_key", "overrides", "prepare", "run_config"]
