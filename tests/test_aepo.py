@@ -34,7 +34,7 @@ def loop_standardized_entropy(entropy, mask):
 
 
 def loop_aepo(logp, old_logp, adv, mask, entropy, *, variant, clip_low, clip_high, clip_c, coef=0.2):
-    """Per-token loss and d loss/d logp of AEPO under token-mean, by the rule of METHODS.md §2."""
+    """Per-token loss and d loss/d logp of AEPO under token-mean, by the rule of method notes: AEPO."""
     B, T = len(mask), len(mask[0])
     h = loop_standardized_entropy(entropy, mask) if entropy is not None else None
     n = sum(1 for b in range(B) for t in range(T) if mask[b][t])
@@ -148,7 +148,7 @@ def test_aepo_advantage_matches_loop(seeds):
             torch.testing.assert_close(g, g_expected, rtol=1e-12, atol=1e-12)
 
 
-# ---------------------------------------------------------------- aepo_loss: METHODS.md §2's gradient table
+# ---------------------------------------------------------------- aepo_loss: method notes: AEPO's gradient table
 
 
 def test_gradient_table_clipped_above_token():

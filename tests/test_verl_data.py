@@ -237,7 +237,7 @@ def test_spo_pipeline_split_estimate_merge_feeds_the_tracker(tmp_path, capsys):
         scores = values.get(r["extra_info"]["prompt_id"])
         if scores is None:  # the unestimated subset starts uninformed
             assert (alpha, beta) == (0.5, 0.5)
-        else:  # α₀ = N₀(Σs + ½)/(N + 1), N₀ = 1/(1 − ρ_min) = 8 (METHODS §4)
+        else:  # α₀ = N₀(Σs + ½)/(N + 1), N₀ = 1/(1 − ρ_min) = 8 (method notes: SPO)
             assert math.isclose(alpha, 8 * (sum(scores) + 0.5) / 9)
             assert math.isclose(beta, 8 * (8 - sum(scores) + 0.5) / 9)
 

@@ -22,7 +22,7 @@ Deviations:
 - ``variant="paper"`` (default) applies the stop-gradient bound to every token, as the paper and the ARPO
   code do. ``variant="arlarena"`` reproduces ARLArena's ``compute_policy_loss_aepo``: its denominator is
   the *live* r where H̃ > 0 and sg(r) where H̃ ≤ 0; d[(1+ε_h)/r·r]/dr = 0, so only below-mean-entropy tokens
-  keep the clipped gradient, the opposite of the paper's intent (METHODS.md §2).
+  keep the clipped gradient, the opposite of the paper's intent (method notes: AEPO).
 - ``entropy=None`` skips the advantage reshaping. That is what the released ARPO scripts ran: their actor
   computes entropy only when ``entropy_coeff != 0`` and both configs set it to 0, so only the clip acted.
   ARLArena always reshapes, hence ``variant="arlarena"`` requires ``entropy``.

@@ -4,7 +4,7 @@ load, prompt, score with math-verify.
 Sources — HF ids, or local ``.parquet``/``.jsonl`` files in any of their schemas (:func:`problem_and_answer`):
 
 - :data:`TRAIN_SOURCE` ``open-r1/DAPO-Math-17k-Processed``, config ``en``: the deduplicated English
-  problems SPO trains on (METHODS.md §4); columns ``prompt`` (the problem) and ``solution`` (the answer).
+  problems SPO trains on (method notes: SPO); columns ``prompt`` (the problem) and ``solution`` (the answer).
 - :data:`ORIGINAL_SOURCE` ``BytedTsinghua-SIA/DAPO-Math-17k``: the release in verl's row schema, each problem
   wrapped in DAPO's "Answer:" instruction (removed here) and repeated about 100 times.
 - :data:`VAL_SOURCE` ``BytedTsinghua-SIA/AIME-2024``: the 30 AIME 2024 problems, each repeated 32 times.
