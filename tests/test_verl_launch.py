@@ -231,7 +231,8 @@ def test_run_checks_inputs_and_never_clobbers_metrics(tmp_path, monkeypatch):
         (tmp_path / "data" / "gsm8k" / name).write_bytes(b"")
     assert cli.main(args) == 0
     argv, kwargs = calls[0]
-    assert argv[1:] == L.plan("aspo", "gsm8k", MODEL, gpus=2, experiment="t1").command[1:]
+    planned = L.plan("aspo", "gsm8k", MODEL, gpus=2, experiment="t1")
+    assert argv[1:] == [*planned.command[1:], "hydra.run.dir=runs/t1/hydra"]  # Hydra's files go into the run
     assert kwargs["resume_after"] is None and kwargs["limits"] == L.GPU_LIMITS and kwargs["env"] == {}
     run_dir = tmp_path / "runs" / "t1"
     config = json.loads((run_dir / "config.json").read_text())

@@ -1053,7 +1053,8 @@ def run(p: Plan, cfg, *, resume: bool = False, limits: runner.Limits | None = No
     if runner.stop_previous(p.run_dir):  # an earlier launch's processes must not write beside this one
         print("stopped processes an earlier launch of this run left running", flush=True)
     step, extra = resume_overrides(p) if resume else (None, [])
-    argv = [sys.executable, *ENTRY[1:], *merge_overrides(p.overrides, extra)]
+    # Hydra's own output directory goes into the run directory, not ./outputs/<date>/<time>
+    argv = [sys.executable, *ENTRY[1:], *merge_overrides(p.overrides, extra), f"hydra.run.dir={p.run_dir}/hydra"]
     if resume:
         print(f"resuming after step {step}" if step else "no usable checkpoint: starting from step 1", flush=True)
     run_dir = write_run_files(p, cfg, argv=argv)
