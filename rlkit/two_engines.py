@@ -34,6 +34,8 @@ class Quantity:
     verl: tuple[str, ...]
     percent: bool = False
     """Shown ×100 (accuracies, fractions)."""
+    verl_affine: tuple[float, float] = (1.0, 0.0)
+    """``(a, b)``: verl's value is ``a·x + b`` of its metric ``x`` (calls per response from verl's turn count)."""
 
 
 QUANTITIES: tuple[Quantity, ...] = (
@@ -42,11 +44,14 @@ QUANTITIES: tuple[Quantity, ...] = (
     Quantity("entropy (nats/token)", ("actor/entropy",), ("actor/entropy",)),
     Quantity("clipped tokens (%)", ("actor/pg_clipfrac",), ("actor/pg_clipfrac",), True),
     Quantity("response length (tokens)", ("response_length/mean",), ("response_length/mean",)),
+    # verl counts messages: the prompt, then a model turn and a tool answer per call, then the final model turn
+    Quantity("calculator calls per response", ("aspo/code_rounds/mean",), ("num_turns/mean",),
+             verl_affine=(0.5, -1.0)),
 )
 """What every method's page compares."""
 
-OWN: dict[str, Quantity] = {
-    "grpo": Quantity("zero-advantage share (%)", ("adv/zero_frac",), ("adv/zero_frac", "actor/adv/zero_frac"), True),
+OWN: dict[str, Quantity | None] = {
+    "grpo": None,  # the baseline: no mechanism of its own
     "gspo": Quantity("clipped sequences (%)", ("actor/pg_clipfrac_seq",), ("actor/pg_clipfrac_seq",), True),
     "aspo": Quantity("first call at token (mean)", ("aspo/first_code_pos/mean",),
                      ("aspo/first_code_pos/mean", "actor/aspo/first_code_pos/mean")),
@@ -65,7 +70,7 @@ def quantities(method: str) -> tuple[Quantity, ...]:
     """The quantities of ``method``'s comparison: :data:`QUANTITIES` and its own metric."""
     if method not in OWN:
         raise KeyError(f"unknown method {method!r}; valid: {', '.join(OWN)}")
-    return (*QUANTITIES, OWN[method])
+    return QUANTITIES if OWN[method] is None else (*QUANTITIES, OWN[method])
 
 
 def series(run: Run, names: Sequence[str], *, percent: bool = False, last_step: int | None = None) -> pd.Series:
@@ -81,7 +86,8 @@ def series(run: Run, names: Sequence[str], *, percent: bool = False, last_step: 
 
 def pair(tiny: Run, verl: Run, quantity: Quantity) -> tuple[pd.Series, pd.Series]:
     """``quantity`` in both runs, over the steps both ran (the verl twin may be shorter)."""
-    v = series(verl, quantity.verl, percent=quantity.percent)
+    a, b = quantity.verl_affine
+    v = series(verl, quantity.verl, percent=quantity.percent) * a + b
     last = int(v.index.max()) if len(v) else None
     return series(tiny, quantity.tiny, percent=quantity.percent, last_step=last), v
 
@@ -91,9 +97,9 @@ def figure(tiny: Run, verl: Run, method: str, *, caption: str | None = None):
     import matplotlib.pyplot as plt
 
     qs = quantities(method)
-    ncols = 3
+    ncols = 4 if len(qs) > 6 else 3
     nrows = -(-len(qs) // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(12, 3.1 * nrows + 0.6), squeeze=False)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(3.4 * ncols, 3.0 * nrows + 0.7), squeeze=False)
     color = COLORS.get(method, "#333333")
     for ax, q in zip(axes.flat, qs):
         t, v = pair(tiny, verl, q)

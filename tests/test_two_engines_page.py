@@ -49,6 +49,13 @@ def test_the_tiny_curve_stops_where_verl_stopped():
     assert t.index.max() == v.index.max() == 20
 
 
+def test_calls_per_response_from_verls_turn_count():
+    tiny = run({"aspo/code_rounds/mean": [1.0, 2.0]})
+    verl = run({"num_turns/mean": [4.0, 6.0]})  # prompt + (call, answer) × k + final turn = 2k + 2
+    t, v = two_engines.pair(tiny, verl, two_engines.QUANTITIES[-1])
+    assert v.tolist() == t.tolist() == [1.0, 2.0]
+
+
 def test_each_methods_own_metric_and_its_verl_name():
     tiny = run({"hapo/temperature/mean": [1.0, 1.01]}, eval_size=200)
     verl = run({"hapo/sampler/temperature_mean": [1.0, 1.02]})
@@ -67,5 +74,5 @@ def test_figure_has_a_panel_per_quantity_and_the_legend_above(tmp_path):
     verl = run({q.verl[0]: list(np.linspace(0, 1, 5)) for q in two_engines.quantities("aspo")})
     fig = two_engines.figure(tiny, verl, "aspo", caption="seed 0")
     panels = [ax for ax in fig.axes if ax.get_visible()]
-    assert len(panels) == 6 and all(len(ax.lines) == 2 for ax in panels)
+    assert len(panels) == 7 and all(len(ax.lines) == 2 for ax in panels)
     assert fig.legends and not any(ax.get_legend() for ax in panels)  # one legend, outside the data
