@@ -7,11 +7,12 @@ PIP    := $(PY) -m pip
 TORCH  := torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test test-fast reproduce book clean help
+.PHONY: venv test test-fast reproduce book lab clean help
 
 help:
 	@echo "make reproduce make venv, execute every notebook at cpu scale (papermill), build the book (book/_build/html)"
 	@echo "make book      rebuild the book from the executed notebooks in reproductions/results"
+	@echo "make lab       JupyterLab on notebooks/ (127.0.0.1, port LAB_PORT=8888 or the next free one); .md opens as a notebook"
 	@echo "make venv      create .venv and install rlkit with all extras (+ torch, verl, vLLM's CPU build)"
 	@echo "make test      make venv, then run the whole test suite (verl's main_ppo on the CPU included)"
 	@echo "make test-fast the test suite without verl's main_ppo runs on the CPU"
@@ -45,6 +46,16 @@ reproduce: venv
 
 book: venv
 	$(VENV)/bin/rlkit book
+
+# The notebooks are MyST Markdown (jupytext): the venv's JupyterLab settings make a double-click open them as
+# notebooks. A busy LAB_PORT: JupyterLab tries the next ports and prints the URL it took. LAB_ARGS: more options
+# (root, as in containers, needs --allow-root).
+LAB_PORT ?= 8888
+LAB_DIR  ?= notebooks
+lab: venv
+	$(VENV)/bin/jupytext-config --settings-file $(VENV)/share/jupyter/lab/settings/overrides.json set-default-viewer markdown myst
+	$(VENV)/bin/jupyter lab --notebook-dir=$(LAB_DIR) --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) \
+		--ServerApp.port_retries=50 $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info book/_build book/notebooks

@@ -21,20 +21,38 @@ from rlkit.reproduce import REPO, RESULTS_DIR, SPECS_DIR, load_specs
 BOOK_DIR = REPO / "book"
 
 
+def executed_notebooks(results: Path = RESULTS_DIR, specs_dir: Path = SPECS_DIR) -> dict[str, Path]:
+    """Where each spec's executed notebook (its first seed's) lies under ``results``, by spec name."""
+    return {spec.name: spec.run_dirs(Path(results), 1)[0] / f"{Path(spec.notebook).stem}.ipynb"
+            for spec in load_specs(specs_dir)}
+
+
+def check_results(results: Path = RESULTS_DIR, specs_dir: Path = SPECS_DIR) -> dict[str, Path]:
+    """:func:`executed_notebooks`, or FileNotFoundError naming every missing one and the command that makes them."""
+    results = Path(results)
+    notebooks = executed_notebooks(results, specs_dir)
+    missing = {name: path for name, path in notebooks.items() if not path.exists()}
+    if not missing:
+        return notebooks
+    if not results.is_dir():
+        raise FileNotFoundError(f"results directory {results} does not exist: the book is built from the executed "
+                                f"notebooks that `rlkit reproduce --results {results}` writes there (the published "
+                                "ones: reproductions/results-cpu)")
+    listed = "\n".join(f"  {name}: {path.relative_to(results)}" for name, path in missing.items())
+    kind = "holds no executed notebooks" if len(missing) == len(notebooks) else "lacks executed notebooks"
+    raise FileNotFoundError(f"{results} {kind} for {len(missing)} of {len(notebooks)} reproductions:\n{listed}\n"
+                            f"make them with `rlkit reproduce --only {' '.join(missing)} --results {results}`")
+
+
 def stage(book: Path = BOOK_DIR, results: Path = RESULTS_DIR, specs_dir: Path = SPECS_DIR) -> list[Path]:
-    """Copy every spec's executed notebook into ``<book>/notebooks/``; a missing one is an error naming the
-    command that makes it."""
+    """Copy every spec's executed notebook into ``<book>/notebooks/``; missing ones are an error that names them
+    all and the command that makes them (:func:`check_results`), raised before anything is copied."""
+    notebooks = check_results(Path(results), Path(specs_dir))
     target = Path(book) / "notebooks"
     if target.exists():
         shutil.rmtree(target)
     target.mkdir(parents=True)
-    copied = []
-    for spec in load_specs(specs_dir):
-        executed = spec.run_dirs(Path(results), 1)[0] / f"{Path(spec.notebook).stem}.ipynb"
-        if not executed.exists():
-            raise FileNotFoundError(f"{executed} is missing: run `rlkit reproduce --only {spec.name}` first")
-        copied.append(Path(shutil.copy2(executed, target / executed.name)))
-    return copied
+    return [Path(shutil.copy2(path, target / path.name)) for path in notebooks.values()]
 
 
 def build(book: Path = BOOK_DIR, results: Path = RESULTS_DIR, *, strict: bool = True,

@@ -1,12 +1,15 @@
-"""What the method notebooks share: rlkit's own source on the page, and the run-and-compare section.
+"""What the method notebooks share: rlkit's own source on the page, the run-and-compare section, and small helpers.
 
-Notebooks never copy library code (STYLE §9): :func:`show_source` displays it with :mod:`inspect`, so the page
-always shows the code that ran.
+Notebooks never copy library code: :func:`show_source` displays it with :mod:`inspect`, so the page always shows
+the code that ran. By default it folds a function's argument checks (``if …: raise``, ``warnings.warn``,
+``check_shapes(…)``) into one comment that says where they are, so the page shows the math.
 """
 
 from __future__ import annotations
 
+import ast
 import inspect
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -15,16 +18,83 @@ from rlkit import plots
 from rlkit.reproduce import RESULTS_DIR, ensure_run, get_spec, judge_claims
 
 
-def show_source(*objects: Any) -> None:
-    """Display the source of functions, classes or modules, highlighted, each under its qualified name."""
+def show_source(*objects: Any, checks: bool = False) -> None:
+    """Display the source of functions, classes or modules, highlighted, each under its qualified name.
+
+    ``checks=False`` folds a function's argument checks into comments naming their lines (:func:`fold_checks`);
+    ``checks=True`` shows every line."""
     from IPython.display import Code, Markdown, display
 
     for obj in objects:
         name = f"{obj.__module__}.{obj.__qualname__}" if hasattr(obj, "__qualname__") else obj.__name__
         path = Path(inspect.getsourcefile(obj)).resolve()
-        _, line = inspect.getsourcelines(obj)
-        display(Markdown(f"`{name}` — `{path.parent.name}/{path.name}`, line {line}"))
-        display(Code(inspect.getsource(obj), language="python"))
+        lines, line = inspect.getsourcelines(obj)
+        source, folded = textwrap.dedent("".join(lines)), 0
+        if not checks:
+            source, folded = fold_checks(source, first_line=line, filename=path.name)
+        note = f" ({folded} lines of argument checks folded)" if folded else ""
+        display(Markdown(f"`{name}` — `{path.parent.name}/{path.name}`, line {line}{note}"))
+        display(Code(source, language="python"))
+
+
+def _is_check(stmt: ast.stmt) -> bool:
+    """An argument check: ``if …: raise …`` / ``warnings.warn(…)``, or a call to ``check_*`` / ``_check_*``."""
+    def call_name(node: ast.AST) -> str:
+        func = node.func if isinstance(node, ast.Call) else None
+        return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+
+    def raises_or_warns(s: ast.stmt) -> bool:
+        return isinstance(s, ast.Raise) or (isinstance(s, ast.Expr) and call_name(s.value) == "warn")
+
+    if isinstance(stmt, ast.If):
+        return not stmt.orelse and all(raises_or_warns(s) for s in stmt.body)
+    return isinstance(stmt, ast.Expr) and call_name(stmt.value).lstrip("_").startswith("check")
+
+
+def _check_runs(body: list[ast.stmt]) -> list[list[ast.stmt]]:
+    """Runs of consecutive argument checks in ``body`` and, recursively, in the blocks it contains; a block made
+    of checks only is left alone (folding it would leave an empty block)."""
+    runs: list[list[ast.stmt]] = []
+    if not all(_is_check(s) for s in body):
+        previous = None
+        for stmt in body:
+            if _is_check(stmt):
+                if previous is not None and _is_check(previous):
+                    runs[-1].append(stmt)
+                else:
+                    runs.append([stmt])
+            previous = stmt
+    for stmt in body:
+        if not _is_check(stmt):
+            for block in ("body", "orelse", "finalbody"):
+                inner = getattr(stmt, block, None)
+                if isinstance(inner, list) and inner and isinstance(inner[0], ast.stmt):
+                    runs += _check_runs(inner)
+    return runs
+
+
+def fold_checks(source: str, *, first_line: int = 1, filename: str = "") -> tuple[str, int]:
+    """``source`` of one function (dedented) with each run of consecutive argument checks replaced by a comment
+    naming their lines; returns ``(source, lines folded)``. Other objects come back unchanged."""
+    code = textwrap.dedent(source)
+    tree = ast.parse(code)
+    func = tree.body[0] if tree.body else None
+    if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return source, 0
+    lines = code.splitlines()
+    folded = 0
+    for run in sorted(_check_runs(func.body), key=lambda r: r[0].lineno, reverse=True):
+        start, end = run[0].lineno, run[-1].end_lineno
+        a, b = first_line + start - 1, first_line + end - 1
+        where = f"{filename} line {a}" if a == b else f"{filename} lines {a}–{b}"
+        lines[start - 1:end] = [" " * run[0].col_offset + f"# … argument checks ({where}) …"]
+        folded += end - start + 1
+    return "\n".join(lines) + "\n", folded
+
+
+def tail(run, metric: str, window: int = 10) -> float:
+    """Mean of the last ``window`` logged values of ``metric`` in ``run`` (the claims' rule for the end of a run)."""
+    return float(run.frame[metric].dropna().iloc[-window:].mean())
 
 
 def results_dir(results: str | Path | None) -> Path:

@@ -169,52 +169,107 @@ def describe(runs: Sequence[Run]) -> str:
     return f"scale {'/'.join(scales)} · {model} · {data} · {batch} · {seed_text} · rlkit tiny engine, not the papers' runs"
 
 
+BOOK_RC = {
+    "figure.dpi": 100, "savefig.dpi": 110, "font.size": 11, "axes.titlesize": 12, "axes.labelsize": 11,
+    "xtick.labelsize": 10, "ytick.labelsize": 10, "legend.fontsize": 10, "figure.titlesize": 12,
+}
+"""Matplotlib settings of the book's figures: no text below 10 pt."""
+PAGE_WIDTH = 9.0
+"""Inches: the widest figure (900 px at 100 dpi), shown at about 3/4 of its size in the book's 690-px text column."""
+
+
+def book_style() -> None:
+    """Use :data:`BOOK_RC` for every later figure (the notebooks call it once, beside their imports)."""
+    import matplotlib
+
+    matplotlib.rcParams.update(BOOK_RC)
+
+
+def panels(n: int, *, ncols: int = 2, width: float = PAGE_WIDTH, height: float = 3.4, **kwargs):
+    """A figure of ``n`` panels, at most ``ncols`` per row, ``width`` inches wide; returns ``(fig, axes, spare)``:
+    the ``n`` axes in reading order and the hidden axes that fill the last row (a place for the legend)."""
+    import matplotlib.pyplot as plt
+
+    ncols = max(1, min(ncols, n))
+    nrows = -(-n // ncols)
+    fig, grid = plt.subplots(nrows, ncols, figsize=(width, height * nrows), squeeze=False, **kwargs)
+    flat = list(grid.flat)
+    for ax in flat[n:]:
+        ax.set_axis_off()
+    return fig, flat[:n], flat[n:]
+
+
+def legend_outside(fig, axes: Sequence[Any], spare: Sequence[Any] = (), **kwargs):
+    """One legend for all ``axes`` (each label once), outside the data: in the first ``spare`` axes when there is
+    one, otherwise above the panels. Call it after ``tight_layout``."""
+    handles: dict[str, Any] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    if not handles:
+        return None
+    if spare:
+        return spare[0].legend(list(handles.values()), list(handles), **{"loc": "center", "frameon": False, **kwargs})
+    return fig.legend(list(handles.values()), list(handles), **{
+        "loc": "lower center", "bbox_to_anchor": (0.5, 1.0), "ncol": min(len(handles), 4), "frameon": False, **kwargs})
+
+
+def add_caption(fig, text: str, fontsize: float = 10):
+    """``text`` in grey under everything drawn so far (legends below the axes included), wrapped to the figure's
+    width; ``bbox_inches="tight"`` keeps it in the image. Call it last."""
+    import textwrap
+
+    bottom = fig.get_tightbbox(fig.canvas.get_renderer()).y0 / fig.get_figheight()  # inches → figure fraction
+    chars = int(fig.get_figwidth() * 72 / (0.55 * fontsize))
+    return fig.text(0.01, min(bottom, 0.0) - 0.01, textwrap.fill(text, chars), fontsize=fontsize, color="#555555",
+                    va="top")
+
+
 def curves(
     runs: Sequence[Run],
     metrics: Sequence[str],
     *,
-    x: str = "step",
+    x: str | Sequence[str] = "step",
     titles: Sequence[str] | None = None,
     caption: bool = True,
-    ncols: int | None = None,
-    width: float = 4.2,
+    ncols: int = 2,
+    width: float = PAGE_WIDTH,
+    height: float = 3.2,
 ):
-    """One panel per metric, one line per method (mean over seeds, min–max band); returns the Figure."""
-    import matplotlib.pyplot as plt
+    """One panel per metric (at most ``ncols`` per row), one line per method (mean over seeds, min–max band),
+    one legend outside the data and the runs' caption (:func:`describe`) underneath; returns the Figure.
 
+    ``x`` is one axis for every panel or one per metric (see :data:`X_AXES`)."""
     if not runs:
         raise ValueError("no runs to plot")
     metrics = list(metrics)
+    xs = [x] * len(metrics) if isinstance(x, str) else list(x)
+    if len(xs) != len(metrics):
+        raise ValueError(f"{len(xs)} x axes for {len(metrics)} metrics")
     for metric in metrics:
         if not any(metric in r.frame for r in runs):
             logged = sorted(set().union(*(r.frame.columns for r in runs)))
             raise KeyError(f"no run logged metric {metric!r}; logged: {', '.join(logged)}")
-    ncols = ncols or min(3, len(metrics))
-    nrows = -(-len(metrics) // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, 3.2 * nrows + (0.5 if caption else 0)),
-                             squeeze=False)
+    fig, axes, spare = panels(len(metrics), ncols=ncols, width=width, height=height)
     groups = by_method(runs)
-    for i, metric in enumerate(metrics):
-        ax = axes[i // ncols][i % ncols]
+    for i, (ax, metric, xi) in enumerate(zip(axes, metrics, xs)):
         for method, group in groups.items():
             if not all(metric in r.frame for r in group):
                 continue
-            band = seed_band(group, metric, x)
+            band = seed_band(group, metric, xi)
             color = COLORS.get(method)
             label = f"{method} ({len(group)} seed{'s' if len(group) > 1 else ''})"
-            ax.plot(band.index, band["mean"], label=label, color=color, lw=1.6,
-                    marker="o" if len(band) <= 12 else None, ms=3)
+            ax.plot(band.index, band["mean"], label=label, color=color, lw=1.8,
+                    marker="o" if len(band) <= 12 else None, ms=4)
             if len(group) > 1:
                 ax.fill_between(band.index, band["low"], band["high"], color=color, alpha=0.15, lw=0)
-        ax.set_title(titles[i] if titles else metric, fontsize=10)
-        ax.set_xlabel(X_AXES[x], fontsize=9)
+        ax.set_title(titles[i] if titles else metric)
+        ax.set_xlabel(X_AXES[xi])
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    for j in range(len(metrics), nrows * ncols):
-        axes[j // ncols][j % ncols].set_visible(False)
+    fig.tight_layout()
+    legend_outside(fig, axes, spare)
     if caption:
-        fig.text(0.01, 0.005, describe(runs), fontsize=7, color="#555555", wrap=True)
-    fig.tight_layout(rect=(0, 0.05 if caption else 0, 1, 1))
+        add_caption(fig, describe(runs))
     return fig
 
 
@@ -224,3 +279,8 @@ def save(fig, path: str | Path, dpi: int = 110) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi, bbox_inches="tight")
     return path
+
+
+def legend_below(ax, ncol: int = 1, **kwargs):
+    """``ax``'s legend under its x-axis label, outside the data (for panels whose lines differ)."""
+    return ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=ncol, frameon=False, **kwargs)

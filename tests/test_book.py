@@ -1,5 +1,6 @@
 """End to end at smoke scale: every notebook executes with papermill, the book builds with warnings as errors, and a
-real browser (headless Chromium driven by Playwright) loads every page's figures and follows its internal links."""
+real browser (headless Chromium driven by Playwright) loads every page's figures, checks they are shown at a readable
+size, and follows its internal links."""
 
 from __future__ import annotations
 
@@ -13,12 +14,33 @@ from pathlib import Path
 from urllib.parse import urldefrag, urljoin, urlparse
 
 import pytest
+import yaml
 
 from rlkit.book import BOOK_DIR, build
 from rlkit.reproduce import load_specs, reproduce
 
 METHOD_PAGES = ["00_overview", "01_grpo", "02_gspo", "03_aspo", "04_aepo", "05_spo", "06_hapo", "07_comparison"]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+VIEWPORT = {"width": 1280, "height": 900}  # a laptop screen
+MIN_SHOWN_WIDTH = 500  # CSS px
+MIN_SHOWN_SCALE = 0.6  # shown width / natural width
+
+
+def toc_pages(book: Path = BOOK_DIR) -> list[str]:
+    """Every page of ``_toc.yml`` as its HTML path, in reading order."""
+    toc = yaml.safe_load((book / "_toc.yml").read_text())
+    return [f"{toc['root']}.html"] + [f"{c['file']}.html" for part in toc["parts"] for c in part["chapters"]]
+
+
+def launch_chromium(playwright):
+    """Debian's Chromium, headless, with nothing that reaches the network; skips (fails on CI) when it is missing."""
+    if CHROMIUM is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is missing (.ci/run installs Debian's chromium)")
+        pytest.skip("chromium not installed (apt-get install chromium)")
+    return playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +66,8 @@ def book(smoke):
 
 def test_every_notebook_executes_without_errors(smoke):
     root, done = smoke
-    assert [p.stem for p in done["notebooks"]] == METHOD_PAGES
+    assert [p.stem for p in done["notebooks"]] == [Path(s.notebook).stem for s in load_specs()]
+    assert {f"notebooks/{p}.html" for p in METHOD_PAGES} <= set(toc_pages())
     for path in done["notebooks"]:
         nb = json.loads(path.read_text())
         errors = [o for c in nb["cells"] for o in c.get("outputs", []) if o.get("output_type") == "error"]
@@ -77,6 +100,7 @@ def test_book_builds_with_warnings_as_errors(book):
     for page in METHOD_PAGES:
         assert (html / "notebooks" / f"{page}.html").exists(), page
     assert (html / "papers.html").exists() and (html / "full_scale_runs.html").exists()
+    assert (html / "method_notes.html").exists()
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):
@@ -95,25 +119,37 @@ def served(book):
 
 @pytest.fixture(scope="module")
 def browser():
-    if CHROMIUM is None:
-        if os.environ.get("CI"):
-            pytest.fail("chromium is missing (.ci/run installs Debian's chromium)")
-        pytest.skip("chromium not installed (apt-get install chromium)")
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync"])
+        browser = launch_chromium(p)
         yield browser
         browser.close()
 
 
-def test_every_page_shows_its_figures_and_its_links_resolve(served, browser):
-    page = browser.new_page()
+def unreadable(images: list[list]) -> list[str]:
+    """The figures shown too small to read, from ``[src, naturalWidth, shown width]`` of a page's content images.
+
+    A figure must be shown at least ``MIN_SHOWN_WIDTH`` CSS px wide (narrower, on a laptop screen, it is a
+    thumbnail) and at no less than ``MIN_SHOWN_SCALE`` of its natural width: the book's figures put no text below
+    10 pt, 14 px at 100 dpi, which a scale of 0.6 keeps at 8 px or more on the page. Both together reject a figure
+    drawn too wide for the text column (its text shrinks with it) and one drawn or shown too small."""
+    return [f"{src} ({natural} px shown at {shown:.0f} px)" for src, natural, shown in images
+            if shown < MIN_SHOWN_WIDTH or shown < MIN_SHOWN_SCALE * natural]
+
+
+def test_readability_rule_rejects_thumbnails_and_shrunken_figures():
+    assert unreadable([["a.png", 1000, 760], ["b.png", 700, 700]]) == []
+    assert unreadable([["wide.png", 1500, 760], ["small.png", 400, 400]]) == [
+        "wide.png (1500 px shown at 760 px)", "small.png (400 px shown at 400 px)"]
+
+
+def test_every_page_shows_its_figures_and_its_links_resolve(book, served, browser):
+    page = browser.new_page(viewport=VIEWPORT)
     page.goto(urljoin(served, "index.html"))
     page.wait_for_url("**/intro.html")  # the book's root redirects to its first page
-    pages = ["intro.html"] + [f"notebooks/{p}.html" for p in METHOD_PAGES] + ["papers.html", "full_scale_runs.html"]
+    pages = toc_pages(book.parents[2])  # <book>/_build/html/index.html: the pages of the book that was built
+    assert "method_notes.html" in pages and len(pages) >= len(METHOD_PAGES) + 3
     anchors_seen: dict[str, set[str]] = {}
     links: set[str] = set()
     for name in pages:
@@ -123,6 +159,10 @@ def test_every_page_shows_its_figures_and_its_links_resolve(served, browser):
         images = page.eval_on_selector_all("img", "els => els.map(e => [e.getAttribute('src'), e.naturalWidth])")
         broken = [src for src, width in images if width == 0]
         assert not broken, f"{name}: images that did not load: {broken}"
+        shown = page.eval_on_selector_all(
+            "article img", "els => els.map(e => [e.getAttribute('src'), e.naturalWidth, e.getBoundingClientRect().width])")
+        small = unreadable(shown)
+        assert not small, f"{name}: figures shown too small to read: {small}"
         if name.startswith("notebooks/") and name != "notebooks/00_overview.html":
             assert len(images) >= 2, f"{name}: expected the method's figures, found {len(images)} images"
         if name == "notebooks/01_grpo.html":  # MathJax is served by the book itself: equations render offline
