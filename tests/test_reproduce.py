@@ -86,7 +86,8 @@ def test_untestable_claims_and_bad_claims(runs):
 def test_every_spec_loads_and_names_its_notebook():
     specs = load_specs()
     names = [s.name for s in specs]
-    assert names == ["overview", "grpo", "gspo", "aspo", "aepo", "spo", "hapo", "comparison"]  # notebook order
+    assert names == ["overview", "grpo", "gspo", "aspo", "aepo", "spo", "hapo", "comparison",
+                     "two_engines"]  # notebook order
     for s in specs:
         assert (Path(__file__).parent.parent / s.notebook).exists(), s.notebook
         if s.method:
