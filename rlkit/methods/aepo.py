@@ -44,6 +44,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rlkit.core import fused
 from rlkit.core.masked import check_shapes, masked_mean, masked_std
 from rlkit.core.ppo import clipped_surrogate, log_ratio, reduce_policy_loss
 from rlkit.registry import register_policy_loss
@@ -163,6 +164,10 @@ def aepo_loss(
     adv = _per_token(adv, mask)
     check_shapes(mask, logp=logp, old_logp=old_logp, adv=adv, entropy=entropy, behav_logp=behav_logp)
 
+    if fused.fusable(logp, old_logp, adv, mask, behav_logp):  # same math, few passes (rlkit.core.fused)
+        return _aepo_loss_fused(logp, old_logp, adv, mask, entropy=entropy, coef=coef, clip_low=clip_low,
+                                clip_high=clip_high, clip_c=clip_c, agg=agg, variant=variant, behav_logp=behav_logp,
+                                behav_imp_weight_cap=behav_imp_weight_cap, loss_scale_factor=loss_scale_factor)
     metrics: dict[str, float] = {}
     h_tilde = None
     if entropy is not None:
@@ -192,3 +197,35 @@ def aepo_loss(
         kept = kept & (h_tilde <= 0)
     base["aepo/clipfrac_grad_kept"] = masked_mean(kept.float(), mask).item()
     return loss, {**base, **metrics}
+
+
+def _aepo_loss_fused(logp, old_logp, adv, mask, *, entropy, coef, clip_low, clip_high, clip_c, agg, variant,
+                     behav_logp, behav_imp_weight_cap, loss_scale_factor):
+    """:func:`aepo_loss` through :func:`rlkit.core.fused.clip_loss`: Ã and H̃ over the batch, the clip per block."""
+    h_tilde = None
+    if entropy is not None:
+        h_tilde = standardized_entropy(entropy, mask)
+        adv = _reshape(adv, h_tilde, mask, coef)  # Ã_t = A_t·(1 + a·H̃_t)
+
+    def terms(rows: slice, r: Tensor, m: Tensor) -> fused.TokenTerms:
+        gate = True if variant == "paper" else h_tilde[rows] <= 0  # arlarena: live r where H̃ > 0
+        sums = maxes = None
+        if h_tilde is not None:
+            scale = 1.0 + coef * h_tilde[rows]
+            valid = m != 0
+            sums = torch.stack([fused._dot(torch.where(valid, scale, 0.0), m)])
+            maxes = torch.where(valid, -scale, -torch.inf).amax().reshape(1) if scale.numel() else None
+        return fused.TokenTerms(adv[rows], clip_low, clip_high, sums, maxes, stop_grad_upper=gate)
+
+    out = fused.clip_loss(
+        logp, old_logp, adv, mask, clip_low=clip_low, clip_high=clip_high, clip_c=clip_c, agg=agg,
+        loss_scale_factor=loss_scale_factor, behav_logp=behav_logp, behav_imp_weight_cap=behav_imp_weight_cap,
+        token_hook=terms,
+    )
+    metrics = fused.policy_metrics(out.stats, behaviour=behav_logp is not None)
+    n = max(out.stats["tokens"], 1.0)
+    metrics["aepo/clipfrac_grad_kept"] = out.stats["grad_kept"] / n
+    if h_tilde is not None:
+        metrics["aepo/entropy_adv_scale/mean"] = out.sums[0] / n
+        metrics["aepo/entropy_adv_scale/min"] = -out.maxes[0] if out.stats["tokens"] > 0 else 1.0
+    return out.loss, metrics

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from rlkit.core import fused
 from rlkit.core.groups import group_index, group_mean_std
 from rlkit.core.masked import check_shapes
 from rlkit.core.ppo import clipped_surrogate, log_ratio, reduce_policy_loss
@@ -72,13 +73,19 @@ def grpo_advantage(
     index, num_groups = group_index(group_ids, rewards.device)
     if index.shape[0] != rewards.shape[0]:
         raise ValueError(f"{index.shape[0]} group ids for {rewards.shape[0]} rewards")
+    adv = group_scalars(rewards, index, num_groups, norm_by_std=norm_by_std, eps=eps)
+    return adv.unsqueeze(-1) * mask.to(adv.dtype)
+
+
+def group_scalars(rewards: Tensor, index: Tensor, num_groups: int, *, norm_by_std: bool = True,
+                  eps: float = 1e-6) -> Tensor:
+    """Â_i per response ``(B,)`` before the broadcast over tokens (``index`` from :func:`group_index`)."""
     mean, std, count = group_mean_std(rewards, index, num_groups)
     single = count == 1  # verl: a lone response keeps its raw reward (mean 0, std 1)
     mean = torch.where(single, torch.zeros_like(mean), mean)
     std = torch.where(single, torch.ones_like(std), std)
     centred = rewards - mean[index]
-    adv = centred / (std[index] + eps) if norm_by_std else centred
-    return adv.unsqueeze(-1) * mask.to(adv.dtype)
+    return centred / (std[index] + eps) if norm_by_std else centred
 
 
 @register_policy_loss("ppo")
@@ -102,6 +109,12 @@ def ppo_clip_loss(
     Returns ``(loss, metrics)`` with verl's metric names.
     """
     check_shapes(mask, logp=logp, old_logp=old_logp, adv=adv, behav_logp=behav_logp)
+    if fused.fusable(logp, old_logp, adv, mask, behav_logp):  # same math, few passes (rlkit.core.fused)
+        out = fused.clip_loss(
+            logp, old_logp, adv, mask, clip_low=clip_low, clip_high=clip_high, clip_c=clip_c, agg=agg,
+            loss_scale_factor=loss_scale_factor, behav_logp=behav_logp, behav_imp_weight_cap=behav_imp_weight_cap,
+        )
+        return out.loss, fused.policy_metrics(out.stats, behaviour=behav_logp is not None)
     log_r = log_ratio(logp, old_logp)
     loss_mat, clipped, dual = clipped_surrogate(
         log_r.exp(), adv, clip_low=clip_low, clip_high=clip_high, clip_c=clip_c

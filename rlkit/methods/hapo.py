@@ -44,6 +44,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from rlkit.core import fused
 from rlkit.core.entropy import entropy_from_logits
 from rlkit.core.groups import group_index, group_mean_std, group_sum
 from rlkit.core.masked import check_shapes, masked_mean
@@ -292,8 +293,6 @@ def hapo_loss(
     plus ``hapo/...`` (mean h̃, share of h̃ > 0, mean adapted ε's, share of redistributed tokens).
     """
     check_shapes(mask, logp=logp, old_logp=old_logp, adv=adv, entropy=entropy, behav_logp=behav_logp)
-    log_r = log_ratio(logp, old_logp)
-    ratio = log_r.exp()
     valid = mask.bool()
     if (use_redistribution or use_adaptive_clip) and entropy is None:
         raise ValueError(
@@ -301,11 +300,19 @@ def hapo_loss(
             "pass use_redistribution=False, use_adaptive_clip=False for plain PPO"
         )
     if entropy is None or not valid.any():  # nothing to normalise: h̃ = 0 changes no advantage and no bound
-        h = torch.zeros_like(ratio)
+        h = torch.zeros_like(logp, dtype=torch.promote_types(logp.dtype, old_logp.dtype))
     else:
         stats = stats if stats is not None else entropy_stats(entropy, mask, pivot=pivot)
-        h = normalized_entropy(entropy, stats, release_compat=release_compat).to(ratio.dtype)
+        h = normalized_entropy(entropy, stats, release_compat=release_compat)
+        h = h.to(torch.promote_types(logp.dtype, old_logp.dtype))
         h = torch.where(valid, h, 0.0)  # padding entropies may be anything
+    if fused.fusable(logp, old_logp, adv, mask, behav_logp):  # same math, few passes (rlkit.core.fused)
+        return _hapo_loss_fused(logp, old_logp, adv, mask, h, clip_low=clip_low, clip_high=clip_high,
+                                clip_c=clip_c, beta=beta, alpha=alpha if use_adaptive_clip else 0.0, agg=agg,
+                                use_redistribution=use_redistribution, behav_logp=behav_logp,
+                                behav_imp_weight_cap=behav_imp_weight_cap, loss_scale_factor=loss_scale_factor)
+    log_r = log_ratio(logp, old_logp)
+    ratio = log_r.exp()
     # α = 0 leaves every bound at its base value (the switch-off of D)
     eps_low, eps_high = adaptive_clip(h, clip_low, clip_high, alpha=alpha if use_adaptive_clip else 0.0)
     if use_redistribution:
@@ -328,3 +335,33 @@ def hapo_loss(
         "hapo/redistributed_frac": masked_mean(redistributed.float(), mask).item(),
     })
     return loss, metrics
+
+
+def _hapo_loss_fused(logp, old_logp, adv, mask, h, *, clip_low, clip_high, clip_c, beta, alpha, agg,
+                     use_redistribution, behav_logp, behav_imp_weight_cap, loss_scale_factor):
+    """:func:`hapo_loss` through :func:`rlkit.core.fused.clip_loss`: D, C and their metrics per block of rows."""
+    _check_range("beta", beta, 0.0, 1.0)
+    adaptive_clip(h[:0], clip_low, clip_high, alpha=alpha)  # validates α and the clip ranges
+
+    def terms(rows: slice, r: Tensor, m: Tensor) -> fused.TokenTerms:
+        h_b = h[rows]
+        eps_low, eps_high = adaptive_clip(h_b, clip_low, clip_high, alpha=alpha)  # D
+        a = adv[rows]
+        moved = torch.zeros_like(h_b, dtype=torch.bool)
+        if use_redistribution:  # C, with D's bounds
+            a = redistribute_advantage(a, h_b, r, eps_low, eps_high, beta=beta)
+            moved = _redistributed(h_b, r, eps_low, eps_high)
+        dot = fused._dot
+        sums = torch.stack([dot(h_b, m), dot(h_b > 0, m), dot(eps_low, m), dot(eps_high, m), dot(moved, m)])
+        return fused.TokenTerms(a, eps_low, eps_high, sums)
+
+    out = fused.clip_loss(
+        logp, old_logp, adv, mask, clip_low=clip_low, clip_high=clip_high, clip_c=clip_c, agg=agg,
+        loss_scale_factor=loss_scale_factor, behav_logp=behav_logp, behav_imp_weight_cap=behav_imp_weight_cap,
+        token_hook=terms,
+    )
+    metrics = fused.policy_metrics(out.stats, behaviour=behav_logp is not None)
+    n = max(out.stats["tokens"], 1.0)
+    names = ("h_tilde/mean", "h_tilde/pos_frac", "clip_low/mean", "clip_high/mean", "redistributed_frac")
+    metrics.update({f"hapo/{k}": v / n for k, v in zip(names, out.sums)})
+    return out.loss, metrics
