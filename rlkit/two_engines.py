@@ -93,33 +93,29 @@ def pair(tiny: Run, verl: Run, quantity: Quantity) -> tuple[pd.Series, pd.Series
 
 
 def figure(tiny: Run, verl: Run, method: str, *, caption: str | None = None):
-    """One panel per quantity, the tiny engine's curve beside verl's; legend above the panels."""
-    import matplotlib.pyplot as plt
+    """One panel per quantity (three per row, the book's page width), the tiny engine's curve beside verl's; one
+    legend outside the data (in the last row's empty slot, or above the panels)."""
+    from rlkit.plots import add_caption, legend_outside, panels
 
     qs = quantities(method)
-    ncols = 4 if len(qs) > 6 else 3
-    nrows = -(-len(qs) // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(3.4 * ncols, 3.0 * nrows + 0.7), squeeze=False)
+    fig, axes, spare = panels(len(qs), ncols=3, height=2.7)
     color = COLORS.get(method, "#333333")
-    for ax, q in zip(axes.flat, qs):
+    for ax, q in zip(axes, qs):
         t, v = pair(tiny, verl, q)
         ax.plot(t.index, t.values, color=color, lw=1.8, marker="o" if len(t) <= 12 else None, ms=4,
-                label=ENGINES[0])
+                label=f"{method.upper()} · {ENGINES[0]}")
         ax.plot(v.index, v.values, color=color, lw=1.8, ls="--", marker="s" if len(v) <= 12 else None, ms=4,
-                mfc="white", label=ENGINES[1])
+                mfc="white", label=f"{method.upper()} · {ENGINES[1]}")
         if not len(v):
             ax.text(0.5, 0.5, "not logged by verl", transform=ax.transAxes, ha="center", color="#888888")
         ax.set_title(q.label, fontsize=10)
         ax.set_xlabel("RL step", fontsize=9)
+        ax.tick_params(labelsize=8)
         ax.grid(alpha=0.3)
-    for ax in axes.flat[len(qs):]:
-        ax.set_visible(False)
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, [f"{method.upper()} · {label}" for label in labels], loc="upper center", ncols=2,
-               frameon=False, fontsize=10)
-    fig.tight_layout(rect=(0, 0.04 if caption else 0, 1, 0.95))
+    fig.tight_layout()
+    legend_outside(fig, axes, spare)
     if caption:
-        fig.text(0.01, 0.005, caption, fontsize=7.5, color="#555555", wrap=True)
+        add_caption(fig, caption, fontsize=8)
     return fig
 
 

@@ -73,6 +73,8 @@ def test_figure_has_a_panel_per_quantity_and_the_legend_above(tmp_path):
     tiny = run({q.tiny[0]: list(np.linspace(0, 1, 5)) for q in two_engines.quantities("aspo")}, eval_size=200)
     verl = run({q.verl[0]: list(np.linspace(0, 1, 5)) for q in two_engines.quantities("aspo")})
     fig = two_engines.figure(tiny, verl, "aspo", caption="seed 0")
-    panels = [ax for ax in fig.axes if ax.get_visible()]
+    panels = [ax for ax in fig.axes if ax.lines]
     assert len(panels) == 7 and all(len(ax.lines) == 2 for ax in panels)
-    assert fig.legends and not any(ax.get_legend() for ax in panels)  # one legend, outside the data
+    legends = [ax.get_legend() for ax in fig.axes if ax.get_legend()] + list(fig.legends)
+    assert len(legends) == 1 and not any(ax.get_legend() for ax in panels)  # one legend, outside the data
+    assert fig.get_size_inches()[0] <= 9.0  # the book's page width: shown at ≥ 3/4 of its size
