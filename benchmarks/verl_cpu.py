@@ -29,7 +29,7 @@ from pathlib import Path
 import pandas as pd
 
 from rlkit.metrics import metrics_frame
-from rlkit.verl.launch import CPU_SAMPLES
+from rlkit.verl.presets import CPU_SAMPLES
 
 PHASES = [  # (label, verl's timing key, the tiny engine's)
     ("generation", "timing_s/gen", "timing_s/gen"),

@@ -3,7 +3,8 @@
 ``book/`` holds the hand-written pages (intro, papers, full-scale runs), ``_config.yml``, ``_toc.yml`` and
 ``references.bib``. :func:`build` copies each spec's executed notebook (its first seed's) from the results into
 ``<book>/notebooks/`` and runs ``jupyter-book build`` with warnings as errors; nothing is executed during the build
-(``execute_notebooks: off``), so the pages show exactly what ``rlkit reproduce`` computed.
+(``execute_notebooks: off``), so the pages show exactly what ``rlkit reproduce`` computed. The generated blocks
+of the hand-written *Full-scale runs* page (presets table, launch commands) come from :mod:`rlkit.book_pages`.
 
     rlkit book                                  # reproductions/results -> book/_build/html
     rlkit book --results /tmp/smoke --book /tmp/book-copy

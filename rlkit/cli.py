@@ -119,10 +119,11 @@ def _plot(args: argparse.Namespace) -> int:
 
 def _launch(args: argparse.Namespace) -> int:
     from rlkit.verl import launch
+    from rlkit.verl.presets import LaunchError
 
     try:
         return launch.main(args)
-    except launch.LaunchError as e:
+    except LaunchError as e:
         raise SystemExit(f"rlkit launch: {e}") from None
 
 
@@ -181,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="PNG path")
     p.set_defaults(func=_plot)
 
-    from rlkit.verl.launch import DATASETS, DEVICES, PRESETS  # light: verl itself is imported only to validate
+    from rlkit.verl.presets import DATASETS, DEVICES, PRESETS  # light: no verl or Hydra at import
 
     p = sub.add_parser("launch", help="a verl run (GPUs, or this machine's CPU): method preset → validated main_ppo")
     p.add_argument("--method", required=True, choices=list(PRESETS))

@@ -117,6 +117,7 @@ def test_missing_rollout_stack_names_the_install_command(monkeypatch):
 # ------------------------------------------------------------------------------------------------ the CPU preset
 from rlkit import cli  # noqa: E402
 from rlkit.verl import launch as L  # noqa: E402
+from rlkit.verl import presets as P  # noqa: E402
 
 
 @pytest.fixture
@@ -127,17 +128,17 @@ def cache(tmp_path, monkeypatch):
 
 
 @needs_vllm_cpu
-@pytest.mark.parametrize("method", L.METHODS)
+@pytest.mark.parametrize("method", P.METHODS)
 def test_cpu_preset_composes_and_validates(method, cache):
     p = L.plan(method, None, None, device="cpu", steps=7)
     cfg = L.check(p)  # builds the default model in the cache
-    batch = L.cpu_batch(method)
+    batch = P.cpu_batch(method)
     actor, rollout = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
     assert (cfg.data.train_batch_size, actor.ppo_mini_batch_size, rollout.n) == \
         (batch.prompts, batch.mini_batch, batch.n)
-    assert batch.prompts * batch.n == L.CPU_SAMPLES and batch.prompts // batch.mini_batch == L.CPU_UPDATES
-    assert cfg.algorithm.adv_estimator == L.PRESETS[method].keys["algorithm.adv_estimator"]
-    assert actor.policy_loss.loss_mode == L.PRESETS[method].keys["actor_rollout_ref.actor.policy_loss.loss_mode"]
+    assert batch.prompts * batch.n == P.CPU_SAMPLES and batch.prompts // batch.mini_batch == P.CPU_UPDATES
+    assert cfg.algorithm.adv_estimator == P.PRESETS[method].keys["algorithm.adv_estimator"]
+    assert actor.policy_loss.loss_mode == P.PRESETS[method].keys["actor_rollout_ref.actor.policy_loss.loss_mode"]
     assert actor.strategy == "fsdp2" and actor.fsdp_config.mixed_precision.param_dtype == "fp32"
     assert rollout.name == "vllm" and rollout.dtype == "float32" and cfg.trainer.total_training_steps == 7
     assert cfg.reward.custom_reward_function.reward_kwargs.rule == "digit"  # the untrained default model

@@ -17,9 +17,11 @@ pytest.importorskip("hydra")
 
 from omegaconf import OmegaConf  # noqa: E402
 
-from rlkit import cli  # noqa: E402
+from rlkit import book_pages, cli  # noqa: E402
 from rlkit.metrics import metrics_frame  # noqa: E402
+from rlkit.verl import compose as C  # noqa: E402
 from rlkit.verl import launch as L  # noqa: E402
+from rlkit.verl import presets as P  # noqa: E402
 
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 BOOK_PAGE = Path(__file__).resolve().parent.parent / "book" / "full_scale_runs.md"
@@ -41,18 +43,18 @@ _CHECKED: dict[tuple[str, str], tuple[L.Plan, object]] = {}
 def checked(method: str, dataset: str):
     """``(plan, composed config)`` of the book's run of ``method`` on ``dataset``, validated once."""
     if (method, dataset) not in _CHECKED:
-        model, gpus, nodes = L.BOOK_RUNS[dataset][method]
+        model, gpus, nodes = book_pages.BOOK_RUNS[dataset][method]
         p = L.plan(method, dataset, model, gpus=gpus, nodes=nodes)
         _CHECKED[method, dataset] = p, L.check(p)
     return _CHECKED[method, dataset]
 
 
-@pytest.mark.parametrize("dataset", list(L.BOOK_RUNS))
-@pytest.mark.parametrize("method", L.METHODS)
+@pytest.mark.parametrize("dataset", list(book_pages.BOOK_RUNS))
+@pytest.mark.parametrize("method", P.METHODS)
 def test_every_preset_composes_and_validates(method, dataset):
     """Each method on each dataset, with the model and GPUs the book's page shows."""
     p, cfg = checked(method, dataset)
-    preset, batch = L.PRESETS[method], L.scaled_batch(method, dataset, p.gpus * p.nodes)
+    preset, batch = P.PRESETS[method], P.scaled_batch(method, dataset, p.gpus * p.nodes)
     actor = cfg.actor_rollout_ref.actor
     assert cfg.algorithm.adv_estimator == preset.keys["algorithm.adv_estimator"]
     assert actor.policy_loss.loss_mode == preset.keys["actor_rollout_ref.actor.policy_loss.loss_mode"]
@@ -78,7 +80,7 @@ def test_paper_values_reach_verl():
     assert (cfg.data.train_batch_size, cfg.actor_rollout_ref.actor.ppo_mini_batch_size) == (512, 32)
     assert cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes == 32  # 32×A100
     cfg = checked("spo", "gsm8k")[1]  # one GPU
-    assert cfg.actor_rollout_ref.rollout.n == 1 and cfg.data.train_batch_size == L.GSM8K_SAMPLES_PER_GPU
+    assert cfg.actor_rollout_ref.rollout.n == 1 and cfg.data.train_batch_size == P.GSM8K_SAMPLES_PER_GPU
 
 
 # ------------------------------------------------------------------------------------------------ failures
@@ -97,7 +99,7 @@ def test_paper_values_reach_verl():
     (["trainer.logger=[console]"], "file"),
 ])
 def test_bad_override_fails_naming_it(extra, named):
-    with pytest.raises(L.LaunchError, match=named):
+    with pytest.raises(P.LaunchError, match=named):
         L.check(L.plan("gspo", "gsm8k", MODEL, gpus=2, extra=extra))
 
 
@@ -107,14 +109,14 @@ def test_bad_override_fails_naming_it(extra, named):
     ("aspo", "gsm8k", ["actor_rollout_ref.rollout.agent.default_agent_loop=tool_agnt"], "tool_agnt"),
 ])
 def test_method_specific_checks(method, dataset, extra, named):
-    with pytest.raises(L.LaunchError, match=named):
+    with pytest.raises(P.LaunchError, match=named):
         L.check(L.plan(method, dataset, MODEL, gpus=2, extra=extra))
 
 
 @pytest.mark.parametrize("method, dataset", [("ppo", "gsm8k"), ("grpo", "math")])
 def test_unknown_method_or_dataset_fails_naming_it(method, dataset, capsys):
     bad = method if method == "ppo" else dataset
-    with pytest.raises(L.LaunchError, match=f"'{bad}'.*valid"):
+    with pytest.raises(P.LaunchError, match=f"'{bad}'.*valid"):
         L.plan(method, dataset, MODEL, gpus=1)
     with pytest.raises(SystemExit):
         cli.main(_launch_args(method, dataset, "--dry-run"))
@@ -134,24 +136,24 @@ def test_dry_run_prints_the_composed_overrides(capsys):
     assert words[:3] == ["python", "-m", "verl.trainer.main_ppo"]
     p = L.plan("gspo", "gsm8k", MODEL, gpus=2, extra=extra)
     assert words[3:] == list(p.overrides)
-    printed = L.compose(words[3:])
+    printed = C.compose(words[3:])
     assert printed.trainer.total_epochs == 2 and printed.algorithm.gspo.variant == "token"
     assert sum(w.lstrip("+").startswith("trainer.total_epochs=") for w in words) == 1  # replaced in place
 
 
 def test_user_overrides_replace_the_preset_in_place():
     base = ["a.b=1", "+c.d=2", "e=3"]
-    merged = L.merge_overrides(base, ["c.d=5", "+a.b=7", "f=1", "~e"])
+    merged = C.merge_overrides(base, ["c.d=5", "+a.b=7", "f=1", "~e"])
     assert merged == ["a.b=7", "+c.d=5", "e=3", "f=1", "~e"]
-    with pytest.raises(L.LaunchError, match="'oops'"):
-        L.merge_overrides(base, ["oops"])
+    with pytest.raises(P.LaunchError, match="'oops'"):
+        C.merge_overrides(base, ["oops"])
 
 
 def test_values_round_trip_through_hydra():
     values = [True, None, 3, 1e-6, 3e-4, "Qwen/Qwen2.5-0.5B-Instruct", "a b", "x'y", "1.5", "true", "null",
               ["console", "file"], "/abs/path=odd,name", "${data.max_response_length}"]
-    probes = [f"+probe.v{i}={L.hydra_value(v)}" for i, v in enumerate(values)]
-    cfg = L.compose([*probes, "data.max_response_length=7"])
+    probes = [f"+probe.v{i}={C.hydra_value(v)}" for i, v in enumerate(values)]
+    cfg = C.compose([*probes, "data.max_response_length=7"])
     got = OmegaConf.to_container(cfg, resolve=True)["probe"]
     assert [got[f"v{i}"] for i in range(len(values))] == [*values[:-1], 7]
 
@@ -161,8 +163,8 @@ def _dotlist_config(p: L.Plan):
     return OmegaConf.from_dotlist([o.lstrip("+") for o in p.overrides if "${" not in o])
 
 
-@pytest.mark.parametrize("dataset", list(L.DATASETS))
-@pytest.mark.parametrize("method", L.METHODS)
+@pytest.mark.parametrize("dataset", list(P.DATASETS))
+@pytest.mark.parametrize("method", P.METHODS)
 @pytest.mark.parametrize("gpus, nodes", [(1, 1), (2, 1), (8, 1), (8, 2), (16, 1)])
 def test_batches_split_as_verl_requires(method, dataset, gpus, nodes):
     p = L.plan(method, dataset, MODEL, gpus=gpus, nodes=nodes)
@@ -172,21 +174,21 @@ def test_batches_split_as_verl_requires(method, dataset, gpus, nodes):
     prompts, mini, n = cfg.data.train_batch_size, arr.actor.ppo_mini_batch_size, arr.rollout.n
     assert (prompts * n) % world == 0  # verl validate_config: real_train_batch_size % n_gpus
     assert (mini * n) % world == 0  # engine_workers.train_mini_batch: mini_batch_size % dp_size
-    assert prompts % mini == 0 and prompts // mini == L.PRESETS[method].updates
+    assert prompts % mini == 0 and prompts // mini == P.PRESETS[method].updates
     assert gpus % arr.rollout.tensor_model_parallel_size == 0
     if dataset == "gsm8k":
-        assert prompts * n == L.GSM8K_SAMPLES_PER_GPU * world  # samples per GPU stay fixed
+        assert prompts * n == P.GSM8K_SAMPLES_PER_GPU * world  # samples per GPU stay fixed
     else:
-        assert prompts == L.PRESETS[method].dapo_prompts  # the paper's batch, whatever the GPU count
-    L.check_batch(cfg)
+        assert prompts == P.PRESETS[method].dapo_prompts  # the paper's batch, whatever the GPU count
+    C.check_batch(cfg)
 
 
 def test_a_gpu_count_that_cannot_split_the_papers_batch_is_refused():
     cfg = _dotlist_config(L.plan("aspo", "dapo", MODEL, gpus=8, nodes=4))  # 6 prompts × 8 over 32 GPUs
-    with pytest.raises(L.LaunchError, match=r"6 × 8 = 48 samples do not split over 32"):
-        L.check_batch(cfg)
-    with pytest.raises(L.LaunchError, match="do not split over 3 GPUs"):
-        L.check_batch(_dotlist_config(L.plan("grpo", "dapo", MODEL, gpus=3)))
+    with pytest.raises(P.LaunchError, match=r"6 × 8 = 48 samples do not split over 32"):
+        C.check_batch(cfg)
+    with pytest.raises(P.LaunchError, match="do not split over 3 GPUs"):
+        C.check_batch(_dotlist_config(L.plan("grpo", "dapo", MODEL, gpus=3)))
 
 
 # ------------------------------------------------------------------------------------------------ run
@@ -199,7 +201,7 @@ def test_metrics_land_where_rlkit_reads_them(tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)
     p = L.plan("grpo", "gsm8k", MODEL, gpus=1)
-    cfg = L.compose(p.overrides)
+    cfg = C.compose(p.overrides)
     Path(p.run_dir).mkdir(parents=True)
     env = cfg.ray_kwargs.ray_init.runtime_env.env_vars  # what Ray hands verl's trainer actor
     monkeypatch.setenv("VERL_FILE_LOGGER_PATH", env.VERL_FILE_LOGGER_PATH)
@@ -250,7 +252,7 @@ def test_run_checks_inputs_and_never_clobbers_metrics(tmp_path, monkeypatch):
 # ------------------------------------------------------------------------------------------------ the book
 def test_book_page_commands_are_todays_presets():
     text = BOOK_PAGE.read_text()
-    assert L.update_book_page(text) == text, "book/full_scale_runs.md is stale: regenerate (update_book_page)"
-    shown = {(m, d) for _, m, d in L._BLOCK.findall(text) if m}
-    assert shown == {(m, d) for d in L.BOOK_RUNS for m in L.METHODS}
+    assert book_pages.update_book_page(text) == text, "book/full_scale_runs.md is stale: regenerate (update_book_page)"
+    shown = {(m, d) for _, m, d in book_pages._BLOCK.findall(text) if m}
+    assert shown == {(m, d) for d in book_pages.BOOK_RUNS for m in P.METHODS}
     assert "<!-- rlkit presets -->" in text

@@ -4,7 +4,10 @@
   (loaded by verl itself through the ``verl.plugins`` entry point);
 - :mod:`rlkit.verl.trainer` is the trainer ``trainer.v1.trainer_mode=rlkit`` that carries what verl's
   estimator and loss signatures cannot (correctness and code positions, entropies, SPO's tracker and sampler);
-- :mod:`rlkit.verl.sampling` is HAPO's adaptive temperature as a vLLM v1 logits processor.
+- :mod:`rlkit.verl.sampling` is HAPO's adaptive temperature as a vLLM v1 logits processor;
+- :mod:`rlkit.verl.launch` is ``rlkit launch``: a method's preset (:mod:`rlkit.verl.presets`) composed with
+  verl's config and validated on CPU (:mod:`rlkit.verl.compose`), then run under a watchdog
+  (:mod:`rlkit.verl.runner`).
 
 The names below are importable without verl, so configs can be checked before verl is imported.
 """

@@ -54,7 +54,7 @@ GSM8K_SOURCE = "openai/gsm8k"
 GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 """verl's GSM8K instruction, appended to each question after a space (examples/data_preprocess/gsm8k.py)."""
 DAPO_TRAIN_FILE, DAPO_VAL_FILE = "train.parquet", "aime2024.parquet"
-"""File names :func:`prepare_dapo` writes (the ones :mod:`rlkit.verl.launch` reads)."""
+"""File names :func:`prepare_dapo` writes (the ones :mod:`rlkit.verl.presets` names)."""
 
 Sampler = Callable[[list[list[dict[str, str]]], int], list[list[str]]]
 """``sampler(chat_prompts, n) -> n response texts per prompt``, in order."""

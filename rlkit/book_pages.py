@@ -1,0 +1,92 @@
+"""The book's generated blocks: the presets table and commands of the *Full-scale runs* page.
+
+The page (``book/full_scale_runs.md``) is hand-written except between markers: ``<!-- rlkit presets -->``
+holds :func:`presets_table`, and each ``<!-- rlkit launch METHOD DATASET -->`` the ``rlkit launch`` line of that
+run (:data:`BOOK_RUNS`) and the ``main_ppo`` command it validates and runs (:func:`book_block`), each block
+ending at ``<!-- end -->``. :func:`update_book_page` re-renders them all from today's presets
+(:mod:`rlkit.verl.presets`) and plan (:func:`rlkit.verl.launch.plan`); a test fails when the page differs from
+it. Nothing here imports verl.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Sequence
+
+from rlkit.verl.launch import plan
+from rlkit.verl.presets import METHODS, PRESETS, dataset_spec, method_preset
+
+#: The runs the book's "Full-scale runs" page shows: dataset → method → (model, GPUs per node, nodes).
+BOOK_RUNS: dict[str, dict[str, tuple[str, int, int]]] = {
+    "gsm8k": {m: ("Qwen/Qwen2.5-0.5B-Instruct", 1, 1) for m in METHODS},  # one 80 GB GPU
+    "dapo": {
+        "grpo": ("Qwen/Qwen3-8B", 8, 1),  # SPO's GRPO baseline (method notes: SPO)
+        "gspo": ("Qwen/Qwen3-8B-Base", 8, 1),  # the paper's Qwen3-30B-A3B-Base is MoE: Megatron territory
+        "aspo": ("Qwen/Qwen3-8B", 8, 1),  # ASPO §4.1
+        "aepo": ("Qwen/Qwen3-4B", 8, 1),  # ARLArena's math trainer, 4B (method notes: AEPO)
+        "spo": ("Qwen/Qwen3-8B", 8, 1),  # SPO (method notes: SPO)
+        "hapo": ("Qwen/Qwen3-8B-Base", 8, 4),  # v1 Table 1's Qwen3 row, 32×A100 (method notes: HAPO)
+    },
+}
+
+
+def render_command(method: str, dataset: str, model: str | None = None, *, gpus: int | None = None,
+                   nodes: int | None = None, extra: Sequence[str] = ()) -> str:
+    """The ``rlkit launch`` line and the ``main_ppo`` command it runs (defaults: :data:`BOOK_RUNS`)."""
+    method_preset(method), dataset_spec(dataset)  # unknown names fail here, listing the valid ones
+    default_model, default_gpus, default_nodes = BOOK_RUNS[dataset][method]
+    model, gpus, nodes = model or default_model, gpus or default_gpus, nodes or default_nodes
+    p = plan(method, dataset, model, gpus=gpus, nodes=nodes, extra=extra)
+    launch = ["rlkit", "launch", "--method", method, "--dataset", dataset, "--model", model,
+              "--gpus", str(gpus)]
+    if nodes != 1:
+        launch += ["--nodes", str(nodes)]
+    if extra:
+        launch += ["--", *extra]
+    return " ".join(shlex.quote(w) for w in launch) + "\n" + p.shell(multiline=True)
+
+
+_BLOCK = re.compile(r"<!-- rlkit (presets|launch (\w+) (\w+)) -->\n.*?<!-- end -->", re.S)
+
+
+def presets_table() -> str:
+    """The page's table of presets: what each method sets, on DAPO-Math as in its paper."""
+    header = ["method", "`adv_estimator`", "`loss_mode`", "clip ε_low / ε_high / c", "loss aggregation",
+              "responses per prompt", "optimizer steps per batch", "DAPO-Math prompts per step",
+              "DAPO-Math max response", "DAPO mechanics", "tools"]
+    rows = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    actor = "actor_rollout_ref.actor."
+    for method, preset in PRESETS.items():
+        keys = {**preset.keys, **preset.dapo}
+        clip = " / ".join(f"{keys[actor + 'clip_ratio_' + k]:g}" for k in ("low", "high", "c"))
+        mechanics = [name for name, on in (
+            ("dynamic sampling", keys.get("algorithm.filter_groups.enable")),
+            ("overlong penalty", keys.get("reward.reward_manager.name") == "dapo")) if on]
+        cells = [method, keys["algorithm.adv_estimator"], keys[actor + "policy_loss.loss_mode"], clip,
+                 keys[actor + "loss_agg_mode"], preset.n, preset.updates, preset.dapo_prompts,
+                 f"{keys['data.max_response_length']:,}", ", ".join(mechanics) or "—",
+                 "Python sandbox" if preset.tools else "—"]
+        rows.append("| " + " | ".join(map(str, cells)) + " |")
+    return "<!-- rlkit presets -->\n" + "\n".join(rows) + "\n<!-- end -->"
+
+
+def book_block(method: str, dataset: str) -> str:
+    """The page's Markdown for one run: the launch line, and the ``main_ppo`` command in a dropdown."""
+    launch_line, _, command = render_command(method, dataset).partition("\n")
+    return (f"<!-- rlkit launch {method} {dataset} -->\n```bash\n{launch_line}\n```\n\n"
+            f":::{{dropdown}} The verl command it validates and runs\n```bash\n{command}\n```\n:::\n"
+            "<!-- end -->")
+
+
+def update_book_page(text: str) -> str:
+    """``text`` with its ``<!-- rlkit presets -->`` table and every ``<!-- rlkit launch METHOD DATASET -->``
+    block re-rendered from today's presets (the tests check that the book's page is up to date)::
+
+        python -c "from pathlib import Path; from rlkit.book_pages import update_book_page as u; \\
+                   p = Path('book/full_scale_runs.md'); p.write_text(u(p.read_text()))"
+    """
+    def render(match: re.Match) -> str:
+        return presets_table() if match.group(1) == "presets" else book_block(match.group(2), match.group(3))
+
+    return _BLOCK.sub(render, text)
