@@ -62,7 +62,8 @@ def tiny_run(steps: int, workdir: Path) -> tuple[pd.DataFrame, float]:
     """The tiny engine's GRPO on the verl run's batch shape and model size; its metrics and wall seconds."""
     import torch
 
-    from rlkit.tiny.rl import build_config, train
+    from rlkit.tiny.config import build_config
+    from rlkit.tiny.rl import train
 
     torch.set_num_threads(1)  # verl's processes run one thread each (OMP_NUM_THREADS=1)
     cfg = build_config("grpo", "cpu", {

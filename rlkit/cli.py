@@ -13,12 +13,17 @@ from rlkit import __version__
 
 
 def _methods(args: argparse.Namespace) -> int:
-    from rlkit.registry import get_advantage, get_policy_loss, list_methods
+    from rlkit.registry import get_advantage, get_method, get_policy_loss, list_methods
 
     names = list_methods()
     if args.json:
         print(json.dumps(names, indent=2))
         return 0
+    print("method:")
+    for name in names["method"]:
+        m = get_method(name)
+        print(f"  {name:<12} advantage {m.advantage}, policy loss {m.policy_loss}, "
+              f"settings {m.config.__module__}.{m.config.__qualname__}")
     for kind, getter in (("advantage", get_advantage), ("policy_loss", get_policy_loss)):
         print(f"{kind}:")
         for name in names[kind]:
@@ -29,7 +34,7 @@ def _methods(args: argparse.Namespace) -> int:
 
 
 def _overrides(items: list[str] | None) -> dict[str, str]:
-    from rlkit.tiny.rl import parse_sets
+    from rlkit.tiny.config import parse_sets
 
     try:
         return parse_sets(items)
@@ -38,7 +43,8 @@ def _overrides(items: list[str] | None) -> dict[str, str]:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from rlkit.tiny.rl import build_config, train
+    from rlkit.tiny.config import build_config
+    from rlkit.tiny.rl import train
 
     overrides = _overrides(args.set)
     overrides["seed"] = args.seed
@@ -61,8 +67,8 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
+    from rlkit.tiny.config import build_config
     from rlkit.tiny.hf import export_sft
-    from rlkit.tiny.rl import build_config
 
     try:
         sft = build_config("grpo", args.scale, _overrides(args.set)).sft
@@ -135,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the names as JSON")
     p.set_defaults(func=_methods)
 
-    from rlkit.tiny.rl import METHODS, SCALES  # light: no model is built at import
+    from rlkit.tiny.config import METHODS, SCALES  # light: no model is built at import
 
     p = sub.add_parser("train", help="run one method on the tiny CPU engine (SFT warm start, then RL)")
     p.add_argument("--method", required=True, choices=METHODS)

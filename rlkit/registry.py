@@ -1,24 +1,118 @@
-"""One registry of advantage estimators and policy losses, shared by the tiny trainer, the notebooks and the
-verl plugin (verl's own registries are filled from this one by ``rlkit.verl.plugin``).
+"""The one interface to every method: its advantage estimator and policy loss, called by name, with its ``Config``
+turned into keyword arguments in one place. The tiny trainer, the notebooks and the verl plugin all call through
+here (verl's own registries are filled from this one by ``rlkit.verl.plugin``).
 
-Names are registered by the method modules at import. Registering a name twice fails; asking for an
-unknown name lists the valid ones. Signatures differ by estimator (SPO's needs a tracker's baselines,
-ASPO's is a post-processor of another advantage): each registered function documents its own.
+- A **method** is a :class:`Method` record: its ``Config`` dataclass, the advantage estimator and the policy loss
+  it trains with (``register_method``).
+- An **advantage estimator** is ``fn(inputs: AdvantageInputs, *, <knobs>) -> Tensor``, the advantage ``(B, T)``.
+- A **policy loss** is ``fn(logp, old_logp, adv, mask, *, <knobs>, <inputs>) -> (loss, metrics)``.
+
+Knobs are keyword-only parameters named exactly like ``Config`` fields: :func:`kwargs_for` is the one place a
+``Config`` becomes keyword arguments. Each function is registered with its *home* method, whose ``Config`` holds
+its knobs (``grpo`` and ``ppo``: GRPO's). An estimator reads its home ``Config``; a policy loss reads its home
+``Config`` overlaid by the run's method's (SPO sets the PPO clip range it borrows from GRPO in ``spo.*``; ASPO,
+whose ``Config`` has no clip fields, trains with GRPO's). Inputs that are not knobs — the token ``entropy``,
+``behav_logp``, ``loss_scale_factor``, an estimator's ``estimate`` (another estimator on the same batch, for
+ASPO's base advantage) — go to the functions whose signatures name them.
+
+:func:`advantage` and :func:`policy_loss` are the dispatch by method name. Registering a name twice fails; an
+unknown name lists the valid ones.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TypeVar
+import dataclasses
+import functools
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    import torch
 
 F = TypeVar("F", bound=Callable)
 
 _ADVANTAGES: dict[str, Callable] = {}
 _POLICY_LOSSES: dict[str, Callable] = {}
+_HOMES: dict[tuple[str, str], str] = {}
+"""``(kind, name)`` of a registered function → its home method (the method whose ``Config`` holds its knobs)."""
+_METHODS: dict[str, Method] = {}
 _KINDS = {"advantage estimator": _ADVANTAGES, "policy loss": _POLICY_LOSSES}
 
+OPTIONAL_INPUTS = frozenset({"entropy"})
+"""Inputs a policy loss may leave out of its signature: it does not use them (losses without an entropy term)."""
 
-def _register(table: dict[str, Callable], kind: str, name: str) -> Callable[[F], F]:
+
+class MissingInputs(ValueError):
+    """A method needs inputs the caller did not give: ``names`` lists the missing per-response fields of
+    :class:`AdvantageInputs`, or for a loss without ``entropy`` the ``Config`` switches that need it."""
+
+    def __init__(self, who: str, names: list[str], what: str = "per-response ", hint: str = "") -> None:
+        self.who, self.names = who, list(names)
+        super().__init__(f"{who} needs {what}{', '.join(self.names)}{hint}")
+
+
+@dataclass(frozen=True)
+class AdvantageInputs:
+    """One batch of responses, as every advantage estimator receives it (``B`` responses, ``T`` tokens each).
+
+    Each estimator reads what it needs and fails with :class:`MissingInputs` naming what is absent.
+    """
+
+    rewards: torch.Tensor
+    """``(B,)`` one scalar reward per response."""
+    group_ids: Any
+    """``(B,)`` the prompt each response answers (any hashable ids: ints, strings, verl's ``uid``)."""
+    mask: torch.Tensor
+    """``(B, T)`` response mask (1 on the response's own tokens)."""
+    correct: Any = None
+    """``(B,)`` bool or 0/1: the response is correct (ASPO)."""
+    first_code_pos: Any = None
+    """``(B,)`` token index of the first code call, NaN or negative where there is none (ASPO)."""
+    lengths: Any = None
+    """``(B,)`` response lengths in the same token coordinates as ``first_code_pos`` (ASPO)."""
+    code_pass: Any = None
+    """``(B,)`` bool: the response's code ran successfully (ASPO's ``require_code_pass``)."""
+    baselines: Any = None
+    """``(B,)`` value baselines v̂, taken before the tracker's update (SPO)."""
+
+    def require(self, who: str, *names: str) -> None:
+        """Raise :class:`MissingInputs` naming those of ``names`` that are None."""
+        missing = [n for n in names if getattr(self, n) is None]
+        if missing:
+            raise MissingInputs(who, missing)
+
+
+@dataclass(frozen=True)
+class Method:
+    """A method: how a trainer runs it (the names of its functions) and the ``Config`` of its knobs."""
+
+    name: str
+    """The method's name (``--method``, ``RLConfig.<name>``, verl's ``+algorithm.<name>.*``)."""
+    config: type
+    """Its ``Config`` dataclass; field names are the keyword names of its functions (:func:`kwargs_for`)."""
+    advantage: str
+    """The registered advantage estimator it trains with (a ``Config`` field ``adv_estimator`` overrides it)."""
+    policy_loss: str
+    """The registered policy loss it trains with."""
+    entropy_switches: tuple[str, ...] = ()
+    """Boolean ``Config`` fields under which its loss needs the token entropies (AEPO's entropy advantage, HAPO's
+    redistribution and adaptive clip); trainers compute and pass ``entropy`` when one is on."""
+
+    def estimator(self, config: Any) -> str:
+        """The estimator a run uses: ``config.adv_estimator`` where the Config has it (HAPO's component B)."""
+        return getattr(config, "adv_estimator", None) or self.advantage
+
+    def needs_entropy(self, config: Any) -> bool:
+        """Whether the loss, with these settings, needs the token entropies."""
+        return any(getattr(config, name) for name in self.entropy_switches)
+
+
+# --------------------------------------------------------------------------- registration
+
+
+def _register(table: dict[str, Callable], kind: str, name: str, method: str | None) -> Callable[[F], F]:
     if not isinstance(name, str) or not name:
         raise ValueError(f"{kind} name must be a non-empty string, got {name!r}")
 
@@ -26,27 +120,62 @@ def _register(table: dict[str, Callable], kind: str, name: str) -> Callable[[F],
         if name in table:
             old = table[name]
             raise ValueError(f"{kind} {name!r} is already registered to {old.__module__}.{old.__qualname__}")
+        _keywords(fn)  # refuses a **kwargs catch-all: knobs must be named
         table[name] = fn
+        if method is not None:
+            _HOMES[(kind, name)] = method
         return fn
 
     return decorator
 
 
-def register_advantage(name: str) -> Callable[[F], F]:
-    """Decorator: register an advantage estimator under ``name`` (fails if the name is taken)."""
-    return _register(_ADVANTAGES, "advantage estimator", name)
+def register_advantage(name: str, *, method: str | None = None) -> Callable[[F], F]:
+    """Decorator: register ``fn(inputs: AdvantageInputs, *, knobs) -> Tensor`` as estimator ``name``.
+
+    ``method``: the home method whose ``Config`` holds its knobs.
+    """
+    return _register(_ADVANTAGES, "advantage estimator", name, method)
 
 
-def register_policy_loss(name: str) -> Callable[[F], F]:
-    """Decorator: register a policy loss ``(logp, old_logp, adv, mask, **kw) -> (loss, metrics)``."""
-    return _register(_POLICY_LOSSES, "policy loss", name)
+def register_policy_loss(name: str, *, method: str | None = None) -> Callable[[F], F]:
+    """Decorator: register ``fn(logp, old_logp, adv, mask, *, knobs) -> (loss, metrics)`` as policy loss ``name``.
+
+    ``method``: the home method whose ``Config`` holds its knobs.
+    """
+    return _register(_POLICY_LOSSES, "policy loss", name, method)
+
+
+def register_method(method: Method) -> Method:
+    """Register ``method``; fails if the name is taken. Its estimator and loss are looked up when it runs (they may
+    be registered by another method's module, imported later)."""
+    if method.name in _METHODS:
+        raise ValueError(f"method {method.name!r} is already registered (Config {_METHODS[method.name].config})")
+    if not (isinstance(method.config, type) and dataclasses.is_dataclass(method.config)):
+        raise TypeError(f"method {method.name!r}: config must be a dataclass type, got {method.config!r}")
+    fields = {f.name for f in dataclasses.fields(method.config)}
+    unknown = sorted(set(method.entropy_switches) - fields)
+    if unknown:
+        raise ValueError(f"method {method.name!r}: entropy switch(es) {', '.join(unknown)} are not Config fields")
+    _METHODS[method.name] = method
+    return method
+
+
+def unregister(name: str) -> None:
+    """Remove method ``name`` and the estimator and loss registered with it as their home (tests' toy methods)."""
+    _METHODS.pop(name, None)
+    for (kind, fn_name), home in list(_HOMES.items()):
+        if home == name:
+            del _KINDS[kind][fn_name], _HOMES[(kind, fn_name)]
+
+
+# --------------------------------------------------------------------------- lookup
 
 
 def _load_methods() -> None:
     import rlkit.methods  # noqa: F401  (importing the method modules fills the tables)
 
 
-def _get(table: dict[str, Callable], kind: str, name: str) -> Callable:
+def _lookup(table: dict[str, Any], kind: str, name: str) -> Any:
     _load_methods()
     try:
         return table[name]
@@ -56,15 +185,122 @@ def _get(table: dict[str, Callable], kind: str, name: str) -> Callable:
 
 def get_advantage(name: str) -> Callable:
     """The advantage estimator registered as ``name``."""
-    return _get(_ADVANTAGES, "advantage estimator", name)
+    return _lookup(_ADVANTAGES, "advantage estimator", name)
 
 
 def get_policy_loss(name: str) -> Callable:
     """The policy loss registered as ``name``."""
-    return _get(_POLICY_LOSSES, "policy loss", name)
+    return _lookup(_POLICY_LOSSES, "policy loss", name)
+
+
+def get_method(name: str) -> Method:
+    """The :class:`Method` registered as ``name``."""
+    return _lookup(_METHODS, "method", name)
 
 
 def list_methods() -> dict[str, list[str]]:
-    """Registered names: ``{"advantage": [...], "policy_loss": [...]}``, sorted."""
+    """Registered names: ``{"advantage": [...], "policy_loss": [...], "method": [...]}``, sorted."""
     _load_methods()
-    return {"advantage": sorted(_ADVANTAGES), "policy_loss": sorted(_POLICY_LOSSES)}
+    return {"advantage": sorted(_ADVANTAGES), "policy_loss": sorted(_POLICY_LOSSES), "method": sorted(_METHODS)}
+
+
+# --------------------------------------------------------------------------- Config → keyword arguments
+
+
+@functools.lru_cache(maxsize=None)
+def _signature(fn: Callable) -> tuple[frozenset[str], frozenset[str]]:
+    """``(keyword-only parameter names, other parameter names)`` of ``fn``."""
+    params = inspect.signature(fn).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        raise TypeError(f"{getattr(fn, '__qualname__', fn)} takes **kwargs: name each knob as a keyword-only parameter")
+    keyword = frozenset(p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY)
+    return keyword, frozenset(p.name for p in params if p.kind is not inspect.Parameter.KEYWORD_ONLY)
+
+
+def _keywords(fn: Callable) -> frozenset[str]:
+    return _signature(fn)[0]
+
+
+def kwargs_for(fn: Callable, config: Any) -> dict[str, Any]:
+    """The fields of ``config`` that are keyword-only parameters of ``fn``, by name: the one place a method's
+    ``Config`` becomes keyword arguments.
+
+    Fields ``fn`` does not take are left out (a ``Config`` also holds the knobs of the method's other functions and
+    of its trainer), and so are positional parameters (a function's data, not knobs). ``config`` None gives ``{}``.
+    Refused: a ``config`` that is not a dataclass instance, and an ``fn`` with ``**kwargs`` (its knobs have no
+    names to match).
+    """
+    if config is None:
+        return {}
+    if not dataclasses.is_dataclass(config) or isinstance(config, type):
+        raise TypeError(f"config must be a dataclass instance (a method's Config), got {type(config).__name__}")
+    keyword = _keywords(fn)
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name in keyword}
+
+
+def config_for(method: str, configs: Mapping[str, Any] | None) -> Any:
+    """``configs[method]``, or the method's ``Config()`` defaults when ``configs`` has none for it."""
+    config = (configs or {}).get(method)
+    return config if config is not None else get_method(method).config()
+
+
+def _knobs(kind: str, name: str, configs: Mapping[str, Any] | None, *methods: str) -> dict[str, Any]:
+    """Knobs of the ``kind`` function ``name`` from its home method's Config, then ``methods``' (later ones win)."""
+    fn = _KINDS[kind][name]
+    kwargs: dict[str, Any] = {}
+    for method in dict.fromkeys((_HOMES.get((kind, name)), *methods)):
+        if method is not None and (method in _METHODS or (configs or {}).get(method) is not None):
+            kwargs.update(kwargs_for(fn, config_for(method, configs)))
+    return kwargs
+
+
+# --------------------------------------------------------------------------- dispatch
+
+
+def estimate(name: str, inputs: AdvantageInputs, configs: Mapping[str, Any] | None = None) -> torch.Tensor:
+    """Advantage estimator ``name`` on ``inputs`` with the knobs of its home method's Config from ``configs``
+    (method name → Config; missing ones are the defaults)."""
+    fn = get_advantage(name)
+    kwargs = _knobs("advantage estimator", name, configs)
+    if "estimate" in _keywords(fn):  # a post-processor of another estimator's advantage (ASPO)
+        kwargs["estimate"] = lambda other: estimate(other, inputs, configs)
+    return fn(inputs, **kwargs)
+
+
+def advantage(method: str, inputs: AdvantageInputs, configs: Mapping[str, Any] | None = None) -> torch.Tensor:
+    """The advantage ``(B, T)`` of ``method``'s estimator (:meth:`Method.estimator`) on ``inputs``.
+
+    ``configs``: method name → its ``Config`` (the tiny engine's ``RLConfig.method_configs``, the verl trainer's
+    ``algorithm.<method>`` sections); a method missing from it runs with its ``Config`` defaults.
+    """
+    return estimate(get_method(method).estimator(config_for(method, configs)), inputs, configs)
+
+
+def policy_loss(method: str, logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
+                configs: Mapping[str, Any] | None = None, **inputs: Any) -> tuple[torch.Tensor, dict[str, float]]:
+    """``method``'s policy loss → ``(loss, metrics)``, knobs from its home Config overlaid by ``method``'s.
+
+    ``inputs`` (``entropy``, ``behav_logp``, ``loss_scale_factor``, ...) go to the loss when its signature names
+    them; one it does not name must be None or in :data:`OPTIONAL_INPUTS`. A loss whose entropy switches are on
+    (:meth:`Method.needs_entropy`) without ``entropy`` raises :class:`MissingInputs`.
+    """
+    m = get_method(method)
+    fn = get_policy_loss(m.policy_loss)
+    config = config_for(method, configs)
+    if inputs.get("entropy") is None and m.needs_entropy(config):
+        on = [name for name in m.entropy_switches if getattr(config, name)]
+        raise MissingInputs(f"{method}'s loss", on, what="the token entropies (entropy=...) for ",
+                            hint=f" (switch {'them' if len(on) > 1 else 'it'} off to run without)")
+    keyword, positional = _signature(fn)
+    taken = keyword | positional
+    refused = sorted(k for k, v in inputs.items() if k not in taken and v is not None and k not in OPTIONAL_INPUTS)
+    if refused:
+        raise TypeError(f"policy loss {m.policy_loss!r} takes no {', '.join(refused)}")
+    kwargs = loss_kwargs(method, configs)
+    kwargs.update({k: v for k, v in inputs.items() if k in taken})
+    return fn(logp, old_logp, adv, mask, **kwargs)
+
+
+def loss_kwargs(method: str, configs: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The knobs :func:`policy_loss` passes to ``method``'s loss: its home Config's overlaid by ``method``'s."""
+    return _knobs("policy loss", get_method(method).policy_loss, configs, method)

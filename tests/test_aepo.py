@@ -338,6 +338,11 @@ def test_advantage_unchanged_for_constant_entropy(batch, level, coef):
 
 def test_registered_and_per_sequence_advantage_broadcasts():
     assert get_policy_loss("aepo") is aepo_loss
+    b0 = make_batch(12, noise=0.5)
+    h0 = torch.rand(b0["mask"].shape, dtype=D, generator=b0["gen"])
+    clip_only, _ = aepo_loss(b0["logp"], b0["old_logp"], b0["adv"], b0["mask"])
+    ignored, _ = aepo_loss(b0["logp"], b0["old_logp"], b0["adv"], b0["mask"], entropy=h0, use_entropy_advantage=False)
+    assert torch.equal(ignored, clip_only)  # the switch ignores the entropy: the released scripts' clip-only form
     b = make_batch(11, noise=0.5)
     entropy = torch.rand(b["mask"].shape, dtype=D, generator=b["gen"])
     seq_adv = b["adv"][:, 0]

@@ -12,10 +12,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlkit.methods.aspo import Config, aspo_metrics, aspo_shape
+from conftest import make_batch, make_groups
+from rlkit.methods.aspo import Config, aspo_estimator, aspo_metrics, aspo_shape
+from rlkit.methods.grpo import Config as GRPOConfig
 from rlkit.methods.grpo import grpo_advantage
-from rlkit.registry import get_advantage
-from rlkit.tasks.tools import CodeDetection
+from rlkit.registry import AdvantageInputs, MissingInputs, advantage, get_advantage
 
 NAN = float("nan")
 
@@ -349,12 +350,31 @@ def test_aspo_validation():
 
 
 def test_aspo_is_registered_and_config_mirrors_the_recipe():
-    assert get_advantage("aspo") is aspo_shape
+    assert get_advantage("aspo") is aspo_estimator
     cfg = Config()
-    assert (cfg.enabled, cfg.delta, cfg.k, cfg.require_code_pass) == (True, -2.0, 0.7, False)
-    names = {f.name for f in dataclasses.fields(cfg.code_detection)}
-    assert {"prefer_structured_tool_calls", "markdown_backticks", "html_code_tags"} <= names
-    assert cfg.code_detection == CodeDetection()
+    assert (cfg.enabled, cfg.delta, cfg.k, cfg.require_code_pass, cfg.base_advantage) == (
+        True, -2.0, 0.7, False, "grpo")
+    # the verl trainer's code detection is not a method setting (rlkit.verl.plugin's algorithm.aspo.code_detection)
+    assert "code_detection" not in {f.name for f in dataclasses.fields(cfg)}
+
+
+def test_estimator_shapes_its_base_advantage_through_the_registry():
+    b = make_batch(5)
+    B = len(b["mask"])
+    ids, rewards = make_groups(5, B)
+    g = torch.Generator().manual_seed(5)
+    lengths = b["mask"].sum(-1)
+    pos = torch.where(torch.rand(B, generator=g) < 0.6, torch.floor(torch.rand(B, generator=g) * lengths), -1.0)
+    passed = torch.rand(B, generator=g) < 0.7
+    inputs = AdvantageInputs(rewards, ids, b["mask"], correct=rewards > 0, first_code_pos=pos,
+                             lengths=lengths, code_pass=passed)
+    base = grpo_advantage(rewards, ids, b["mask"], eps=1e-4)
+    configs = {"aspo": Config(delta=-2.5, k=0.9, require_code_pass=True), "grpo": GRPOConfig(eps=1e-4)}
+    expected = aspo_shape(base, ids, rewards > 0, pos, lengths, delta=-2.5, k=0.9, code_pass=passed, mask=b["mask"])
+    assert torch.equal(advantage("aspo", inputs, configs), expected)
+    assert torch.equal(advantage("aspo", inputs, {**configs, "aspo": Config(enabled=False)}), base)
+    with pytest.raises(MissingInputs, match="aspo needs per-response correct, first_code_pos, lengths"):
+        advantage("aspo", AdvantageInputs(rewards, ids, b["mask"]), configs)
 
 
 def test_aspo_metrics_by_hand():

@@ -18,9 +18,9 @@ from conftest import make_batch, make_groups
 from rlkit.methods.grpo import ppo_clip_loss
 from rlkit.methods.hapo import (
     Config, EntropyStats, adaptive_clip, adaptive_temperature, entropy_stats, hapo_loss, normalized_entropy,
-    redistribute_advantage, tlga_advantage,
+    redistribute_advantage, tlga_advantage, tlga_estimator,
 )
-from rlkit.registry import get_advantage, get_policy_loss
+from rlkit.registry import get_advantage, get_policy_loss, kwargs_for
 
 D = torch.float64
 S3 = math.sqrt(3.0)
@@ -69,7 +69,7 @@ def test_pivot_is_torch_quantile_nearest():
         mask = torch.ones_like(ent)
         for pivot in (0.0, 0.1, 0.25, 0.5, 0.7, 0.8, 1.0):
             ref = torch.quantile(ent.log().flatten(), pivot, interpolation="nearest")
-            assert entropy_stats(ent, mask, pivot=pivot).median.item() == ref.item()
+            assert entropy_stats(ent, mask, entropy_pivot=pivot).median.item() == ref.item()
 
 
 def test_degenerate_statistics_stay_finite():
@@ -103,13 +103,13 @@ def test_adaptive_temperature_by_hand():
     logits[2, 0] = 100.0  # row 2: one token, H ≈ 0 → ℓ ≤ log 1e-8 after the clamp
     stats = unit_stats(scale_pos=0.5, scale_neg=-0.25)  # pivot 0, std 1 → h = ℓ = log H
     l0, l1 = math.log(math.log(16)), math.log(math.log(2))  # 1.0198 > 0 (hot row), −0.3665 < 0 (cold row)
-    T = adaptive_temperature(logits, 2.0, stats, tau=0.05)
+    T = adaptive_temperature(logits, 2.0, stats, temperature_tau=0.05)
     # T·(1 + τ·h̃): h̃ = 0.5·ℓ for the hot row, 0.25·ℓ (ℓ < 0) for the cold ones, clamped at −1 for row 2
     expected = [2 * (1 + 0.05 * 0.5 * l0), 2 * (1 + 0.05 * 0.25 * l1), 2 * (1 - 0.05)]
     torch.testing.assert_close(T, torch.tensor(expected, dtype=torch.float32))  # float32 like the entropies
     assert T[0] > 2.0 > T[1] > T[2]
     # released sign: the cold row gets h̃ = −0.25·ℓ > 0, so it samples hotter too
-    T_rel = adaptive_temperature(logits, 2.0, stats, tau=0.05, release_compat=True)
+    T_rel = adaptive_temperature(logits, 2.0, stats, temperature_tau=0.05, release_compat=True)
     assert T_rel[1].item() == pytest.approx(2 * (1 - 0.05 * 0.25 * l1)) and T_rel[1] > 2.0
     assert T_rel[2].item() == pytest.approx(2 * 1.05)  # the most certain token samples hottest
 
@@ -119,7 +119,7 @@ def test_adaptive_temperature_without_stats_and_per_row_base():
     assert torch.equal(adaptive_temperature(logits, 0.7, None), torch.full((3,), 0.7))
     base = torch.tensor([0.5, 1.0, 2.0])
     assert torch.equal(adaptive_temperature(logits, base, None), base)
-    T = adaptive_temperature(torch.zeros(3, 5), base, unit_stats(), tau=0.1)  # uniform: ℓ = log log 5 > 0
+    T = adaptive_temperature(torch.zeros(3, 5), base, unit_stats(), temperature_tau=0.1)  # uniform: ℓ = log log 5 > 0
     torch.testing.assert_close(T, base * (1 + 0.1 * math.log(math.log(5))))
 
 
@@ -208,7 +208,7 @@ def test_redistribute_truth_table():
     # h̃>0 inside → A | h̃>0 outside → A·1.5 | h̃≤0 inside → A·0.5 | h̃≤0 outside → A | h̃=0: factor 1
     torch.testing.assert_close(out, torch.tensor([[2.0, 3.0, 1.0, 2.0, 2.0, -2.0]], dtype=D))
     # β scales the change: 1 ± 0.25·0.5
-    out = redistribute_advantage(adv, h, ratio, 0.2, 0.28, beta=0.25)
+    out = redistribute_advantage(adv, h, ratio, 0.2, 0.28, adv_beta=0.25)
     torch.testing.assert_close(out[0, :4], torch.tensor([2.0, 2.25, 1.75, 2.0], dtype=D))
 
 
@@ -231,7 +231,7 @@ def test_adaptive_clip_moves_bounds_in_the_stated_direction():
     # ε_L(1 − h̃) only where h̃ ≤ 0; ε_R(1 + h̃) only where h̃ > 0
     torch.testing.assert_close(lo, torch.tensor([0.4, 0.3, 0.2, 0.2, 0.2], dtype=D))
     torch.testing.assert_close(hi, torch.tensor([0.28, 0.28, 0.28, 0.42, 0.56], dtype=D))
-    lo, hi = adaptive_clip(h, 0.2, 0.28, alpha=0.5)
+    lo, hi = adaptive_clip(h, 0.2, 0.28, clip_alpha=0.5)
     torch.testing.assert_close(lo, torch.tensor([0.3, 0.25, 0.2, 0.2, 0.2], dtype=D))
     torch.testing.assert_close(hi, torch.tensor([0.28, 0.28, 0.28, 0.35, 0.42], dtype=D))
     # the released sign makes every h̃ ≥ 0: ε_L never moves and ε_R widens for every non-pivot token
@@ -281,7 +281,7 @@ def test_hapo_loss_equals_ppo_when_hapo_is_off(seeds):
         ref, ref_m = ppo_clip_loss(logp, b["old_logp"], b["adv"], b["mask"], clip_low=0.2, clip_high=0.28,
                                    clip_c=clip_c)
         (ref_g,) = torch.autograd.grad(ref, logp)
-        for kw in ({"beta": 0.0, "alpha": 0.0}, {"use_redistribution": False, "use_adaptive_clip": False}):
+        for kw in ({"adv_beta": 0.0, "clip_alpha": 0.0}, {"use_redistribution": False, "use_adaptive_clip": False}):
             got, m = hapo_loss(logp, b["old_logp"], b["adv"], b["mask"], entropy=entropy, clip_low=0.2,
                                clip_high=0.28, clip_c=clip_c, **kw)
             (g,) = torch.autograd.grad(got, logp)
@@ -311,15 +311,16 @@ def test_config_defaults_and_registry():
     assert (cfg.entropy_pivot, cfg.temperature_tau, cfg.adv_beta, cfg.clip_alpha) == (0.8, 0.05, 1.0, 1.0)
     assert (cfg.clip_low, cfg.clip_high, cfg.clip_c, cfg.agg) == (0.2, 0.28, 10.0, "token-mean")
     assert (cfg.fallback_threshold, cfg.temperature, cfg.release_compat) == (5.0, 1.0, False)
-    loss_defaults = inspect.signature(hapo_loss).parameters
-    for field, param in [("clip_low", "clip_low"), ("clip_high", "clip_high"), ("clip_c", "clip_c"),
-                         ("adv_beta", "beta"), ("clip_alpha", "alpha"), ("entropy_pivot", "pivot"),
-                         ("agg", "agg"), ("release_compat", "release_compat")]:
-        assert loss_defaults[param].default == getattr(cfg, field), field
-    assert inspect.signature(adaptive_temperature).parameters["tau"].default == cfg.temperature_tau
-    tlga_defaults = inspect.signature(tlga_advantage).parameters
-    assert tlga_defaults["fallback_threshold"].default == cfg.fallback_threshold
-    assert get_advantage(cfg.adv_estimator) is tlga_advantage
+    # one name per knob: every Config field a function takes has the Config's default there
+    for fn in (hapo_loss, tlga_advantage, tlga_estimator, entropy_stats, adaptive_temperature, adaptive_clip,
+               redistribute_advantage):
+        params = inspect.signature(fn).parameters
+        for field, value in kwargs_for(fn, cfg).items():
+            assert params[field].default == value, (fn.__name__, field)
+    assert set(kwargs_for(hapo_loss, cfg)) == {"clip_low", "clip_high", "clip_c", "adv_beta", "clip_alpha",
+                                               "entropy_pivot", "agg", "release_compat", "use_redistribution",
+                                               "use_adaptive_clip"}
+    assert get_advantage(cfg.adv_estimator) is tlga_estimator
     assert get_policy_loss("hapo") is hapo_loss
 
 
@@ -329,12 +330,12 @@ def test_validation_errors():
     ent = torch.rand(2, 3)
     with pytest.raises(ValueError, match="mask is empty"):
         entropy_stats(ent, torch.zeros(2, 3))
-    with pytest.raises(ValueError, match="pivot"):
-        entropy_stats(ent, mask, pivot=1.5)
+    with pytest.raises(ValueError, match="entropy_pivot"):
+        entropy_stats(ent, mask, entropy_pivot=1.5)
     with pytest.raises(ValueError, match="entropy has shape"):
         entropy_stats(ent[:, :2], mask)
-    with pytest.raises(ValueError, match="tau"):
-        adaptive_temperature(torch.randn(2, 4), 1.0, unit_stats(), tau=1.0)
+    with pytest.raises(ValueError, match="temperature_tau"):
+        adaptive_temperature(torch.randn(2, 4), 1.0, unit_stats(), temperature_tau=1.0)
     with pytest.raises(ValueError, match="must broadcast"):
         adaptive_temperature(torch.randn(2, 4), torch.ones(2, 1), None)
     with pytest.raises(ValueError, match="temperature must be > 0"):
@@ -345,10 +346,10 @@ def test_validation_errors():
         tlga_advantage(torch.ones(2), [0, 0, 1], mask)
     with pytest.raises(ValueError, match="fallback_threshold"):
         tlga_advantage(torch.ones(2), [0, 0], mask, fallback_threshold=0.0)
-    with pytest.raises(ValueError, match="beta"):
-        redistribute_advantage(mask, mask, mask, 0.2, 0.2, beta=1.5)
-    with pytest.raises(ValueError, match="alpha"):
-        adaptive_clip(ent, 0.2, 0.2, alpha=-1.0)
+    with pytest.raises(ValueError, match="adv_beta"):
+        redistribute_advantage(mask, mask, mask, 0.2, 0.2, adv_beta=1.5)
+    with pytest.raises(ValueError, match="clip_alpha"):
+        adaptive_clip(ent, 0.2, 0.2, clip_alpha=-1.0)
     with pytest.raises(ValueError, match="clip ranges"):
         adaptive_clip(ent, -0.2, 0.2)
     with pytest.raises(ValueError, match="needs the token entropies"):
@@ -386,7 +387,7 @@ def entropy_batches(draw, min_valid: int = 1):
 @given(entropy_batches(), st.lists(entropies, min_size=1, max_size=8), st.floats(0.0, 1.0), st.booleans())
 def test_h_tilde_in_range_and_sign_follows_the_pivot(batch, others, pivot, release_compat):
     ent, mask = batch
-    s = entropy_stats(ent, mask, pivot=pivot)
+    s = entropy_stats(ent, mask, entropy_pivot=pivot)
     h = normalized_entropy(ent, s, release_compat=release_compat)
     out_of_batch = torch.tensor(others, dtype=D)
     h_other = normalized_entropy(out_of_batch, s, release_compat=release_compat)
@@ -409,7 +410,7 @@ def test_adaptive_temperature_stays_in_band(batch, seed, T, tau, release_compat)
     logits = 10 * torch.randn(5, 11, generator=g, dtype=D)
     logits[0] = 0.0  # the maximum entropy row
     logits[1, 0] = 1e4  # a (numerically) zero-entropy row
-    temp = adaptive_temperature(logits, T, s, tau=tau, release_compat=release_compat)
+    temp = adaptive_temperature(logits, T, s, temperature_tau=tau, release_compat=release_compat)
     assert temp.shape == (5,)
     slack = 1e-6 * T  # the result is float32 (entropies are computed in float32): a few roundings of 6e-8
     assert (temp >= T * (1 - tau) - slack).all() and (temp <= T * (1 + tau) + slack).all()
@@ -446,8 +447,8 @@ def test_hapo_loss_finite_for_finite_inputs(
     logp = (-30 * torch.rand(ent.shape, generator=g, dtype=D)).requires_grad_()
     old_logp = -30 * torch.rand(ent.shape, generator=g, dtype=D)
     adv = 10 * torch.randn(ent.shape, generator=g, dtype=D)
-    loss, metrics = hapo_loss(logp, old_logp, adv, mask, entropy=ent, beta=beta, alpha=alpha, clip_c=clip_c,
-                              release_compat=release_compat, use_redistribution=redistribute,
+    loss, metrics = hapo_loss(logp, old_logp, adv, mask, entropy=ent, adv_beta=beta, clip_alpha=alpha,
+                              clip_c=clip_c, release_compat=release_compat, use_redistribution=redistribute,
                               use_adaptive_clip=adapt)
     (grad,) = torch.autograd.grad(loss, logp)
     assert math.isfinite(loss.item()) and torch.isfinite(grad).all()

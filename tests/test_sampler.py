@@ -193,7 +193,7 @@ def test_hapo_adaptive_temperature_plugs_in():
     first = sample(model, TOK, prompts, max_new_tokens=20, generator=torch.Generator().manual_seed(0))
     stats = entropy_stats(first.entropy, first.mask)
     r = sample(model, TOK, prompts, max_new_tokens=20, generator=torch.Generator().manual_seed(1),
-               temperature_fn=lambda z: adaptive_temperature(z, 1.0, stats, tau=0.3))
+               temperature_fn=lambda z: adaptive_temperature(z, 1.0, stats, temperature_tau=0.3))
     t = r.temperature[r.mask.bool()]
     assert t.std() > 0 and (t >= 0.7 - 1e-6).all() and (t <= 1.3 + 1e-6).all()
 

@@ -15,8 +15,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlkit.methods.spo import Config, PromptSampler, ValueTracker, spo_advantage, spo_divergence, spo_rho
-from rlkit.registry import get_advantage
+from rlkit.methods.spo import (
+    Config, PromptSampler, ValueTracker, spo_advantage, spo_divergence, spo_estimator, spo_rho,
+)
+from rlkit.registry import AdvantageInputs, MissingInputs, get_advantage
 
 F64 = torch.float64
 RHO_01 = 2.0**-0.1  # 2^(−0.006/0.06) = 0.933033, inside the default clip window [0.875, 0.96]
@@ -165,7 +167,18 @@ def test_spo_advantage_by_hand():
     b = spo_advantage(torch.tensor([1.0, 0.0]), torch.tensor([0.5, 0.5]), mask=mask)
     s = 0.5 / (math.sqrt(0.5) + 1e-8)  # A = ±.5, unbiased std = √((.25 + .25)/1) = √.5 → ±.7071
     torch.testing.assert_close(b, torch.tensor([[s, s], [-s, 0.0]]))
-    assert get_advantage("spo") is spo_advantage
+    assert get_advantage("spo") is spo_estimator
+
+
+def test_estimator_reads_the_baselines_or_zeros_them():
+    rewards, baselines, mask = torch.tensor([1.0, 0.0, 1.0]), torch.tensor([0.2, 0.6, 0.9], dtype=F64), torch.ones(3, 2)
+    inputs = AdvantageInputs(rewards, [0, 1, 2], mask, baselines=baselines)
+    assert torch.equal(spo_estimator(inputs, adv_eps=1e-6), spo_advantage(rewards, baselines, adv_eps=1e-6, mask=mask))
+    ablation = spo_advantage(rewards, torch.zeros(3, dtype=F64), mask=mask)  # the paper's App. F: v̂ = 0
+    assert torch.equal(spo_estimator(inputs, no_baseline=True), ablation)
+    assert torch.equal(spo_estimator(AdvantageInputs(rewards, [0, 1, 2], mask), no_baseline=True), ablation)
+    with pytest.raises(MissingInputs, match="spo needs per-response baselines"):
+        spo_estimator(AdvantageInputs(rewards, [0, 1, 2], mask))
 
 
 def test_config_defaults_are_the_recipes():
@@ -559,7 +572,7 @@ def test_bad_advantage_inputs_raise():
         spo_advantage(torch.ones(2, 3), torch.ones(2, 3))
     with pytest.raises(ValueError, match=r"must be \(B,\) with B ≥ 1"):
         spo_advantage(torch.ones(0), torch.ones(0))
-    with pytest.raises(ValueError, match="eps must be ≥ 0"):
-        spo_advantage(torch.ones(2), torch.ones(2), eps=-1.0)
+    with pytest.raises(ValueError, match="adv_eps must be ≥ 0"):
+        spo_advantage(torch.ones(2), torch.ones(2), adv_eps=-1.0)
     with pytest.raises(ValueError, match="mask has 3 rows for 2 rewards"):
         spo_advantage(torch.ones(2), torch.zeros(2), mask=torch.ones(3, 4))

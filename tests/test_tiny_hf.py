@@ -128,7 +128,7 @@ def test_rlkit_export_writes_the_sft_start(tmp_path, monkeypatch, capsys):
     from transformers import AutoModelForCausalLM
 
     from rlkit import cli
-    from rlkit.tiny.rl import build_config
+    from rlkit.tiny.config import build_config
     from rlkit.tiny.sft import warm_start
 
     monkeypatch.setenv("RLKIT_CACHE", str(tmp_path / "cache"))

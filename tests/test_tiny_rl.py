@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from rlkit.metrics import read_metrics
-from rlkit.tiny.rl import METHODS, build_config, set_field, train
+from rlkit.tiny.config import METHODS, build_config, set_field
+from rlkit.tiny.rl import train
 
 COMMON = {"critic/score/mean", "response_length/mean", "actor/entropy", "actor/pg_loss", "actor/pg_clipfrac",
           "adv/zero_frac", "perf/throughput", "timing_s/step", "aspo/first_code_pos/mean", "aspo/code_ratio",

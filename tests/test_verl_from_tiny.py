@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("verl")
 
 from rlkit import cli  # noqa: E402
-from rlkit.tiny.rl import METHODS, build_config  # noqa: E402
+from rlkit.tiny.config import METHODS, build_config  # noqa: E402
 from rlkit.verl import VERL_OWNED, from_tiny  # noqa: E402
 from rlkit.verl import launch as L  # noqa: E402
 
@@ -45,7 +45,7 @@ def test_overrides_carry_the_tiny_runs_settings(method):
     options = getattr(cfg, method)
     for f in dataclasses.fields(options):  # every option the tiny run has that verl does not own
         key = f"+algorithm.{method}.{f.name}"
-        if f.name in VERL_OWNED or f.name == "code_detection" or (method == "aspo" and f.name == "base_advantage"):
+        if f.name in VERL_OWNED or (method == "aspo" and f.name == "base_advantage"):
             assert key not in keys
         elif not dataclasses.is_dataclass(getattr(options, f.name)):
             value = getattr(options, f.name)

@@ -119,8 +119,9 @@ def test_method_config_reads_the_config_field_names():
                                                                  "result_fences": ["output", "stdout"]}},
             "hapo": {"temperature_tau": 0.1, "stats_path": "/x/stats.json"}}
     cfg, extras = plugin.method_config(algo, "aspo")
-    assert (cfg.delta, cfg.k) == (-2.5, 0.9) and extras == {}
-    assert cfg.code_detection == CodeDetection(markdown_backticks=False, result_fences=("output", "stdout"))
+    assert (cfg.delta, cfg.k) == (-2.5, 0.9)
+    assert extras == {"code_detection": CodeDetection(markdown_backticks=False, result_fences=("output", "stdout"))}
+    assert plugin.method_config({}, "aspo")[1] == {"code_detection": None}  # None: every detector (the default)
     cfg, extras = plugin.method_config(algo, "hapo")
     assert cfg.temperature_tau == 0.1 and extras == {"stats_path": "/x/stats.json"}
     assert plugin.method_config(None, "spo") == (spo.Config(), {"offline_values": None})
@@ -225,8 +226,8 @@ def test_rlkit_hapo_equals_rlkit_with_entropies_and_options():
         ours = loss_and_grad(lambda lp: fn(b["old_logp"], lp, b["adv"], b["mask"], "token-mean", cfg, entropy=h,
                                            options=opts), b["logp"])
         ref = loss_and_grad(lambda lp: hapo.hapo_loss(lp, b["old_logp"], b["adv"], b["mask"], entropy=h, clip_low=0.2,
-                                                      clip_high=0.28, clip_c=10.0, beta=0.5, alpha=0.7, pivot=0.6,
-                                                      release_compat=True), b["logp"])
+                                                      clip_high=0.28, clip_c=10.0, adv_beta=0.5, clip_alpha=0.7,
+                                                      entropy_pivot=0.6, release_compat=True), b["logp"])
         torch.testing.assert_close(ours[0], ref[0], rtol=0, atol=0)
         torch.testing.assert_close(ours[2], ref[2], rtol=0, atol=0)
         assert ours[1] == ref[1]
@@ -295,13 +296,12 @@ def test_rlkit_aspo_shapes_its_base_advantage_with_the_trainers_inputs():
                           torch.tensor(float("nan")))
         passed = torch.rand(B, generator=g) < 0.8
         algo = {"aspo": {"delta": -2.5, "k": 0.9, "require_code_pass": True}}
-        with plugin.estimator_inputs(correct=rewards > 0, first_code_pos=pos, response_lengths=lengths,
-                                     code_pass=passed):
+        with plugin.estimator_inputs(correct=rewards > 0, first_code_pos=pos, lengths=lengths, code_pass=passed):
             ours = run_estimator(data, "rlkit_aspo", algo)
         base = grpo.grpo_advantage(rewards, ids, mask)
         ref = aspo.aspo_shape(base, ids, rewards > 0, pos, lengths, delta=-2.5, k=0.9, code_pass=passed, mask=mask)
         torch.testing.assert_close(ours, ref, rtol=0, atol=0)
-    with pytest.raises(ValueError, match="correct, first_code_pos, response_lengths.*trainer_mode=rlkit"):
+    with pytest.raises(ValueError, match="correct, first_code_pos, lengths.*response_lengths.*trainer_mode=rlkit"):
         run_estimator(data, "rlkit_aspo", {})
     # disabled: the base advantage, unshaped
     torch.testing.assert_close(run_estimator(data, "rlkit_aspo", {"aspo": {"enabled": False}}),
@@ -314,7 +314,7 @@ def test_rlkit_spo_reads_reward_baselines_the_way_verl_passes_them():
         baselines = torch.rand(len(rewards), generator=torch.Generator().manual_seed(seed))
         data.batch["reward_baselines"] = baselines  # verl's compute_advantage forwards this field
         torch.testing.assert_close(run_estimator(data, "rlkit_spo", {"spo": {"adv_eps": 1e-6}}),
-                                   spo.spo_advantage(rewards, baselines, eps=1e-6, mask=mask), rtol=0, atol=0)
+                                   spo.spo_advantage(rewards, baselines, adv_eps=1e-6, mask=mask), rtol=0, atol=0)
     del data.batch["reward_baselines"]
     with pytest.raises(ValueError, match="reward_baselines"):
         run_estimator(data, "rlkit_spo", {})

@@ -22,7 +22,7 @@ TAU = 0.05
 
 
 def vllm_config(path, **extra):
-    return SimpleNamespace(additional_config={sampling.CONFIG_KEY: {"stats_path": str(path), "tau": TAU, **extra}})
+    return SimpleNamespace(additional_config={sampling.CONFIG_KEY: {"stats_path": str(path), "temperature_tau": TAU, **extra}})
 
 
 def logits_with_spread_entropies(rows=6, vocab=40, seed=0):
@@ -34,7 +34,7 @@ def logits_with_spread_entropies(rows=6, vocab=40, seed=0):
 
 def stats_of(logits, pivot=0.5):
     h = entropy_from_logits(logits)
-    return hapo.entropy_stats(h.unsqueeze(0), torch.ones_like(h).unsqueeze(0), pivot=pivot)
+    return hapo.entropy_stats(h.unsqueeze(0), torch.ones_like(h).unsqueeze(0), entropy_pivot=pivot)
 
 
 def test_base_class_is_vllms_when_installed_else_object():
@@ -74,7 +74,8 @@ def test_sampled_distribution_is_hapos_adaptive_temperature(tmp_path, temperatur
     sampling.save_stats(str(path), stats)
     proc = sampling.AdaptiveTemperatureProcessor(vllm_config(path, release_compat=release_compat), "cpu", False)
     sampled = torch.softmax(proc.apply(logits.clone()) / temperature, dim=-1)  # vLLM divides by T afterwards
-    per_row_t = hapo.adaptive_temperature(logits, temperature, stats, tau=TAU, release_compat=release_compat)
+    per_row_t = hapo.adaptive_temperature(logits, temperature, stats, temperature_tau=TAU,
+                                          release_compat=release_compat)
     torch.testing.assert_close(sampled, torch.softmax(logits / per_row_t.unsqueeze(-1), dim=-1))
     # and in numbers: T(1 + τ·h̃) with h̃ clamped to [−1, 1]
     h = hapo.normalized_entropy(entropy_from_logits(logits), stats, release_compat=release_compat)
@@ -100,7 +101,7 @@ def test_masked_tokens_stay_masked_and_leave_no_nan(tmp_path):
     out = proc.apply(masked.clone())
     assert torch.isfinite(out[:, 1::3]).all() and torch.isneginf(out[:, ::3]).all()
     finite = torch.where(torch.isinf(masked), torch.full_like(masked, -1e30), masked)
-    expected = masked / hapo.adaptive_temperature(finite, 1.0, stats_of(logits), tau=TAU).unsqueeze(-1)
+    expected = masked / hapo.adaptive_temperature(finite, 1.0, stats_of(logits), temperature_tau=TAU).unsqueeze(-1)
     torch.testing.assert_close(out, expected)
 
 
@@ -117,16 +118,16 @@ def test_new_statistics_are_picked_up_at_the_next_engine_step(tmp_path):
     proc.update_state(None)  # ...vLLM calls this before every step
     after = proc.apply(logits.clone())
     assert not torch.allclose(after, before)
-    torch.testing.assert_close(after, logits / hapo.adaptive_temperature(logits, 1.0, second, tau=TAU).unsqueeze(-1))
+    torch.testing.assert_close(after, logits / hapo.adaptive_temperature(logits, 1.0, second, temperature_tau=TAU).unsqueeze(-1))
 
 
 def test_bad_settings_fail_naming_the_key(tmp_path):
     with pytest.raises(ValueError, match=r"additional_config\.rlkit_hapo\.stats_path"):
         sampling.AdaptiveTemperatureProcessor(SimpleNamespace(additional_config={}), "cpu", False)
-    with pytest.raises(ValueError, match=r"rlkit_hapo\.tua; valid: release_compat, stats_path, tau"):
-        sampling.AdaptiveTemperatureProcessor(vllm_config(tmp_path / "s.json", tua=0.1), "cpu", False)
-    with pytest.raises(ValueError, match=r"tau must lie in \[0, 1\)"):
-        sampling.AdaptiveTemperatureProcessor(vllm_config(tmp_path / "s.json", tau=1.5), "cpu", False)
+    with pytest.raises(ValueError, match=r"rlkit_hapo\.tau; valid: release_compat, stats_path, temperature_tau"):
+        sampling.AdaptiveTemperatureProcessor(vllm_config(tmp_path / "s.json", tau=0.1), "cpu", False)
+    with pytest.raises(ValueError, match=r"temperature_tau must lie in \[0, 1\)"):
+        sampling.AdaptiveTemperatureProcessor(vllm_config(tmp_path / "s.json", temperature_tau=1.5), "cpu", False)
     (tmp_path / "bad.json").write_text(json.dumps({"median": 0.0}))
     with pytest.raises(ValueError, match="lacks the entropy statistics std, scale_pos, scale_neg"):
         sampling.load_stats(str(tmp_path / "bad.json"))

@@ -101,7 +101,7 @@ def test_hapo_trainer_hands_vllm_the_adaptive_temperature_processor(tmp_path):
     assert t.config.actor_rollout_ref.actor.calculate_entropy
     assert list(rollout.engine_kwargs.vllm.logits_processors) == [SAMPLER_PROCESSOR]
     assert dict(rollout.engine_kwargs.vllm.additional_config[sampling.CONFIG_KEY]) == {
-        "stats_path": f"{tmp_path}/s.json", "tau": 0.1, "release_compat": False}
+        "stats_path": f"{tmp_path}/s.json", "temperature_tau": 0.1, "release_compat": False}
     assert omega_conf_to_dataclass(rollout).engine_kwargs["vllm"]["logits_processors"] == [SAMPLER_PROCESSOR]
     # the class path resolves to the processor
     module, name = SAMPLER_PROCESSOR.split(":")
@@ -315,7 +315,7 @@ def test_actor_loss_runs_verls_ppo_loss_with_the_forward_passs_entropies(loss_mo
         grad = torch.autograd.grad(loss, logp)[0]
         if loss_mode == "rlkit_hapo":
             fn = lambda lp: hapo.hapo_loss(lp, b["old_logp"], b["adv"], b["mask"], entropy=h, clip_c=10.0,  # noqa: E731
-                                           beta=0.8, alpha=0.5)
+                                           adv_beta=0.8, clip_alpha=0.5)
         else:
             fn = lambda lp: aepo.aepo_loss(lp, b["old_logp"], b["adv"], b["mask"], entropy=h, coef=0.3,  # noqa: E731
                                            clip_c=10.0)
@@ -346,7 +346,7 @@ def test_sampler_statistics_reach_the_vllm_processor(tmp_path):
     b = make_batch(4, B=6, T=7)
     h = torch.rand(6, 7, generator=torch.Generator().manual_seed(1)) * 4
     metrics = t.write_sampler_stats(h, b["mask"])
-    expected = hapo.entropy_stats(h, b["mask"], pivot=0.7)
+    expected = hapo.entropy_stats(h, b["mask"], entropy_pivot=0.7)
     loaded = sampling.load_stats(path)
     for name, value in expected._asdict().items():
         assert getattr(loaded, name).item() == pytest.approx(value.item(), rel=1e-6)
@@ -354,7 +354,7 @@ def test_sampler_statistics_reach_the_vllm_processor(tmp_path):
     settings = t.config.actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config
     processor = sampling.AdaptiveTemperatureProcessor(SimpleNamespace(additional_config=settings), "cpu", False)
     logits = torch.randn(5, 50)
-    scale = hapo.adaptive_temperature(logits, 1.0, expected, tau=0.05)
+    scale = hapo.adaptive_temperature(logits, 1.0, expected, temperature_tau=0.05)
     torch.testing.assert_close(processor.apply(logits.clone()), logits / scale.unsqueeze(-1))
 
 

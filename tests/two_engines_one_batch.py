@@ -4,8 +4,8 @@ The same model — a TinyDecoder with weights far from their initialisation, and
 directory — the same prompts, responses (with calculator output spans the model did not write), rewards and
 behaviour log-probs go through:
 
-- the tiny engine: :func:`rlkit.methods.grpo.grpo_advantage` as ``_rl_step`` calls it, :func:`token_logprobs`, the
-  step's loss dispatcher ``_policy_loss``, ``backward``;
+- the tiny engine: the method's advantage and loss through :mod:`rlkit.registry` as ``rl_step`` calls them,
+  :func:`token_logprobs`, ``backward``;
 - verl 0.9.1: ``compute_advantage`` with ``rlkit_grpo`` (verl's estimator registry, a ``DataProto``), its FSDP2
   engine's ``forward_backward_batch`` with the rlkit trainer's actor loss (micro-batches of ``argv[1]`` rows),
   gradients read before any optimizer step, on rlkit's CPU platform.
@@ -31,7 +31,8 @@ import torch.distributed as dist  # noqa: E402
 from rlkit.tasks import arithmetic  # noqa: E402
 from rlkit.tiny.hf import export, llama_state_dict  # noqa: E402
 from rlkit.tiny.model import ModelConfig, TinyDecoder, token_logprobs  # noqa: E402
-from rlkit.tiny.rl import _policy_loss, build_config  # noqa: E402
+from rlkit import registry  # noqa: E402
+from rlkit.tiny.config import build_config  # noqa: E402
 from rlkit.tiny.task import build_tokenizer  # noqa: E402
 
 MICRO = int(sys.argv[1]) if len(sys.argv) > 1 else 8
@@ -134,12 +135,13 @@ def main() -> None:
     tiny_adv = None
     for method, loss_name in LOSSES.items():
         cfg = build_config(method, "cpu")
-        # ---- the tiny engine's update code on the batch
-        from rlkit.methods import grpo as grpo_m
-        tiny_adv = grpo_m.grpo_advantage(rewards, group_ids, mask, norm_by_std=cfg.grpo.norm_by_std, eps=cfg.grpo.eps)
+        # ---- the tiny engine's update code on the batch: rlkit.tiny.rl's registry calls
+        inputs = registry.AdvantageInputs(rewards, group_ids, mask)
+        tiny_adv = registry.advantage("grpo", inputs, cfg.method_configs)  # verl's side runs rlkit_grpo for all four
         tiny.zero_grad()
         logp, entropy = token_logprobs(tiny, ids, attn, P)
-        loss, _ = _policy_loss(cfg, logp, old_logp, tiny_adv, mask, entropy.detach())
+        loss, _ = registry.policy_loss(method, logp, old_logp, tiny_adv, mask, cfg.method_configs,
+                                       entropy=entropy.detach())
         loss.backward()
         tiny_grads = {}
         grad_model = TinyDecoder(tiny.config)

@@ -152,7 +152,7 @@ def main() -> None:
         "rlkit_gspo": lambda lp, adv, m, h: gspo.gspo_loss(lp, lp, adv, m, clip_low=0.2, clip_high=0.28,
                                                            agg="token-mean", variant="token"),
         "rlkit_aepo": lambda lp, adv, m, h: aepo.aepo_loss(lp, lp, adv, m, entropy=h, coef=0.3, clip_c=3.0),
-        "rlkit_hapo": lambda lp, adv, m, h: hapo.hapo_loss(lp, lp, adv, m, entropy=h, beta=0.8, clip_c=3.0),
+        "rlkit_hapo": lambda lp, adv, m, h: hapo.hapo_loss(lp, lp, adv, m, entropy=h, adv_beta=0.8, clip_c=3.0),
     }
     report = {}
     for name, expected_fn in direct.items():

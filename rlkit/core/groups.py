@@ -3,7 +3,8 @@
 ``group_ids`` may be an integer tensor, a list, or a numpy array of any hashable ids (verl passes uid
 strings in a numpy object array). :func:`group_index` maps them once to dense integers ``0..G-1``
 (first-appearance order, via ``pandas.factorize``, a C hash table); every statistic is then an
-``index_add_`` over that index.
+``index_add_`` over that index. :func:`group_advantage` is the group-relative advantage GRPO defines and other
+methods reuse (HAPO's fallback, ASPO's and GSPO's base).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
+
+from rlkit.core.masked import check_shapes
 
 Tensor = torch.Tensor
 
@@ -80,3 +83,36 @@ def group_mean_std(
     denom = (count - 1.0).clamp(min=1.0) if unbiased else count.clamp(min=1.0)
     var = torch.where(count > (1.0 if unbiased else 0.0), sq / denom, torch.zeros_like(sq))
     return mean, var.sqrt(), count
+
+
+def group_advantage(rewards: Tensor, group_ids: Any, mask: Tensor, *, norm_by_std: bool = True,
+                    eps: float = 1e-6) -> Tensor:
+    """Group-relative advantage ``(B, T)``: (r − group mean) / (group std + eps), broadcast over the mask.
+
+    ``rewards`` ``(B,)``; ``group_ids`` ``(B,)`` ids of any hashable type (the prompt each response answers). The
+    conventions are verl's (GRPO, :mod:`rlkit.methods.grpo`): unbiased std, ``eps`` added to the std, an all-equal
+    group gets 0 and a group of one keeps its raw reward (mean 0, std 1).
+    """
+    check_shapes(mask)
+    if rewards.dim() != 1 or rewards.shape[0] != mask.shape[0]:
+        raise ValueError(
+            f"rewards must be one scalar per response, shape ({mask.shape[0]},); got {tuple(rewards.shape)} "
+            "(for verl's token-level rewards pass token_level_rewards.sum(-1))"
+        )
+    rewards = rewards.detach()
+    index, num_groups = group_index(group_ids, rewards.device)
+    if index.shape[0] != rewards.shape[0]:
+        raise ValueError(f"{index.shape[0]} group ids for {rewards.shape[0]} rewards")
+    adv = group_scalars(rewards, index, num_groups, norm_by_std=norm_by_std, eps=eps)
+    return adv.unsqueeze(-1) * mask.to(adv.dtype)
+
+
+def group_scalars(rewards: Tensor, index: Tensor, num_groups: int, *, norm_by_std: bool = True,
+                  eps: float = 1e-6) -> Tensor:
+    """Â_i per response ``(B,)`` before the broadcast over tokens (``index`` from :func:`group_index`)."""
+    mean, std, count = group_mean_std(rewards, index, num_groups)
+    single = count == 1  # verl: a lone response keeps its raw reward (mean 0, std 1)
+    mean = torch.where(single, torch.zeros_like(mean), mean)
+    std = torch.where(single, torch.ones_like(std), std)
+    centred = rewards - mean[index]
+    return centred / (std[index] + eps) if norm_by_std else centred

@@ -23,8 +23,9 @@ Deviations:
   code do. ``variant="arlarena"`` reproduces ARLArena's ``compute_policy_loss_aepo``: its denominator is
   the *live* r where H̃ > 0 and sg(r) where H̃ ≤ 0; d[(1+ε_h)/r·r]/dr = 0, so only below-mean-entropy tokens
   keep the clipped gradient, the opposite of the paper's intent (method notes: AEPO).
-- ``entropy=None`` skips the advantage reshaping. That is what the released ARPO scripts ran: their actor
-  computes entropy only when ``entropy_coeff != 0`` and both configs set it to 0, so only the clip acted.
+- ``entropy=None`` (or ``use_entropy_advantage=False``) skips the advantage reshaping. That is what the
+  released ARPO scripts ran: their actor computes entropy only when ``entropy_coeff != 0`` and both configs set
+  it to 0, so only the clip acted.
   ARLArena always reshapes, hence ``variant="arlarena"`` requires ``entropy``.
 - Defaults ε_l/ε_h = 0.2/0.28 are ARLArena's math config; the ARPO scripts use 0.2/0.2.
 - The log-ratio is clamped to ±20 before ``exp`` (rlkit's and verl's guard; both AEPO codes omit it).
@@ -47,7 +48,7 @@ import torch
 from rlkit.core import fused
 from rlkit.core.masked import check_shapes, masked_mean, masked_std
 from rlkit.core.ppo import clipped_surrogate, log_ratio, reduce_policy_loss
-from rlkit.registry import register_policy_loss
+from rlkit.registry import Method, register_method, register_policy_loss
 
 Tensor = torch.Tensor
 
@@ -71,17 +72,21 @@ class Config:
     variant: str = "paper"
     """"paper" (stop-gradient bound on all tokens) or "arlarena" (ARLArena's H̃ ≤ 0 gating)."""
     use_entropy_advantage: bool = True
-    """Reshape A with the entropy. False: trainers pass no entropy, as the released ARPO scripts
+    """Reshape A with the entropy. False: the loss ignores the entropy, as the released ARPO scripts
     effectively did (only the stop-gradient clip acts); valid with variant "paper" only."""
 
     def __post_init__(self) -> None:
-        if self.variant not in VARIANTS:
-            raise ValueError(f"unknown AEPO variant {self.variant!r}; valid: {', '.join(VARIANTS)}")
-        if self.variant == "arlarena" and not self.use_entropy_advantage:
-            raise ValueError(
-                "variant 'arlarena' always reshapes the advantage with the entropy (ARLArena's code has no "
-                "switch); use_entropy_advantage=False is only meaningful with variant 'paper'"
-            )
+        _check_variant(self.variant, self.use_entropy_advantage)
+
+
+def _check_variant(variant: str, use_entropy_advantage: bool) -> None:
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown AEPO variant {variant!r}; valid: {', '.join(VARIANTS)}")
+    if variant == "arlarena" and not use_entropy_advantage:
+        raise ValueError(
+            "variant 'arlarena' always reshapes the advantage with the entropy (ARLArena's code has no "
+            "switch); use_entropy_advantage=False is only meaningful with variant 'paper'"
+        )
 
 
 def _per_token(adv: Tensor, mask: Tensor) -> Tensor:
@@ -129,7 +134,7 @@ def aepo_advantage(adv: Tensor, entropy: Tensor, mask: Tensor, *, coef: float = 
     return _reshape(adv, standardized_entropy(entropy, mask), mask, coef)
 
 
-@register_policy_loss("aepo")
+@register_policy_loss("aepo", method="aepo")
 def aepo_loss(
     logp: Tensor,
     old_logp: Tensor,
@@ -143,18 +148,22 @@ def aepo_loss(
     clip_c: float | None = 3.0,
     agg: str = "token-mean",
     variant: str = "paper",
+    use_entropy_advantage: bool = True,
     behav_logp: Tensor | None = None,
     behav_imp_weight_cap: float | None = None,
     loss_scale_factor: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """AEPO's stop-gradient clipped loss (module doc); reshapes ``adv`` with ``entropy`` first if given.
 
+    ``use_entropy_advantage=False`` ignores ``entropy`` (the released ARPO scripts' clip-only form).
+
     ``logp``, ``old_logp``, ``entropy``, ``mask`` ``(B, T)``; ``adv`` ``(B,)`` or ``(B, T)``. Returns
     ``(loss, metrics)``: verl's names, plus ``aepo/clipfrac_grad_kept`` (share of valid tokens clipped above
     that keep the (1+ε_h)·Ã gradient) and, with ``entropy``, ``aepo/entropy_adv_scale/{mean,min}`` (1 + a·H̃).
     """
-    if variant not in VARIANTS:
-        raise ValueError(f"unknown AEPO variant {variant!r}; valid: {', '.join(VARIANTS)}")
+    _check_variant(variant, use_entropy_advantage)
+    if not use_entropy_advantage:
+        entropy = None
     if variant == "arlarena" and entropy is None:
         raise ValueError("variant 'arlarena' gates the clip on the entropy's z-score H̃: pass entropy")
     if not 0.0 <= clip_low < 1.0:
@@ -229,3 +238,7 @@ def _aepo_loss_fused(logp, old_logp, adv, mask, *, entropy, coef, clip_low, clip
         metrics["aepo/entropy_adv_scale/mean"] = out.sums[0] / n
         metrics["aepo/entropy_adv_scale/min"] = -out.maxes[0] if out.stats["tokens"] > 0 else 1.0
     return out.loss, metrics
+
+
+register_method(Method("aepo", Config, advantage="grpo", policy_loss="aepo",
+                       entropy_switches=("use_entropy_advantage",)))

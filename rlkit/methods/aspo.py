@@ -14,7 +14,8 @@ rewards, returns and the critic are never touched (only advantages come in). In 
 A = 0, so the window is [0, 0]: ASPO acts in mixed groups only.
 
 Paper defaults (§4.5): δ = −2.0, k = 0.7 (conservative); δ = −2.5, k = 0.9 (aggressive). Code detection
-and token positions: :mod:`rlkit.tasks.tools`.
+and token positions: :mod:`rlkit.tasks.tools` (which detectors run is a setting of the verl trainer,
+``algorithm.aspo.code_detection``; the tiny engine's sampler records each first ``<code>`` token exactly).
 
 Deviations:
 
@@ -32,15 +33,14 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from rlkit.core.groups import group_index, group_sum
 from rlkit.core.masked import check_shapes, masked_mean
-from rlkit.registry import register_advantage
-from rlkit.tasks.tools import CodeDetection
+from rlkit.registry import AdvantageInputs, Method, register_advantage, register_method
 
 Tensor = torch.Tensor
 
@@ -59,9 +59,6 @@ class Config:
     """Only responses whose code ran successfully are eligible (needs per-sample ``code_pass``)."""
     base_advantage: str = "grpo"
     """Registered estimator whose advantage is shaped (the paper trains with DAPO, a GRPO variant)."""
-    code_detection: CodeDetection = field(default_factory=CodeDetection)
-    """Which code/tool-call detectors run on decoded responses (``algorithm.aspo.code_detection``; verl). The tiny
-    engine needs none: its sampler records each response's first ``<code>`` token exactly."""
 
 
 def _per_sample(x: Any, name: str, batch: int, device: torch.device) -> Tensor:
@@ -80,7 +77,6 @@ def _flags(x: Any, name: str, batch: int, device: torch.device) -> Tensor:
     return t != 0
 
 
-@register_advantage("aspo")
 def aspo_shape(
     adv: Tensor,
     group_ids: Any,
@@ -153,6 +149,30 @@ def aspo_shape(
     return torch.where(shaped.unsqueeze(-1) & mask.bool(), adv + bias.unsqueeze(-1), adv)
 
 
+@register_advantage("aspo", method="aspo")
+def aspo_estimator(
+    inputs: AdvantageInputs,
+    *,
+    estimate: Any,
+    base_advantage: str = "grpo",
+    enabled: bool = True,
+    delta: float = -2.0,
+    k: float = 0.7,
+    require_code_pass: bool = False,
+) -> Tensor:
+    """ASPO's advantage of a batch: its base estimator's advantage, shaped by :func:`aspo_shape` → ``(B, T)``.
+
+    The base is the ``base_advantage`` estimator's (``estimate(name)``: the registry's, on the same batch and
+    configs); the shaping reads ``inputs.correct``, ``first_code_pos``, ``lengths`` (and ``code_pass`` when
+    ``require_code_pass``). Not ``enabled``: the base advantage, unshaped."""
+    adv = estimate(base_advantage)
+    if not enabled:
+        return adv
+    inputs.require("aspo", "correct", "first_code_pos", "lengths", *(("code_pass",) if require_code_pass else ()))
+    return aspo_shape(adv, inputs.group_ids, inputs.correct, inputs.first_code_pos, inputs.lengths, delta=delta, k=k,
+                      code_pass=inputs.code_pass if require_code_pass else None, mask=inputs.mask)
+
+
 def aspo_metrics(
     first_code_pos: Any, correct: Any, code_calls: Any, code_pass: Any = None
 ) -> dict[str, float]:
@@ -181,3 +201,6 @@ def aspo_metrics(
         passed = _flags(code_pass, "code_pass", batch, device)
         metrics["aspo/code_pass_ratio"] = (passed & used).sum().item() / n_used if n_used else math.nan
     return metrics
+
+
+register_method(Method("aspo", Config, advantage="aspo", policy_loss="ppo"))

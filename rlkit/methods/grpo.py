@@ -20,15 +20,14 @@ Deviations: none from verl. ``norm_by_std=False`` drops the std (Dr. GRPO, arXiv
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from rlkit.core import fused
-from rlkit.core.groups import group_index, group_mean_std
+from rlkit.core.groups import group_advantage
 from rlkit.core.masked import check_shapes
 from rlkit.core.ppo import clipped_surrogate, log_ratio, reduce_policy_loss
-from rlkit.registry import register_advantage, register_policy_loss
+from rlkit.registry import AdvantageInputs, Method, register_advantage, register_method, register_policy_loss
 
 Tensor = torch.Tensor
 
@@ -51,44 +50,19 @@ class Config:
     """Loss aggregation (see :mod:`rlkit.core.aggregation`)."""
 
 
-def _sequence_rewards(rewards: Tensor, mask: Tensor) -> Tensor:
-    if rewards.dim() != 1 or rewards.shape[0] != mask.shape[0]:
-        raise ValueError(
-            f"rewards must be one scalar per response, shape ({mask.shape[0]},); got {tuple(rewards.shape)} "
-            "(for verl's token-level rewards pass token_level_rewards.sum(-1))"
-        )
-    return rewards.detach()
+grpo_advantage = group_advantage
+"""Group-relative advantage ``(B, T)`` (:func:`rlkit.core.groups.group_advantage`, where it lives because HAPO and
+other methods reuse it): ``grpo_advantage(rewards, group_ids, mask, *, norm_by_std, eps)``."""
 
 
-@register_advantage("grpo")
-def grpo_advantage(
-    rewards: Tensor, group_ids: Any, mask: Tensor, *, norm_by_std: bool = True, eps: float = 1e-6
-) -> Tensor:
-    """Group-relative advantage ``(B, T)``: (r − group mean) / (group std + eps), broadcast over the mask.
-
-    ``rewards`` ``(B,)``; ``group_ids`` ``(B,)`` ids of any hashable type (the prompt each response answers).
-    """
-    check_shapes(mask)
-    rewards = _sequence_rewards(rewards, mask)
-    index, num_groups = group_index(group_ids, rewards.device)
-    if index.shape[0] != rewards.shape[0]:
-        raise ValueError(f"{index.shape[0]} group ids for {rewards.shape[0]} rewards")
-    adv = group_scalars(rewards, index, num_groups, norm_by_std=norm_by_std, eps=eps)
-    return adv.unsqueeze(-1) * mask.to(adv.dtype)
+@register_advantage("grpo", method="grpo")
+def grpo_estimator(inputs: AdvantageInputs, *, norm_by_std: bool = True, eps: float = 1e-6) -> Tensor:
+    """GRPO's group advantage of a batch (:func:`grpo_advantage`) → ``(B, T)``."""
+    inputs.require("grpo", "group_ids")
+    return grpo_advantage(inputs.rewards, inputs.group_ids, inputs.mask, norm_by_std=norm_by_std, eps=eps)
 
 
-def group_scalars(rewards: Tensor, index: Tensor, num_groups: int, *, norm_by_std: bool = True,
-                  eps: float = 1e-6) -> Tensor:
-    """Â_i per response ``(B,)`` before the broadcast over tokens (``index`` from :func:`group_index`)."""
-    mean, std, count = group_mean_std(rewards, index, num_groups)
-    single = count == 1  # verl: a lone response keeps its raw reward (mean 0, std 1)
-    mean = torch.where(single, torch.zeros_like(mean), mean)
-    std = torch.where(single, torch.ones_like(std), std)
-    centred = rewards - mean[index]
-    return centred / (std[index] + eps) if norm_by_std else centred
-
-
-@register_policy_loss("ppo")
+@register_policy_loss("ppo", method="grpo")
 def ppo_clip_loss(
     logp: Tensor,
     old_logp: Tensor,
@@ -123,3 +97,6 @@ def ppo_clip_loss(
         loss_mat, mask, log_r=log_r, clipped=clipped, dual_clipped=dual, agg=agg, old_logp=old_logp,
         behav_logp=behav_logp, behav_imp_weight_cap=behav_imp_weight_cap, loss_scale_factor=loss_scale_factor,
     )
+
+
+register_method(Method("grpo", Config, advantage="grpo", policy_loss="ppo"))

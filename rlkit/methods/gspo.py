@@ -25,7 +25,7 @@ import torch
 from rlkit.core import fused
 from rlkit.core.masked import check_shapes, masked_count, masked_mean
 from rlkit.core.ppo import clipped_surrogate, log_ratio, reduce_policy_loss
-from rlkit.registry import register_policy_loss
+from rlkit.registry import Method, register_method, register_policy_loss
 
 Tensor = torch.Tensor
 
@@ -55,7 +55,7 @@ def sequence_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
     return masked_mean(log_ratio(logp, old_logp), mask, dim=-1)
 
 
-@register_policy_loss("gspo")
+@register_policy_loss("gspo", method="gspo")
 def gspo_loss(
     logp: Tensor,
     old_logp: Tensor,
@@ -116,3 +116,6 @@ def gspo_loss(
     metrics["gspo/seq_ratio/mean"] = s.mean().item() if s.numel() else 1.0
     metrics["gspo/seq_ratio/max"] = s.max().item() if s.numel() else 1.0
     return loss, metrics
+
+
+register_method(Method("gspo", Config, advantage="grpo", policy_loss="gspo"))

@@ -46,11 +46,10 @@ import torch
 
 from rlkit.core import fused
 from rlkit.core.entropy import entropy_from_logits
-from rlkit.core.groups import group_index, group_mean_std, group_sum
+from rlkit.core.groups import group_advantage, group_index, group_mean_std, group_sum
 from rlkit.core.masked import check_shapes, masked_mean
 from rlkit.core.ppo import clipped_surrogate, log_ratio, reduce_policy_loss
-from rlkit.methods.grpo import grpo_advantage
-from rlkit.registry import register_advantage, register_policy_loss
+from rlkit.registry import AdvantageInputs, Method, register_advantage, register_method, register_policy_loss
 
 Tensor = torch.Tensor
 
@@ -60,7 +59,8 @@ EPS = 1e-8
 
 @dataclass
 class Config:
-    """HAPO hyperparameters. Names are the released code's config keys; defaults the paper's, but for τ."""
+    """HAPO hyperparameters: field names are the keyword names of this module's functions (one name per knob,
+    :func:`rlkit.registry.kwargs_for`); defaults the paper's, but for τ."""
 
     adaptive_temperature: bool = True
     """A: sample each token at T·(1 + τ·h̃) (the patched vLLM sampler's switch)."""
@@ -78,11 +78,11 @@ class Config:
     """A group where some |A| reaches this falls back to GRPO; None never falls back."""
     eps: float = 1e-6
     """Added to the group std."""
-    adaptive_advantage: bool = True
+    use_redistribution: bool = True
     """C: advantage redistribution."""
     adv_beta: float = 1.0
     """β, the redistribution strength."""
-    adaptive_clip: bool = True
+    use_adaptive_clip: bool = True
     """D: entropy-adaptive clip bounds."""
     clip_alpha: float = 1.0
     """α, the adaptive clip's strength."""
@@ -121,20 +121,20 @@ def _log_entropy(entropy: Tensor) -> Tensor:
     return entropy.detach().to(dtype).clamp_min(EPS).log()
 
 
-def entropy_stats(entropy: Tensor, mask: Tensor, *, pivot: float = 0.8) -> EntropyStats:
+def entropy_stats(entropy: Tensor, mask: Tensor, *, entropy_pivot: float = 0.8) -> EntropyStats:
     """Statistics of ℓ = log H over the valid tokens of ``entropy`` ``(B, T)`` (Eq. 5).
 
     Degenerate batches stay finite: the RMS is floored at sqrt(1e-8) (all ℓ equal → h = 0 everywhere); with
     no h > 0 (or no h < 0) the missing extreme is taken as ±1e-8, so such h̃ saturate at ±1 after the clamp.
     """
     check_shapes(mask, entropy=entropy)
-    _check_range("pivot", pivot, 0.0, 1.0)
+    _check_range("entropy_pivot", entropy_pivot, 0.0, 1.0)
     ell = _log_entropy(entropy)[mask.bool()]
     n = ell.numel()
     if n == 0:
         raise ValueError("entropy_stats needs at least one valid token (the mask is empty)")
     # torch.quantile's "nearest" rank; Python's round is half-to-even like torch.round
-    median = ell.kthvalue(round(pivot * (n - 1)) + 1).values
+    median = ell.kthvalue(round(entropy_pivot * (n - 1)) + 1).values
     centred = ell - median
     std = centred.square().mean().clamp_min(EPS).sqrt()
     h = centred / std
@@ -158,7 +158,7 @@ def adaptive_temperature(
     temperature: float | Tensor,
     stats: EntropyStats | None,
     *,
-    tau: float = 0.05,
+    temperature_tau: float = 0.05,
     release_compat: bool = False,
 ) -> Tensor:
     """Per-row sampling temperature T·(1 + τ·h̃) ``logits.shape[:-1]`` (Eq. 8), h̃ of the untempered logits.
@@ -166,8 +166,8 @@ def adaptive_temperature(
     ``logits`` ``(..., V)``; ``temperature`` a float or a tensor that broadcasts to ``logits.shape[:-1]``.
     ``stats`` None (the first step has no statistics yet) returns T unchanged.
     """
-    if not 0.0 <= tau < 1.0:
-        raise ValueError(f"tau must lie in [0, 1) so that T·(1 − τ) > 0, got {tau}")
+    if not 0.0 <= temperature_tau < 1.0:
+        raise ValueError(f"temperature_tau must lie in [0, 1) so that T·(1 − τ) > 0, got {temperature_tau}")
     temperature = torch.as_tensor(temperature, device=logits.device)
     rows = logits.shape[:-1]
     if torch.broadcast_shapes(temperature.shape, rows) != rows:
@@ -180,10 +180,9 @@ def adaptive_temperature(
         return temperature.expand(rows)
     with torch.no_grad():
         h = normalized_entropy(entropy_from_logits(logits), stats, release_compat=release_compat)
-    return temperature * (1.0 + tau * h)
+    return temperature * (1.0 + temperature_tau * h)
 
 
-@register_advantage("hapo_tlga")
 def tlga_advantage(
     rewards: Tensor,
     group_ids: Any,
@@ -201,7 +200,7 @@ def tlga_advantage(
         raise ValueError(f"fallback_threshold must be > 0 or None (no fallback), got {fallback_threshold}")
     if isinstance(rewards, Tensor) and not rewards.is_floating_point():
         rewards = rewards.float()
-    adv_grpo = grpo_advantage(rewards, group_ids, mask, norm_by_std=norm_by_std, eps=eps)  # validates inputs
+    adv_grpo = group_advantage(rewards, group_ids, mask, norm_by_std=norm_by_std, eps=eps)  # validates inputs
     rewards = rewards.detach()
     index, num_groups = group_index(group_ids, rewards.device)
     valid = mask.to(rewards.dtype)
@@ -218,6 +217,15 @@ def tlga_advantage(
     return torch.where(fallback[index].unsqueeze(-1), adv_grpo, adv)
 
 
+@register_advantage("hapo_tlga", method="hapo")
+def tlga_estimator(inputs: AdvantageInputs, *, norm_by_std: bool = True, fallback_threshold: float | None = 5.0,
+                   eps: float = 1e-6) -> Tensor:
+    """HAPO's TLGA of a batch (:func:`tlga_advantage`, component B) → ``(B, T)``."""
+    inputs.require("hapo_tlga", "group_ids")
+    return tlga_advantage(inputs.rewards, inputs.group_ids, inputs.mask, norm_by_std=norm_by_std,
+                          fallback_threshold=fallback_threshold, eps=eps)
+
+
 def _redistributed(h: Tensor, ratio: Tensor, clip_low: float | Tensor, clip_high: float | Tensor) -> Tensor:
     """Where Eqs. 10–11 rescale A: high entropy outside the neutral zone, low entropy inside it (bool)."""
     ratio = ratio.detach()
@@ -232,38 +240,38 @@ def redistribute_advantage(
     clip_low: float | Tensor,
     clip_high: float | Tensor,
     *,
-    beta: float = 1.0,
+    adv_beta: float = 1.0,
 ) -> Tensor:
     """A·(1 + β·h̃) where Eqs. 10–11 call for it, else A; tensors ``(B, T)``, clips floats or ``(B, T)``.
 
     The factor carries no gradient (h̃ and the ratio are detached). β ≤ 1 keeps 1 + β·h̃ ≥ 0, so no
     advantage changes sign.
     """
-    _check_range("beta", beta, 0.0, 1.0)
+    _check_range("adv_beta", adv_beta, 0.0, 1.0)
     with torch.no_grad():
         rescale = _redistributed(h, ratio, clip_low, clip_high)
-        factor = torch.where(rescale, 1.0 + beta * h, torch.ones_like(h))
+        factor = torch.where(rescale, 1.0 + adv_beta * h, torch.ones_like(h))
     return adv * factor.to(adv.dtype)
 
 
 def adaptive_clip(
-    h: Tensor, clip_low: float, clip_high: float, *, alpha: float = 1.0
+    h: Tensor, clip_low: float, clip_high: float, *, clip_alpha: float = 1.0
 ) -> tuple[Tensor, Tensor]:
     """Per-token clip ranges ``(ε_L(t), ε_R(t))``, each shaped like ``h`` (Eqs. 12–13).
 
     ε_L grows for low-entropy tokens (h̃ ≤ 0), ε_R for high-entropy ones (h̃ > 0); with α ≥ 0 neither shrinks.
     """
-    if alpha < 0:
-        raise ValueError(f"alpha must be ≥ 0 (a negative α narrows the clip HAPO widens), got {alpha}")
+    if clip_alpha < 0:
+        raise ValueError(f"clip_alpha must be ≥ 0 (a negative α narrows the clip HAPO widens), got {clip_alpha}")
     if clip_low < 0 or clip_high < 0:
         raise ValueError(f"clip ranges must be ≥ 0, got clip_low={clip_low}, clip_high={clip_high}")
     h = h.detach()
-    eps_low = torch.where(h <= 0, clip_low * (1.0 - alpha * h), torch.full_like(h, clip_low))
-    eps_high = torch.where(h > 0, clip_high * (1.0 + alpha * h), torch.full_like(h, clip_high))
+    eps_low = torch.where(h <= 0, clip_low * (1.0 - clip_alpha * h), torch.full_like(h, clip_low))
+    eps_high = torch.where(h > 0, clip_high * (1.0 + clip_alpha * h), torch.full_like(h, clip_high))
     return eps_low, eps_high
 
 
-@register_policy_loss("hapo")
+@register_policy_loss("hapo", method="hapo")
 def hapo_loss(
     logp: Tensor,
     old_logp: Tensor,
@@ -275,9 +283,9 @@ def hapo_loss(
     clip_low: float = 0.2,
     clip_high: float = 0.28,
     clip_c: float | None = 10.0,
-    beta: float = 1.0,
-    alpha: float = 1.0,
-    pivot: float = 0.8,
+    adv_beta: float = 1.0,
+    clip_alpha: float = 1.0,
+    entropy_pivot: float = 0.8,
     agg: str = "token-mean",
     release_compat: bool = False,
     use_redistribution: bool = True,
@@ -302,21 +310,22 @@ def hapo_loss(
     if entropy is None or not valid.any():  # nothing to normalise: h̃ = 0 changes no advantage and no bound
         h = torch.zeros_like(logp, dtype=torch.promote_types(logp.dtype, old_logp.dtype))
     else:
-        stats = stats if stats is not None else entropy_stats(entropy, mask, pivot=pivot)
+        stats = stats if stats is not None else entropy_stats(entropy, mask, entropy_pivot=entropy_pivot)
         h = normalized_entropy(entropy, stats, release_compat=release_compat)
         h = h.to(torch.promote_types(logp.dtype, old_logp.dtype))
         h = torch.where(valid, h, 0.0)  # padding entropies may be anything
     if fused.fusable(logp, old_logp, adv, mask, behav_logp):  # same math, few passes (rlkit.core.fused)
         return _hapo_loss_fused(logp, old_logp, adv, mask, h, clip_low=clip_low, clip_high=clip_high,
-                                clip_c=clip_c, beta=beta, alpha=alpha if use_adaptive_clip else 0.0, agg=agg,
+                                clip_c=clip_c, adv_beta=adv_beta, clip_alpha=clip_alpha if use_adaptive_clip else 0.0,
+                                agg=agg,
                                 use_redistribution=use_redistribution, behav_logp=behav_logp,
                                 behav_imp_weight_cap=behav_imp_weight_cap, loss_scale_factor=loss_scale_factor)
     log_r = log_ratio(logp, old_logp)
     ratio = log_r.exp()
     # α = 0 leaves every bound at its base value (the switch-off of D)
-    eps_low, eps_high = adaptive_clip(h, clip_low, clip_high, alpha=alpha if use_adaptive_clip else 0.0)
+    eps_low, eps_high = adaptive_clip(h, clip_low, clip_high, clip_alpha=clip_alpha if use_adaptive_clip else 0.0)
     if use_redistribution:
-        adv = redistribute_advantage(adv, h, ratio, eps_low, eps_high, beta=beta)
+        adv = redistribute_advantage(adv, h, ratio, eps_low, eps_high, adv_beta=adv_beta)
     loss_mat, clipped, dual = clipped_surrogate(
         ratio, adv, clip_low=eps_low, clip_high=eps_high, clip_c=clip_c
     )
@@ -337,19 +346,19 @@ def hapo_loss(
     return loss, metrics
 
 
-def _hapo_loss_fused(logp, old_logp, adv, mask, h, *, clip_low, clip_high, clip_c, beta, alpha, agg,
+def _hapo_loss_fused(logp, old_logp, adv, mask, h, *, clip_low, clip_high, clip_c, adv_beta, clip_alpha, agg,
                      use_redistribution, behav_logp, behav_imp_weight_cap, loss_scale_factor):
     """:func:`hapo_loss` through :func:`rlkit.core.fused.clip_loss`: D, C and their metrics per block of rows."""
-    _check_range("beta", beta, 0.0, 1.0)
-    adaptive_clip(h[:0], clip_low, clip_high, alpha=alpha)  # validates α and the clip ranges
+    _check_range("adv_beta", adv_beta, 0.0, 1.0)
+    adaptive_clip(h[:0], clip_low, clip_high, clip_alpha=clip_alpha)  # validates α and the clip ranges
 
     def terms(rows: slice, r: Tensor, m: Tensor) -> fused.TokenTerms:
         h_b = h[rows]
-        eps_low, eps_high = adaptive_clip(h_b, clip_low, clip_high, alpha=alpha)  # D
+        eps_low, eps_high = adaptive_clip(h_b, clip_low, clip_high, clip_alpha=clip_alpha)  # D
         a = adv[rows]
         moved = torch.zeros_like(h_b, dtype=torch.bool)
         if use_redistribution:  # C, with D's bounds
-            a = redistribute_advantage(a, h_b, r, eps_low, eps_high, beta=beta)
+            a = redistribute_advantage(a, h_b, r, eps_low, eps_high, adv_beta=adv_beta)
             moved = _redistributed(h_b, r, eps_low, eps_high)
         dot = fused._dot
         sums = torch.stack([dot(h_b, m), dot(h_b > 0, m), dot(eps_low, m), dot(eps_high, m), dot(moved, m)])
@@ -365,3 +374,7 @@ def _hapo_loss_fused(logp, old_logp, adv, mask, h, *, clip_low, clip_high, clip_
     names = ("h_tilde/mean", "h_tilde/pos_frac", "clip_low/mean", "clip_high/mean", "redistributed_frac")
     metrics.update({f"hapo/{k}": v / n for k, v in zip(names, out.sums)})
     return out.loss, metrics
+
+
+register_method(Method("hapo", Config, advantage="hapo_tlga", policy_loss="hapo",
+                       entropy_switches=("use_redistribution", "use_adaptive_clip")))

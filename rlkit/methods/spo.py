@@ -48,7 +48,7 @@ import torch
 
 from rlkit.core.groups import group_sum
 from rlkit.core.masked import check_shapes, masked_mean
-from rlkit.registry import register_advantage
+from rlkit.registry import AdvantageInputs, Method, register_advantage, register_method
 
 Tensor = torch.Tensor
 
@@ -437,11 +437,10 @@ class PromptSampler:
 # --------------------------------------------------------------------------- advantage
 
 
-@register_advantage("spo")
 def spo_advantage(
-    rewards: Tensor, baselines: Tensor, *, eps: float = 1e-8, mask: Tensor | None = None
+    rewards: Tensor, baselines: Tensor, *, adv_eps: float = 1e-8, mask: Tensor | None = None
 ) -> Tensor:
-    """Ã = (A − mean A)/(std A + eps) with A = r − v̂, over the whole batch; std unbiased (verl).
+    """Ã = (A − mean A)/(std A + adv_eps) with A = r − v̂, over the whole batch; std unbiased (verl).
 
     ``rewards`` and ``baselines`` are ``(B,)`` (``baselines`` from :meth:`ValueTracker.baseline`, taken
     before the update). Returns ``(B,)``, or ``(B, T)`` broadcast over ``mask`` when one is given, in the
@@ -453,14 +452,14 @@ def spo_advantage(
         raise ValueError(
             f"rewards and baselines must be (B,) with B ≥ 1; got {tuple(r.shape)} and {tuple(b.shape)}"
         )
-    if eps < 0:
-        raise ValueError(f"eps must be ≥ 0; got {eps}")
+    if adv_eps < 0:
+        raise ValueError(f"adv_eps must be ≥ 0; got {adv_eps}")
     out_dtype = r.dtype if r.is_floating_point() else torch.get_default_dtype()
     adv = r.double() - b.double()  # float64: the tracker's baselines are float64
     if adv.numel() == 1:
         adv = torch.zeros_like(adv)
     else:
-        adv = (adv - adv.mean()) / (adv.std() + eps)
+        adv = (adv - adv.mean()) / (adv.std() + adv_eps)
     adv = adv.to(out_dtype)
     if mask is None:
         return adv
@@ -468,3 +467,20 @@ def spo_advantage(
     if mask.shape[0] != adv.shape[0]:
         raise ValueError(f"mask has {mask.shape[0]} rows for {adv.shape[0]} rewards")
     return adv.unsqueeze(-1) * mask.to(adv.dtype)
+
+
+@register_advantage("spo", method="spo")
+def spo_estimator(inputs: AdvantageInputs, *, adv_eps: float = 1e-8, no_baseline: bool = False) -> Tensor:
+    """SPO's advantage of a batch (:func:`spo_advantage`) against the tracker's pre-update v̂ → ``(B, T)``.
+
+    ``inputs.baselines`` are the v̂ (:meth:`ValueTracker.baseline`); ``no_baseline`` (the paper's App. F ablation)
+    uses v̂ = 0 and needs none."""
+    if no_baseline:
+        baselines = torch.zeros_like(torch.as_tensor(inputs.rewards), dtype=torch.float64)
+    else:
+        inputs.require("spo", "baselines")
+        baselines = inputs.baselines
+    return spo_advantage(inputs.rewards, baselines, adv_eps=adv_eps, mask=inputs.mask)
+
+
+register_method(Method("spo", Config, advantage="spo", policy_loss="ppo"))

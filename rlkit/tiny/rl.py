@@ -3,8 +3,11 @@
 :func:`train` reads top to bottom. Each step samples responses to prompts from a fixed training pool (groups of
 ``group_size`` answers per prompt; SPO: one answer per prompt drawn by its weighted sampler), scores them with
 rlkit's one answer rule, turns rewards into advantages with the method's estimator, and takes ``mini_batches``
-optimizer steps on the method's policy loss — the *same* functions from :mod:`rlkit.methods` that the verl plugin
-registers. Metric names are verl's, written to ``metrics.jsonl`` in verl's ``file`` logger format.
+optimizer steps on the method's policy loss. Estimator and loss are called by method name through
+:mod:`rlkit.registry` (:func:`~rlkit.registry.advantage`, :func:`~rlkit.registry.policy_loss`), with the method's
+``Config`` as keyword arguments — the *same* functions and the same dispatch the verl plugin uses; the step knows no
+method's loss or estimator. Metric names are verl's, written to ``metrics.jsonl`` in verl's ``file`` logger format.
+The run's settings are :mod:`rlkit.tiny.config`; its state and checkpoints :mod:`rlkit.tiny.checkpoint`.
 
 Nothing is lost when a run is killed: after every step the model, the optimizer, every random generator and the
 method's state (SPO's tracker, sampler and stored responses, HAPO's entropy statistics) are written atomically,
@@ -19,264 +22,51 @@ penalty, a linear reward penalty over the last ``overlong_buffer`` tokens of the
 from __future__ import annotations
 
 import json
-import os
-import platform
-import subprocess
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
-import rlkit
+from rlkit import registry
 from rlkit.core.masked import masked_mean
-from rlkit.methods import aepo, aspo, grpo, gspo, hapo, spo
+from rlkit.methods import aspo, hapo, spo
 from rlkit.metrics import MetricsWriter
 from rlkit.tasks import arithmetic
+from rlkit.tiny.checkpoint import RunState, environment, restore_checkpoint, save_checkpoint
+# METHODS, build_config, parse_sets: re-exported for importers not moved yet (rlkit.verl.launch,
+# tests/test_reproduce.py, notebooks/07_comparison.md); new code imports them from rlkit.tiny.config
+from rlkit.tiny.config import METHODS, RLConfig, build_config, parse_sets  # noqa: F401
 from rlkit.tiny.model import token_logprobs
-from rlkit.tiny.sft import SFTConfig, warm_start
+from rlkit.tiny.sft import warm_start
 from rlkit.tiny.task import (
     evaluate, max_response_tokens, response_logprobs, rollout, score_rollout, select_rows,
 )
 
 Tensor = torch.Tensor
-METHODS = ("grpo", "gspo", "aspo", "aepo", "spo", "hapo")
 
 
 @dataclass
-class RLConfig:
-    """One tiny-engine run. Field names are the CLI's ``--set`` keys and the notebooks' parameters."""
+class Run:
+    """What every step of a run reads: its settings, model, tokenizer, optimizer and prompt pool."""
 
-    method: str = "grpo"
-    """Which method: grpo, gspo, aspo, aepo, spo or hapo."""
-    scale: str = "cpu"
-    """The preset these settings started from (smoke, cpu, gpu; see ``SCALES``), recorded for figure captions."""
-    seed: int = 0
-    """Seeds prompt choice, sampling and mini-batch order (the SFT checkpoint has its own seed)."""
-    steps: int = 40
-    """RL steps (one rollout batch each). 40 at cpu scale: held-out accuracy plateaus by step 20–30 and the methods'
-    mechanisms (first-call position, zero-advantage share, clipping) have separated by then, while the six methods,
-    their notebooks and the book fit in 20 minutes on a 2-core CPU (reproductions/LOG.md)."""
-    prompts_per_step: int = 16
-    """Prompts per rollout batch."""
-    group_size: int = 8
-    """Responses per prompt (GRPO's G). SPO uses 1 and draws ``group_size`` times the prompts instead."""
-    pool_size: int = 512
-    """Fixed pool of training prompts every method draws from (SPO's tracker needs prompts that come back)."""
-    temperature: float = 1.0
-    """Sampling temperature (HAPO adapts it per token around this value)."""
-    max_new_tokens: int | None = None
-    """Response budget in tokens; None fits every gold solution of the task."""
-    lr: float = 1e-4
-    """Adam learning rate of the RL stage. Measured here (GRPO, SFT start 51%): 3e-4 and above drift the tiny
-    model off its SFT optimum (held-out accuracy falls 5–25 points); 1e-4 holds it (reproductions/LOG.md)."""
-    warmup_steps: int = 10
-    """Linear learning-rate warm-up over the first RL steps (as the HAPO/DAPO recipes): Adam's first,
-    sign-like updates at full rate knock a freshly fine-tuned model off its SFT optimum."""
-    mini_batches: int = 2
-    """Optimizer steps per rollout batch; ≥ 2 takes the later ones off-policy, so ratios leave 1 and clips act."""
-    grad_clip: float = 1.0
-    """Global gradient-norm clip."""
-    eval_every: int = 10
-    """Greedy held-out accuracy (``val/acc``) every this many steps, at step 0 and at the last step."""
-    eval_size: int = 200
-    """Held-out problems for ``val/acc``."""
-    dynamic_sampling: bool = False
-    """Drop groups whose rewards are all equal (DAPO), refilled from ``dynamic_oversample``× as many groups."""
-    dynamic_oversample: int = 2
-    """How many times ``prompts_per_step`` groups are sampled when ``dynamic_sampling`` is on."""
-    overlong_buffer: int = 0
-    """DAPO's soft overlong penalty: the last this-many tokens of the budget cost reward linearly (0: off)."""
-    overlong_penalty: float = 1.0
-    """Reward lost at the very end of the budget."""
-    sft: SFTConfig = field(default_factory=SFTConfig)
-    """The warm start (cached by its hash; the task knobs live here)."""
-    grpo: grpo.Config = field(default_factory=lambda: grpo.Config(clip_high=0.28, clip_c=3.0))
-    """GRPO's advantage and PPO-clip loss (also ASPO's base). Clip-higher 0.28 and dual clip 3 as in DAPO/verl."""
-    gspo: gspo.Config = field(default_factory=gspo.Config)
-    """GSPO's sequence-ratio loss."""
-    aspo: aspo.Config = field(default_factory=aspo.Config)
-    """ASPO's shaping of GRPO's advantage."""
-    aepo: aepo.Config = field(default_factory=aepo.Config)
-    """AEPO's entropy-aware advantage and stop-gradient clip."""
-    spo: spo.Config = field(default_factory=spo.Config)
-    """SPO's value tracker, forgetting factor, prompt sampler and PPO clip."""
-    hapo: hapo.Config = field(default_factory=hapo.Config)
-    """HAPO's adaptive temperature, TLGA, redistribution and adaptive clip."""
-
-    def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise ValueError(f"unknown method {self.method!r}; valid: {', '.join(METHODS)}")
-        if self.method == "spo" and self.dynamic_sampling:
-            raise ValueError("dynamic sampling filters groups; SPO has one response per prompt and no groups")
-        if self.method == "aspo" and self.aspo.base_advantage != "grpo":
-            raise ValueError(f"aspo.base_advantage: the tiny engine shapes GRPO's advantage ('grpo'), "
-                             f"got {self.aspo.base_advantage!r}")
-        if self.method == "hapo":  # fields of hapo.Config that the tiny engine takes from elsewhere must agree
-            if self.hapo.adv_estimator not in ("hapo_tlga", "grpo"):
-                raise ValueError(f"hapo.adv_estimator must be 'hapo_tlga' (component B) or 'grpo' (B off), "
-                                 f"got {self.hapo.adv_estimator!r}")
-            if self.hapo.temperature != self.temperature:
-                raise ValueError(f"hapo.temperature ({self.hapo.temperature}) differs from temperature "
-                                 f"({self.temperature}): the tiny engine samples at `temperature`; set that one")
-        for name in ("steps", "prompts_per_step", "group_size", "pool_size", "mini_batches", "eval_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
+    cfg: RLConfig
+    model: Any
+    tokenizer: Any
+    opt: torch.optim.Optimizer | None
+    pool: list[arithmetic.Problem]
+    max_new: int
+    """Response budget in tokens."""
+    form: str
+    """Solution form of the SFT start (plain, tool, mixed)."""
 
     @property
-    def samples_per_step(self) -> int:
-        return self.prompts_per_step * self.group_size
-
-
-# ------------------------------------------------------------------------------------------------ scales
-# Each scale is a set of overrides of RLConfig; SPO then trades groups for prompts, and user overrides win.
-SCALES: dict[str, dict[str, Any]] = {
-    "smoke": {  # plumbing only, seconds on a CPU: every method end to end in the test suite
-        "steps": 2, "prompts_per_step": 4, "group_size": 4, "pool_size": 16, "eval_every": 2, "eval_size": 8,
-        "max_new_tokens": 48,
-        "sft": {"d_model": 32, "n_layers": 1, "n_heads": 2, "steps": 4, "schedule_steps": None, "batch_size": 8,
-                "warmup": 2, "eval_size": 8, "task": {"max_ops": 1}},
-    },
-    "cpu": {},  # the defaults: the reproductions' scale on a 2-core CPU
-    "gpu": {
-        "steps": 200, "prompts_per_step": 64, "pool_size": 4096, "eval_size": 1000,
-        "sft": {"d_model": 256, "n_layers": 6, "n_heads": 8, "steps": 1500, "schedule_steps": 2000, "batch_size": 64,
-                "eval_size": 1000},
-    },
-}
-
-
-def build_config(method: str, scale: str = "cpu", overrides: dict[str, Any] | None = None) -> RLConfig:
-    """RLConfig for ``method`` at ``scale`` with dotted-key ``overrides`` (e.g. ``{"gspo.clip_low": 3e-3}``)."""
-    if scale not in SCALES:
-        raise ValueError(f"unknown scale {scale!r}; valid: {', '.join(SCALES)}")
-    cfg = RLConfig(method=method, scale=scale)
-    _apply(cfg, SCALES[scale])
-    if method == "spo":  # one response per prompt, and as many prompts as GRPO has samples per step
-        _apply(cfg, {"group_size": 1, "prompts_per_step": cfg.samples_per_step})
-    for key, value in (overrides or {}).items():
-        set_field(cfg, key, value)
-    cfg.__post_init__()
-    return cfg
-
-
-def _apply(obj: Any, values: dict[str, Any], prefix: str = "") -> None:
-    for key, value in values.items():
-        if isinstance(value, dict):
-            _apply(obj, value, f"{prefix}{key}.")
-        else:
-            set_field(obj, prefix + key, value)
-
-
-def parse_sets(items: list[str] | None) -> dict[str, str]:
-    """``["steps=100", "gspo.clip_low=3e-3"]`` (the CLI's ``--set``) → ``{"steps": "100", ...}``."""
-    out = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
-        out[key.strip()] = value
-    return out
-
-
-def set_field(obj: Any, dotted: str, value: Any) -> None:
-    """Set a (nested, frozen or not) dataclass field by dotted name; strings are parsed as YAML scalars."""
-    head, _, rest = dotted.partition(".")
-    names = {f.name for f in fields(obj)}
-    if head not in names:
-        raise KeyError(f"{type(obj).__name__} has no field {head!r}; valid: {', '.join(sorted(names))}")
-    if rest:
-        child = getattr(obj, head)
-        if not is_dataclass(child):
-            raise KeyError(f"{head!r} is not a group of settings, so {dotted!r} cannot be set")
-        set_field(child, rest, value)
-        if getattr(type(child), "__dataclass_params__").frozen:  # frozen configs (TaskConfig) are rebuilt
-            object.__setattr__(obj, head, type(child)(**asdict(child)))
-        return
-    if isinstance(value, str):
-        value = _parse_scalar(value)
-    current = getattr(obj, head)
-    if isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    if isinstance(current, tuple) and isinstance(value, list):
-        value = tuple(value)
-    object.__setattr__(obj, head, value)
-
-
-def _parse_scalar(text: str) -> Any:
-    """A command-line value: JSON first (``3e-3``, ``true``, ``null``, ``[1, 2]``), then YAML, else the string."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        import yaml
-
-        return yaml.safe_load(text)
-
-
-# ------------------------------------------------------------------------------------------------ run state
-@dataclass
-class RunState:
-    """Everything a resumed run needs besides the model and optimizer."""
-
-    step: int = 0
-    prompt_gen: torch.Generator = field(default_factory=torch.Generator)
-    sample_gen: torch.Generator | None = None
-    tracker: spo.ValueTracker | None = None
-    prompt_sampler: spo.PromptSampler | None = None
-    spo_memory: dict[int, dict[str, Tensor]] = field(default_factory=dict)
-    """SPO: per pool prompt, its last response (tokens, temperatures, log-probs at sampling time) for D."""
-    hapo_stats: hapo.EntropyStats | None = None
-    """HAPO: the previous step's entropy statistics, which set this step's sampling temperatures."""
-
-
-def _checkpoint(path: Path, model, opt, state: RunState) -> None:
-    blob = {
-        "model": model.state_dict(), "optimizer": opt.state_dict(), "step": state.step,
-        "prompt_gen": state.prompt_gen.get_state(), "sample_gen": state.sample_gen.get_state(),
-        "tracker": state.tracker.state_dict() if state.tracker else None,
-        "prompt_sampler": state.prompt_sampler.state_dict() if state.prompt_sampler else None,
-        "spo_memory": state.spo_memory,
-        "hapo_stats": tuple(state.hapo_stats) if state.hapo_stats is not None else None,
-    }
-    tmp = path.with_suffix(".tmp")
-    torch.save(blob, tmp)
-    os.replace(tmp, path)  # atomic: a kill leaves the previous checkpoint or this one, never half of one
-
-
-def _restore(path: Path, model, opt, state: RunState) -> None:
-    blob = torch.load(path, map_location="cpu", weights_only=False)
-    model.load_state_dict(blob["model"])
-    opt.load_state_dict(blob["optimizer"])
-    state.step = blob["step"]
-    state.prompt_gen.set_state(blob["prompt_gen"])
-    state.sample_gen.set_state(blob["sample_gen"])
-    if state.tracker is not None:
-        state.tracker.load_state_dict(blob["tracker"])
-        state.prompt_sampler.load_state_dict(blob["prompt_sampler"])
-    state.spo_memory = blob["spo_memory"]
-    state.hapo_stats = hapo.EntropyStats(*blob["hapo_stats"]) if blob["hapo_stats"] is not None else None
-
-
-def environment(cfg: RLConfig, device: str) -> dict[str, Any]:
-    """``env.json``: versions, seed and hardware, so a result can be traced to what produced it."""
-    here = Path(rlkit.__file__).parent
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                                cwd=here).stdout.strip() or None
-        # the library differs from the commit (uncommitted edits under rlkit/): the commit alone does not reproduce it
-        dirty = commit is not None and subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "."], cwd=here,
-                                                      timeout=5).returncode == 1
-    except (OSError, subprocess.SubprocessError):
-        commit, dirty = None, None
-    return {
-        "rlkit": rlkit.__version__, "commit": commit, "dirty": dirty, "python": platform.python_version(),
-        "torch": torch.__version__, "platform": platform.platform(), "processor": platform.processor(),
-        "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "device": device,
-        "cuda": torch.cuda.get_device_name(0) if device.startswith("cuda") else None, "seed": cfg.seed,
-    }
+    def configs(self) -> dict[str, Any]:
+        """Method name → its ``Config``, for :mod:`rlkit.registry`'s dispatch."""
+        return self.cfg.method_configs
 
 
 # ------------------------------------------------------------------------------------------------ the loop
@@ -312,20 +102,21 @@ def train(cfg: RLConfig, out_dir: str | Path, *, device: str = "cpu", resume: bo
     held_out = arithmetic.make_split(cfg.eval_size, "test", seed=0, **knobs)
     max_new = cfg.max_new_tokens or max_response_tokens(cfg.sft.task, form)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=(0.9, 0.99))
+    run = Run(cfg, model, tokenizer, opt, pool, max_new, form)
 
     t_init = time.perf_counter()
     state = RunState(sample_gen=torch.Generator(device=device))
     state.prompt_gen.manual_seed(cfg.seed)
     state.sample_gen.manual_seed(cfg.seed + 1)
     if cfg.method == "spo":  # a resumed run restores the tracker instead of re-estimating the offline values
-        offline = None if resumed else _offline_scores(model, tokenizer, pool, cfg, max_new, form, state.sample_gen)
-        state.tracker = spo.ValueTracker(range(len(pool)), offline_scores=offline, offline_N=cfg.spo.offline_N,
-                                         rho_min=cfg.spo.rho_min, rho_max=cfg.spo.rho_max, d_half=cfg.spo.d_half,
-                                         rho_type=cfg.spo.rho_type, rho_value=cfg.spo.rho_value)
-        state.prompt_sampler = spo.PromptSampler(range(len(pool)), seed=cfg.seed)
+        offline = None if resumed else offline_scores(run, state.sample_gen)
+        pool_ids = range(len(pool))
+        state.tracker = spo.ValueTracker(pool_ids, offline_scores=offline,
+                                         **registry.kwargs_for(spo.ValueTracker, cfg.spo))
+        state.prompt_sampler = spo.PromptSampler(pool_ids, seed=cfg.seed)
 
     if resumed:
-        _restore(ckpt_path, model, opt, state)
+        restore_checkpoint(ckpt_path, model, opt, state)
     writer = MetricsWriter.open(metrics_path, resume_after=state.step if resumed else None)
     if not resumed:  # step 0: the SFT start
         acc = evaluate(model, tokenizer, held_out, max_new_tokens=max_new, form=form)
@@ -336,27 +127,28 @@ def train(cfg: RLConfig, out_dir: str | Path, *, device: str = "cpu", resume: bo
     bar = tqdm(range(state.step + 1, last + 1), desc=f"{cfg.method} seed {cfg.seed}", disable=not progress)
     for step in bar:
         t0 = time.perf_counter()
-        metrics = _rl_step(cfg, model, tokenizer, opt, state, pool, max_new, form)
+        metrics = rl_step(run, state)
         if step % cfg.eval_every == 0 or step == cfg.steps:
             metrics["val/acc"] = evaluate(model, tokenizer, held_out, max_new_tokens=max_new, form=form)
         metrics["timing_s/step"] = time.perf_counter() - t0
         metrics["perf/throughput"] = metrics.pop("_tokens") / metrics["timing_s/step"]
         state.step = step
         writer.log(metrics, step)  # the line first, then the checkpoint: a kill in between redoes the step
-        _checkpoint(ckpt_path, model, opt, state)
+        save_checkpoint(ckpt_path, model, opt, state)
         bar.set_postfix(score=f"{metrics['critic/score/mean']:.2f}",
                         acc=f"{metrics['val/acc']:.2f}" if "val/acc" in metrics else "")
     writer.close()
     return out
 
 
-def _rl_step(cfg: RLConfig, model, tokenizer, opt, state: RunState, pool, max_new: int, form: str) -> dict:
-    m = cfg.method
+def rl_step(run: Run, state: RunState) -> dict[str, float]:
+    """One RL step of ``run`` from ``state`` (advanced in place): rollout, reward, advantage, update; its metrics."""
+    cfg, model, tokenizer, opt, pool = run.cfg, run.model, run.tokenizer, run.opt, run.pool
     metrics: dict[str, float] = {}
 
     # ---- 1. choose prompts: groups of G answers per prompt; SPO: one answer per prompt, weighted by p̂(1−p̂)
-    if m == "spo":
-        weights = state.tracker.weights(eps=cfg.spo.eps, gamma=cfg.spo.gamma)
+    if state.prompt_sampler is not None:
+        weights = state.tracker.weights(**registry.kwargs_for(spo.ValueTracker.weights, cfg.spo))
         prompt_idx = torch.tensor(state.prompt_sampler.sample(weights, cfg.prompts_per_step))
     else:
         n_groups = cfg.prompts_per_step * (cfg.dynamic_oversample if cfg.dynamic_sampling else 1)
@@ -367,10 +159,10 @@ def _rl_step(cfg: RLConfig, model, tokenizer, opt, state: RunState, pool, max_ne
     # ---- 2. rollout: sample, with HAPO's per-token temperature from the previous step's entropy statistics
     t0 = time.perf_counter()
     temperature_fn = None
-    if m == "hapo" and cfg.hapo.adaptive_temperature and state.hapo_stats is not None:
-        stats, T, tau, compat = state.hapo_stats, cfg.temperature, cfg.hapo.temperature_tau, cfg.hapo.release_compat
-        temperature_fn = lambda logits: hapo.adaptive_temperature(logits, T, stats, tau=tau, release_compat=compat)  # noqa: E731
-    ro = rollout(model, tokenizer, problems, max_new_tokens=max_new, form=form, temperature=cfg.temperature,
+    if cfg.method == "hapo" and cfg.hapo.adaptive_temperature and state.hapo_stats is not None:
+        stats, T, knobs = state.hapo_stats, cfg.temperature, registry.kwargs_for(hapo.adaptive_temperature, cfg.hapo)
+        temperature_fn = lambda logits: hapo.adaptive_temperature(logits, T, stats, **knobs)  # noqa: E731
+    ro = rollout(model, tokenizer, problems, max_new_tokens=run.max_new, form=run.form, temperature=cfg.temperature,
                  temperature_fn=temperature_fn, generator=state.sample_gen)
     scored = score_rollout(ro, problems)
     metrics["timing_s/gen"] = time.perf_counter() - t0
@@ -384,7 +176,7 @@ def _rl_step(cfg: RLConfig, model, tokenizer, opt, state: RunState, pool, max_ne
         metrics["train/kept_groups"] = kept
     rewards = scored.rewards
     if cfg.overlong_buffer > 0:
-        over = ro.lengths.float() - (max_new - cfg.overlong_buffer)
+        over = ro.lengths.float() - (run.max_new - cfg.overlong_buffer)
         rewards = rewards - cfg.overlong_penalty * (over / cfg.overlong_buffer).clamp(0.0, 1.0)
     correct = scored.rewards > 0
     mask = ro.mask
@@ -395,25 +187,17 @@ def _rl_step(cfg: RLConfig, model, tokenizer, opt, state: RunState, pool, max_ne
     # forward pass is saved.
     old_logp, old_entropy = ro.logp, ro.entropy
 
-    # ---- 5. advantage
-    if m == "spo":  # the divergence of each prompt's last response sets its forgetting factor ρ
-        divergence = _spo_divergence(model, tokenizer, state, pool, prompt_idx)
-        baseline = state.tracker.baseline(prompt_idx.tolist()).to(rewards)  # the pre-update p̂ (tracker: CPU)
-        if cfg.spo.no_baseline:  # the paper's App. F ablation: v̂ = 0
-            baseline = torch.zeros_like(baseline)
-        adv = spo.spo_advantage(rewards, baseline, eps=cfg.spo.adv_eps, mask=mask)
-    elif m == "hapo" and cfg.hapo.adv_estimator == "hapo_tlga":
-        adv = hapo.tlga_advantage(rewards, group_ids, mask, norm_by_std=cfg.hapo.norm_by_std,
-                                  fallback_threshold=cfg.hapo.fallback_threshold, eps=cfg.hapo.eps)
-    else:  # GRPO's group advantage: GRPO, GSPO, AEPO (and HAPO without TLGA) use it as is, ASPO shapes it
-        adv = grpo.grpo_advantage(rewards, group_ids, mask, norm_by_std=cfg.grpo.norm_by_std, eps=cfg.grpo.eps)
-        if m == "aspo" and cfg.aspo.enabled:
-            first_pos = ro.first_tool_pos.float()  # −1 = no call
-            code_pass = scored.code_pass if cfg.aspo.require_code_pass else None
-            adv = aspo.aspo_shape(adv, group_ids, correct, first_pos, ro.lengths, delta=cfg.aspo.delta,
-                                  k=cfg.aspo.k, code_pass=code_pass, mask=mask)
+    # ---- 5. advantage: the method's estimator (rlkit.registry); SPO's baselines are its tracker's pre-update p̂
+    baselines = None
+    if state.tracker is not None:  # SPO: the divergence of each prompt's last response sets its forgetting factor ρ
+        divergence = _spo_divergence(run, state, prompt_idx)
+        baselines = state.tracker.baseline(prompt_idx.tolist()).to(rewards)  # (tracker: CPU)
+    inputs = registry.AdvantageInputs(rewards, group_ids, mask, correct=correct,
+                                      first_code_pos=ro.first_tool_pos.float(),  # −1 = no call
+                                      lengths=ro.lengths, code_pass=scored.code_pass, baselines=baselines)
+    adv = registry.advantage(cfg.method, inputs, run.configs)
 
-    # ---- 6. policy update: mini_batches optimizer steps over a shuffled split of the batch
+    # ---- 6. policy update: mini_batches optimizer steps on the method's loss over a shuffled split of the batch
     t0 = time.perf_counter()
     loss_metrics: dict[str, list[float]] = defaultdict(list)
     for group in opt.param_groups:
@@ -423,7 +207,8 @@ def _rl_step(cfg: RLConfig, model, tokenizer, opt, state: RunState, pool, max_ne
     for rows in order.chunk(cfg.mini_batches):
         rows = rows.to(device)
         logp, entropy = token_logprobs(model, ids[rows], attn[rows], start, temperature=ro.temperature[rows])
-        loss, lm = _policy_loss(cfg, logp, old_logp[rows], adv[rows], mask[rows], entropy.detach())
+        loss, lm = registry.policy_loss(cfg.method, logp, old_logp[rows], adv[rows], mask[rows], run.configs,
+                                        entropy=entropy.detach())
         opt.zero_grad(set_to_none=True)
         loss.backward()
         lm["actor/grad_norm"] = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip).item()
@@ -435,13 +220,13 @@ def _rl_step(cfg: RLConfig, model, tokenizer, opt, state: RunState, pool, max_ne
     metrics["timing_s/update"] = time.perf_counter() - t0
 
     # ---- 7. method state after the step: SPO's tracker and stored responses, HAPO's next temperature statistics
-    if m == "spo":
+    if state.tracker is not None:
         tracked = state.tracker.update(prompt_idx.tolist(), scored.rewards.double(), divergence)
         _remember(state, prompt_idx, ro, old_logp)
         metrics.update({"spo/rho/mean": tracked["spo/rho_clipped"], "spo/D/mean": tracked["spo/D"],
                         "spo/rho_clip_ratio": tracked["spo/rho_clip_ratio"]})
-    if m == "hapo":
-        state.hapo_stats = hapo.entropy_stats(old_entropy, mask, pivot=cfg.hapo.entropy_pivot)
+    if cfg.method == "hapo":
+        state.hapo_stats = hapo.entropy_stats(old_entropy, mask, **registry.kwargs_for(hapo.entropy_stats, cfg.hapo))
         temps = ro.temperature[mask.bool()]
         metrics["hapo/temperature/mean"] = temps.mean().item()
         metrics["hapo/temperature/std"] = temps.std().item() if temps.numel() > 1 else 0.0
@@ -456,7 +241,7 @@ def _rl_step(cfg: RLConfig, model, tokenizer, opt, state: RunState, pool, max_ne
         "adv/zero_frac": (sample_adv == 0).float().mean().item(),
         "_tokens": ro.lengths.sum().item(),
     })
-    if form != "plain":  # the tool metrics of every method, so curves compare
+    if run.form != "plain":  # the tool metrics of every method, so curves compare
         metrics.update(aspo.aspo_metrics(ro.first_tool_pos.float().masked_fill(ro.first_tool_pos < 0, float("nan")),
                                          correct, ro.tool_calls, scored.code_pass))
     return metrics
@@ -483,45 +268,23 @@ def _select_scored(scored, rows: Tensor):
     return type(scored)(rewards=scored.rewards[rows], code_pass=scored.code_pass[rows])
 
 
-def _policy_loss(cfg: RLConfig, logp, old_logp, adv, mask, entropy) -> tuple[Tensor, dict[str, float]]:
-    m = cfg.method
-    if m == "gspo":
-        c = cfg.gspo
-        return gspo.gspo_loss(logp, old_logp, adv, mask, clip_low=c.clip_low, clip_high=c.clip_high, agg=c.agg,
-                              variant=c.variant)
-    if m == "aepo":
-        c = cfg.aepo
-        return aepo.aepo_loss(logp, old_logp, adv, mask, entropy=entropy if c.use_entropy_advantage else None,
-                              coef=c.coef, clip_low=c.clip_low, clip_high=c.clip_high, clip_c=c.clip_c, agg=c.agg,
-                              variant=c.variant)
-    if m == "hapo":
-        c = cfg.hapo
-        return hapo.hapo_loss(logp, old_logp, adv, mask, entropy=entropy, clip_low=c.clip_low,
-                              clip_high=c.clip_high, clip_c=c.clip_c, beta=c.adv_beta, alpha=c.clip_alpha,
-                              pivot=c.entropy_pivot, agg=c.agg, release_compat=c.release_compat,
-                              use_redistribution=c.adaptive_advantage, use_adaptive_clip=c.adaptive_clip)
-    c = cfg.spo if m == "spo" else cfg.grpo  # GRPO, ASPO (GRPO's loss) and SPO (PPO clip 0.2/0.28, c = 10)
-    return grpo.ppo_clip_loss(logp, old_logp, adv, mask, clip_low=c.clip_low, clip_high=c.clip_high,
-                              clip_c=c.clip_c, agg=c.agg)
-
-
-def _offline_scores(model, tokenizer, pool, cfg: RLConfig, max_new: int, form: str, gen) -> dict[int, list[float]]:
-    """SPO's offline value estimate: ``offline_N`` samples per pool prompt from the SFT model."""
-    n = cfg.spo.offline_N
+def offline_scores(run: Run, gen: torch.Generator) -> dict[int, list[float]]:
+    """SPO's offline value estimate: ``spo.offline_N`` samples per pool prompt from the SFT model."""
+    n = run.cfg.spo.offline_N
     if n == 0:
         return {}
-    problems = [p for p in pool for _ in range(n)]
+    problems = [p for p in run.pool for _ in range(n)]
     rewards = []
     for i in range(0, len(problems), 512):
         chunk = problems[i : i + 512]
-        ro = rollout(model, tokenizer, chunk, max_new_tokens=max_new, form=form, temperature=cfg.temperature,
-                     generator=gen)
+        ro = rollout(run.model, run.tokenizer, chunk, max_new_tokens=run.max_new, form=run.form,
+                     temperature=run.cfg.temperature, generator=gen)
         rewards.append(score_rollout(ro, chunk).rewards)
-    per_prompt = torch.cat(rewards).view(len(pool), n)
-    return {i: per_prompt[i].tolist() for i in range(len(pool))}
+    per_prompt = torch.cat(rewards).view(len(run.pool), n)
+    return {i: per_prompt[i].tolist() for i in range(len(run.pool))}
 
 
-def _spo_divergence(model, tokenizer, state: RunState, pool, prompt_idx: Tensor) -> Tensor:
+def _spo_divergence(run: Run, state: RunState, prompt_idx: Tensor) -> Tensor:
     """D = mean |Δ log π| on each prompt's last response between the policy that sampled it and the current one;
     0 for a prompt seen for the first time (verl: its stored log-probs equal the current ones)."""
     divergence = torch.zeros(len(prompt_idx), dtype=torch.float64)
@@ -530,8 +293,9 @@ def _spo_divergence(model, tokenizer, state: RunState, pool, prompt_idx: Tensor)
         return divergence
     mem = [state.spo_memory[int(prompt_idx[j])] for j in seen]
     with torch.no_grad():
-        cur = response_logprobs(model, tokenizer, [arithmetic.prompt(pool[int(prompt_idx[j])]) for j in seen],
-                                [e["tokens"] for e in mem], [e["temperature"] for e in mem]).cpu()
+        prompts = [arithmetic.prompt(run.pool[int(prompt_idx[j])]) for j in seen]
+        cur = response_logprobs(run.model, run.tokenizer, prompts, [e["tokens"] for e in mem],
+                                [e["temperature"] for e in mem]).cpu()
     for row, (j, e) in enumerate(zip(seen, mem)):
         n = len(e["tokens"])
         divergence[j] = masked_mean((cur[row, :n] - e["logp"]).abs(), e["mask"]).item()

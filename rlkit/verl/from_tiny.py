@@ -1,6 +1,6 @@
 """A tiny-engine run in verl: the same task, starting checkpoint and settings (``rlkit launch --tiny-scale S``).
 
-:func:`overrides` turns the tiny engine's :class:`~rlkit.tiny.rl.RLConfig` of a method and scale into verl keys,
+:func:`overrides` turns the tiny engine's :class:`~rlkit.tiny.config.RLConfig` of a method and scale into verl keys,
 and :func:`prepare` writes what the run reads, so that verl's ``main_ppo`` and ``rlkit train`` train the same
 model on the same problems with the same hyperparameters:
 
@@ -32,7 +32,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rlkit.tiny.rl import RLConfig, build_config
+from rlkit import registry
+from rlkit.tiny.config import RLConfig, build_config
 
 DATA_FORM = "mixed"
 """Reference solutions kept in the rows (the tiny engine's default form)."""
@@ -52,11 +53,6 @@ def cache_key(cfg: RLConfig) -> str:
     return f"{cfg.scale}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
 
 
-def _loss_config(cfg: RLConfig) -> Any:
-    """The ``Config`` whose clip range and aggregation the method's loss uses in the tiny engine."""
-    return {"gspo": cfg.gspo, "aepo": cfg.aepo, "hapo": cfg.hapo, "spo": cfg.spo}.get(cfg.method, cfg.grpo)
-
-
 def _method_options(name: str, config: Any) -> dict[str, Any]:
     """``+algorithm.<name>.<field>`` for every field verl does not own (its own keys carry the rest)."""
     from rlkit.verl import VERL_OWNED
@@ -64,7 +60,7 @@ def _method_options(name: str, config: Any) -> dict[str, Any]:
     out = {}
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
-        if f.name in VERL_OWNED or dataclasses.is_dataclass(value) or f.name == "code_detection":
+        if f.name in VERL_OWNED or dataclasses.is_dataclass(value):
             continue
         out[f"+algorithm.{name}.{f.name}"] = list(value) if isinstance(value, tuple) else value
     return out
@@ -78,7 +74,7 @@ def overrides(cfg: RLConfig) -> dict[str, Any]:
     if cfg.sft.form != DATA_FORM:
         raise ValueError(f"the verl twin of a tiny run uses the {DATA_FORM!r} form's calculator; sft.form is "
                          f"{cfg.sft.form!r}")
-    loss = _loss_config(cfg)
+    loss = registry.loss_kwargs(cfg.method, cfg.method_configs)  # the clip range and aggregation of its loss
     prompts = cfg.prompts_per_step
     if prompts % cfg.mini_batches:
         raise ValueError(f"prompts_per_step {prompts} is not a multiple of mini_batches {cfg.mini_batches}")
@@ -106,14 +102,14 @@ def overrides(cfg: RLConfig) -> dict[str, Any]:
         "trainer.test_freq": cfg.eval_every,
         "trainer.save_freq": cfg.eval_every,
         "trainer.val_before_train": True,
-        actor + "clip_ratio_low": loss.clip_low,
-        actor + "clip_ratio_high": loss.clip_high,
-        actor + "loss_agg_mode": loss.agg,
+        actor + "clip_ratio_low": loss["clip_low"],
+        actor + "clip_ratio_high": loss["clip_high"],
+        actor + "loss_agg_mode": loss["agg"],
         "algorithm.norm_adv_by_std_in_grpo": (cfg.hapo if cfg.method == "hapo" else cfg.grpo).norm_by_std,
         "algorithm.filter_groups.enable": cfg.dynamic_sampling,
     }
-    if getattr(loss, "clip_c", None) is not None:
-        keys[actor + "clip_ratio_c"] = loss.clip_c
+    if loss.get("clip_c") is not None:
+        keys[actor + "clip_ratio_c"] = loss["clip_c"]
     if cfg.overlong_buffer:
         raise ValueError("the verl twin does not carry the tiny engine's overlong penalty (overlong_buffer > 0)")
     if cfg.method in ("grpo", "gspo", "aepo", "aspo"):
@@ -132,7 +128,7 @@ def prepare(cfg: RLConfig, root: str | os.PathLike, *, device: str = "cpu", prog
 
     from rlkit.tasks import arithmetic
     from rlkit.tiny.hf import export_sft
-    from rlkit.tiny.rl import _offline_scores
+    from rlkit.tiny.rl import Run, offline_scores
     from rlkit.tiny.sft import warm_start
     from rlkit.tiny.task import max_response_tokens
     from rlkit.verl.data import arithmetic_rows, prompt_id, write_rows
@@ -155,7 +151,7 @@ def prepare(cfg: RLConfig, root: str | os.PathLike, *, device: str = "cpu", prog
             pool = arithmetic.make_pool(cfg.pool_size, seed=cfg.sft.seed, **knobs)
             gen = torch.Generator(device=device).manual_seed(cfg.seed + 1)  # the tiny run's sampler seed
             max_new = cfg.max_new_tokens or max_response_tokens(cfg.sft.task, cfg.sft.form)
-            scores = _offline_scores(model, tokenizer, pool, cfg, max_new, cfg.sft.form, gen)
+            scores = offline_scores(Run(cfg, model, tokenizer, None, pool, max_new, cfg.sft.form), gen)
             values = {prompt_id(pool[i].question): s for i, s in scores.items()}
             tmp = path.with_suffix(".tmp")
             tmp.write_text(json.dumps(values))

@@ -5,16 +5,16 @@ level (``verl/__init__.py``). So this module logs an ERROR itself before re-rais
 that every name is in verl's tables, and :func:`ensure_registered` lets rlkit's own code paths (launch, trainer,
 tests) import it explicitly (it also covers ``VERL_USE_EXTERNAL_PLUGINS=none``).
 
-Names. Each is ``rlkit_`` + a name of :mod:`rlkit.registry`, whose function it calls (nothing is re-implemented):
+Names. Each is ``rlkit_`` + a name of :mod:`rlkit.registry`; its function calls the registry's dispatch
+(:func:`rlkit.registry.policy_loss`, :func:`rlkit.registry.advantage`) for the rlkit method in
+:data:`rlkit.verl.POLICY_LOSSES` / :data:`rlkit.verl.ADV_ESTIMATORS`, exactly as the tiny trainer does (nothing is
+re-implemented, and no method is special-cased here):
 
-- policy losses (``actor_rollout_ref.actor.policy_loss.loss_mode``): ``rlkit_ppo`` →
-  :func:`rlkit.methods.grpo.ppo_clip_loss` (GRPO, ASPO, SPO); ``rlkit_gspo`` → :func:`rlkit.methods.gspo.gspo_loss`;
-  ``rlkit_aepo`` → :func:`rlkit.methods.aepo.aepo_loss` and ``rlkit_hapo`` → :func:`rlkit.methods.hapo.hapo_loss`
-  (both need the actor's entropies);
-- advantage estimators (``algorithm.adv_estimator``): ``rlkit_grpo`` → :func:`rlkit.methods.grpo.grpo_advantage`
-  (GRPO, GSPO, AEPO); ``rlkit_hapo_tlga`` → :func:`rlkit.methods.hapo.tlga_advantage` (HAPO); ``rlkit_aspo`` → the
-  base estimator, then :func:`rlkit.methods.aspo.aspo_shape`; ``rlkit_spo`` → :func:`rlkit.methods.spo.spo_advantage`
-  on the tracker's ``reward_baselines`` (the last two need the rlkit trainer).
+- policy losses (``actor_rollout_ref.actor.policy_loss.loss_mode``): ``rlkit_ppo`` (GRPO's loss, also ASPO's and
+  SPO's), ``rlkit_gspo``, ``rlkit_aepo`` and ``rlkit_hapo`` (the last two need the actor's entropies);
+- advantage estimators (``algorithm.adv_estimator``): ``rlkit_grpo`` (GRPO, GSPO, AEPO), ``rlkit_hapo_tlga`` (HAPO),
+  ``rlkit_aspo`` (its base estimator, shaped) and ``rlkit_spo`` (on the tracker's ``reward_baselines``; the last
+  two need the rlkit trainer).
 
 Trainer ``trainer.v1.trainer_mode=rlkit`` (:mod:`rlkit.verl.trainer`, registered here too) supplies what these
 signatures cannot carry: ASPO's correctness and first-code positions, SPO's baselines, tracker and prompt sampler,
@@ -30,17 +30,19 @@ and TLGA's std division). Everything else comes from ``+algorithm.<method>.<fiel
 - ``algorithm.gspo``: ``variant`` (``sequence`` | ``token``).
 - ``algorithm.aepo``: ``coef``, ``variant`` (``paper`` | ``arlarena``), ``use_entropy_advantage``.
 - ``algorithm.hapo``: ``adaptive_temperature``, ``temperature_tau``, ``entropy_pivot``, ``fallback_threshold``,
-  ``eps``, ``adaptive_advantage``, ``adv_beta``, ``adaptive_clip``, ``clip_alpha``, ``release_compat``; and the
+  ``eps``, ``use_redistribution``, ``adv_beta``, ``use_adaptive_clip``, ``clip_alpha``, ``release_compat``; and the
   verl-only ``stats_path`` (where the trainer writes the sampler's entropy statistics, read by
   :mod:`rlkit.verl.sampling`).
 - ``algorithm.aspo``: ``enabled``, ``delta``, ``k``, ``require_code_pass``, ``base_advantage`` (``grpo`` |
-  ``hapo_tlga``), ``code_detection.{prefer_structured_tool_calls, markdown_backticks, html_code_tags,
-  tool_call_json, result_fences}``.
+  ``hapo_tlga``); and the verl-only ``code_detection.{prefer_structured_tool_calls, markdown_backticks,
+  html_code_tags, tool_call_json, result_fences}`` (:class:`rlkit.tasks.tools.CodeDetection`: which detectors find
+  code calls in decoded responses).
 - ``algorithm.spo``: ``rho_type``, ``rho_value``, ``rho_min``, ``rho_max``, ``d_half``, ``offline_N``, ``eps``,
   ``gamma``, ``adv_eps``, ``no_baseline``; and the verl-only ``offline_values`` (path of ``offline_values.json``).
 
-Refused, with the verl key named: ``clip_low`` → ``actor_rollout_ref.actor.clip_ratio_low``, ``clip_high`` →
-``clip_ratio_high``, ``clip_c`` → ``clip_ratio_c``, ``agg`` → ``loss_agg_mode``, ``norm_by_std`` →
+verl's own keys set the ``Config`` fields they own (:func:`verl_owned`) before the registry turns the ``Config``
+into keyword arguments. Refused, with the verl key named: ``clip_low`` → ``actor_rollout_ref.actor.clip_ratio_low``,
+``clip_high`` → ``clip_ratio_high``, ``clip_c`` → ``clip_ratio_c``, ``agg`` → ``loss_agg_mode``, ``norm_by_std`` →
 ``algorithm.norm_adv_by_std_in_grpo``, ``temperature`` → ``actor_rollout_ref.rollout.temperature``,
 ``mini_batches`` → ``actor_rollout_ref.actor.ppo_mini_batch_size``, ``adv_estimator`` → ``algorithm.adv_estimator``.
 The ``+algorithm.*`` keys never reach verl's ``AlgoConfig`` in the v1 trainer (it reads ``config.algorithm``
@@ -55,9 +57,11 @@ Deviations forced by verl's extension points:
   Metrics other than the loss stay per micro-batch means, as verl's own are.
 - Method options reach the losses through :func:`loss_inputs` (a context set by the rlkit trainer's actor loss
   around verl's own ``ppo_loss``), because ``ActorConfig`` refuses unknown keys and ``ppo_loss`` passes no
-  entropy. Called by verl's stock ``ppo_loss`` the losses use the ``Config`` defaults; ``rlkit_hapo`` and
-  ``rlkit_aepo`` (with ``use_entropy_advantage``) then refuse to run without entropies rather than silently
-  dropping a component.
+  entropy. Called by verl's stock ``ppo_loss`` the losses use the ``Config`` defaults; a loss whose entropy
+  switches are on (:attr:`rlkit.registry.Method.entropy_switches`: HAPO's ``use_redistribution`` and
+  ``use_adaptive_clip``, AEPO's ``use_entropy_advantage``) then refuses to run without entropies rather than
+  silently dropping a component. The per-response inputs of ``rlkit_aspo``/``rlkit_spo`` reach them through
+  :func:`estimator_inputs` the same way.
 - verl's rollout-correction weights (``rollout_is_weights``) are refused: rlkit's losses weight off-policy tokens
   with their own decoupled-PPO form, which needs the rollout log-probs verl does not pass to a loss.
 - GRPO's ``clip_c=None`` (no dual clip) has no verl spelling: verl always dual-clips at ``clip_ratio_c``.
@@ -72,22 +76,25 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 
-from rlkit.methods import aepo, aspo, grpo, gspo, hapo, spo
-from rlkit.registry import get_advantage, get_policy_loss
+from rlkit import registry
+from rlkit.registry import AdvantageInputs, MissingInputs
 from rlkit.tasks.tools import CodeDetection
 from rlkit.verl import ADV_ESTIMATORS, POLICY_LOSSES, TRAINER, VERL_OWNED, cpu
 
 Tensor = torch.Tensor
 _log = logging.getLogger("rlkit.verl")
 
-CONFIGS = {"grpo": grpo.Config, "gspo": gspo.Config, "aepo": aepo.Config, "hapo": hapo.Config,
-           "aspo": aspo.Config, "spo": spo.Config}
+CONFIGS = {name: registry.get_method(name).config for name in registry.list_methods()["method"]}
 """rlkit method → the ``Config`` dataclass whose field names ``+algorithm.<method>.*`` uses."""
 
-VERL_EXTRAS = {"hapo": {"stats_path": None}, "spo": {"offline_values": None}}
+VERL_EXTRAS = {"hapo": {"stats_path": None}, "spo": {"offline_values": None}, "aspo": {"code_detection": None}}
 """Keys only a verl run has, per method, with their defaults."""
+
+ASPO_BASES = ("grpo", "hapo_tlga")
+"""Estimators ``algorithm.aspo.base_advantage`` may name in verl runs."""
 
 
 # --------------------------------------------------------------------------- +algorithm.<method>.* overrides
@@ -132,7 +139,8 @@ def method_config(algorithm: Any, method: str) -> tuple[Any, dict[str, Any]]:
 
     ``algorithm`` is verl's ``config.algorithm`` (DictConfig, dict, ``AlgoConfig``) or None (all defaults).
     Unknown keys fail naming the valid ones; keys verl owns fail naming the verl key (module doc). ``extras``
-    holds the verl-only keys of :data:`VERL_EXTRAS` with their defaults filled in.
+    holds the verl-only keys of :data:`VERL_EXTRAS` with their defaults filled in (ASPO's ``code_detection`` as a
+    :class:`~rlkit.tasks.tools.CodeDetection`, None for the default detectors).
     """
     if method not in CONFIGS:
         raise KeyError(f"unknown rlkit method {method!r}; valid: {', '.join(sorted(CONFIGS))}")
@@ -149,9 +157,20 @@ def method_config(algorithm: Any, method: str) -> tuple[Any, dict[str, Any]]:
     for key in list(section):
         if key in extras:
             extras[key] = section.pop(key)
-    if "code_detection" in section:
-        section["code_detection"] = _code_detection(section["code_detection"])
-    return cls(**section), extras
+    if extras.get("code_detection") is not None:
+        extras["code_detection"] = _code_detection(extras["code_detection"])
+    config = cls(**section)
+    base = getattr(config, "base_advantage", None)
+    if base is not None and base not in ASPO_BASES:
+        raise ValueError(f"algorithm.{method}.base_advantage {base!r}; valid: {', '.join(ASPO_BASES)}")
+    return config, extras
+
+
+def verl_owned(config: Any, **values: Any) -> Any:
+    """``config`` with the fields verl sets with its own keys (:data:`rlkit.verl.VERL_OWNED`) replaced by
+    ``values`` (``clip_low=...``); values for fields the Config does not have, or None, are left out."""
+    names = {f.name for f in dataclasses.fields(config)}
+    return dataclasses.replace(config, **{k: v for k, v in values.items() if k in names and v is not None})
 
 
 # --------------------------------------------------------------------------- policy losses
@@ -184,20 +203,15 @@ _ESTIMATOR_INPUTS: ContextVar[Mapping[str, Any] | None] = ContextVar("rlkit_esti
 
 @contextmanager
 def estimator_inputs(**per_response: Any) -> Iterator[None]:
-    """Within the block, ``rlkit_aspo``/``rlkit_spo`` read these per-response inputs (their keyword arguments)
-    when verl's ``compute_advantage`` calls them without (it passes a fixed set of keywords)."""
+    """Within the block, ``rlkit_*`` estimators read these per-response inputs, which verl's ``compute_advantage``
+    does not pass: fields of :class:`rlkit.registry.AdvantageInputs` (``correct``, ``first_code_pos``,
+    ``lengths``, ``code_pass``, ``baselines``) and ``real_rows`` ``(B,)`` bool, the rows that are not verl's
+    padding (the others get advantage 0 and stay out of the estimate)."""
     token = _ESTIMATOR_INPUTS.set(per_response)
     try:
         yield
     finally:
         _ESTIMATOR_INPUTS.reset(token)
-
-
-def _given_or_context(name: str, given: Any) -> Any:
-    if given is not None:
-        return given
-    inputs = _ESTIMATOR_INPUTS.get()
-    return None if inputs is None else inputs.get(name, None)
 
 
 def _clip_range(config: Any) -> tuple[float, float]:
@@ -234,44 +248,8 @@ def _options(method: str, given: Any, inputs: LossInputs | None) -> Any:
     return CONFIGS[method]()
 
 
-def _ppo(common: dict, config: Any, opts: grpo.Config, entropy: Tensor | None) -> tuple[Tensor, dict]:
-    return get_policy_loss("ppo")(**common, clip_c=config.get("clip_ratio_c", 3.0))
-
-
-def _gspo(common: dict, config: Any, opts: gspo.Config, entropy: Tensor | None) -> tuple[Tensor, dict]:
-    return get_policy_loss("gspo")(**common, variant=opts.variant)
-
-
-def _aepo(common: dict, config: Any, opts: aepo.Config, entropy: Tensor | None) -> tuple[Tensor, dict]:
-    if opts.use_entropy_advantage and entropy is None:
-        raise ValueError(
-            "rlkit_aepo reshapes the advantage with the actor's token entropies, which verl's ppo_loss does not "
-            "pass: run with trainer.v1.trainer_mode=rlkit, or set +algorithm.aepo.use_entropy_advantage=false "
-            "(the released ARPO scripts' clip-only form)"
-        )
-    return get_policy_loss("aepo")(**common, entropy=entropy if opts.use_entropy_advantage else None, coef=opts.coef,
-                                   clip_c=config.get("clip_ratio_c", 3.0), variant=opts.variant)
-
-
-def _hapo(common: dict, config: Any, opts: hapo.Config, entropy: Tensor | None) -> tuple[Tensor, dict]:
-    if entropy is None and (opts.adaptive_advantage or opts.adaptive_clip):
-        raise ValueError(
-            "rlkit_hapo needs the actor's token entropies (redistribution and adaptive clip), which verl's ppo_loss "
-            "does not pass: run with trainer.v1.trainer_mode=rlkit"
-        )
-    return get_policy_loss("hapo")(
-        **common, entropy=entropy, clip_c=config.get("clip_ratio_c", 10.0), beta=opts.adv_beta,
-        alpha=opts.clip_alpha, pivot=opts.entropy_pivot, release_compat=opts.release_compat,
-        use_redistribution=opts.adaptive_advantage, use_adaptive_clip=opts.adaptive_clip,
-    )
-
-
-_LOSS_RUNNERS: dict[str, Callable] = {"grpo": _ppo, "gspo": _gspo, "aepo": _aepo, "hapo": _hapo}
-
-
 def _verl_policy_loss(name: str) -> Callable:
     method = POLICY_LOSSES[name]
-    run = _LOSS_RUNNERS[method]
 
     def policy_loss(
         old_log_prob: Tensor,
@@ -294,13 +272,20 @@ def _verl_policy_loss(name: str) -> Callable:
             )
         inputs = _LOSS_INPUTS.get()
         entropy = entropy if entropy is not None else (inputs.entropy if inputs is not None else None)
-        opts = _options(method, options, inputs)
         batch_info = config.get("global_batch_info", None) or {}
         clip_low, clip_high = _clip_range(config)
-        common = dict(logp=log_prob, old_logp=old_log_prob, adv=advantages, mask=response_mask,
-                      clip_low=clip_low, clip_high=clip_high, agg=loss_agg_mode,
-                      loss_scale_factor=batch_info.get("loss_scale_factor", None))
-        loss, metrics = run(common, config, opts, entropy)
+        opts = verl_owned(_options(method, options, inputs), clip_low=clip_low, clip_high=clip_high,
+                          clip_c=config.get("clip_ratio_c", None), agg=loss_agg_mode)
+        try:
+            loss, metrics = registry.policy_loss(method, log_prob, old_log_prob, advantages, response_mask,
+                                                 {method: opts}, entropy=entropy,
+                                                 loss_scale_factor=batch_info.get("loss_scale_factor", None))
+        except MissingInputs as e:
+            raise ValueError(
+                f"{name} needs the actor's token entropies ({', '.join(e.names)}), which verl's ppo_loss does not "
+                f"pass: run with trainer.v1.trainer_mode=rlkit, or set "
+                f"{' '.join(f'+algorithm.{method}.{s}=false' for s in e.names)}"
+            ) from None
         return loss * global_scale(response_mask, loss_agg_mode, batch_info), metrics
 
     policy_loss.__name__ = policy_loss.__qualname__ = name
@@ -311,101 +296,72 @@ def _verl_policy_loss(name: str) -> Callable:
 # --------------------------------------------------------------------------- advantage estimators
 
 
-def _sequence_rewards(token_level_rewards: Tensor) -> Tensor:
-    return token_level_rewards.sum(-1)  # verl's outcome estimators: the sum of the token rewards
+class _AlgorithmConfigs(Mapping):
+    """rlkit method → its ``Config`` from ``algorithm.<method>`` (:func:`method_config`), read when the registry asks
+    for it, with ``norm_by_std`` from verl's ``algorithm.norm_adv_by_std_in_grpo``."""
+
+    def __init__(self, algorithm: Any) -> None:
+        self.algorithm = algorithm
+        self.norm_by_std = algorithm.get("norm_adv_by_std_in_grpo", True) if algorithm is not None else True
+
+    def __getitem__(self, method: str) -> Any:
+        return verl_owned(method_config(self.algorithm, method)[0], norm_by_std=self.norm_by_std)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(CONFIGS)
+
+    def __len__(self) -> int:
+        return len(CONFIGS)
 
 
-def _need_index(name: str, index: Any) -> Any:
-    if index is None:
-        raise ValueError(f"{name} groups responses by prompt: verl must pass index (the batch's 'uid')")
-    return index
+VERL_INPUT_NAMES = {"group_ids": "index, the batch's 'uid'", "baselines": "reward_baselines",
+                    "lengths": "response_lengths"}
+"""Fields of :class:`~rlkit.registry.AdvantageInputs` → what verl calls them, for error messages."""
 
 
-def grpo_estimator(token_level_rewards: Tensor, response_mask: Tensor, config: Any = None, index: Any = None,
-                   **_verl_optional: Any) -> tuple[Tensor, Tensor]:
-    """``rlkit_grpo``: :func:`rlkit.methods.grpo.grpo_advantage` → ``(advantages, returns)``, both ``(B, T)``."""
-    opts, _ = method_config(config, "grpo")
-    norm = config.get("norm_adv_by_std_in_grpo", True) if config is not None else True
-    adv = get_advantage("grpo")(_sequence_rewards(token_level_rewards), _need_index("rlkit_grpo", index),
-                              response_mask, norm_by_std=norm, eps=opts.eps)
-    return adv, adv
+def _rows(value: Any, keep: Tensor) -> Any:
+    """The ``keep`` rows of a per-response input (tensor, numpy array or list)."""
+    if value is None or isinstance(value, Tensor):
+        return value if value is None else value[keep.to(value.device)]
+    if isinstance(value, np.ndarray):
+        return value[keep.cpu().numpy()]
+    return [v for v, k in zip(value, keep.tolist()) if k]
 
 
-def tlga_estimator(token_level_rewards: Tensor, response_mask: Tensor, config: Any = None, index: Any = None,
-                   **_verl_optional: Any) -> tuple[Tensor, Tensor]:
-    """``rlkit_hapo_tlga``: :func:`rlkit.methods.hapo.tlga_advantage` (HAPO Eq. 9) → ``(advantages, returns)``."""
-    opts, _ = method_config(config, "hapo")
-    norm = config.get("norm_adv_by_std_in_grpo", True) if config is not None else True
-    adv = get_advantage("hapo_tlga")(_sequence_rewards(token_level_rewards), _need_index("rlkit_hapo_tlga", index),
-                              response_mask, norm_by_std=norm, fallback_threshold=opts.fallback_threshold,
-                              eps=opts.eps)
-    return adv, adv
+def _verl_estimator(name: str) -> Callable:
+    method = ADV_ESTIMATORS[name]
 
-
-ASPO_BASES = ("grpo", "hapo_tlga")
-
-
-def aspo_estimator(token_level_rewards: Tensor, response_mask: Tensor, config: Any = None, index: Any = None, *,
-                   correct: Any = None, first_code_pos: Any = None, response_lengths: Any = None,
-                   code_pass: Any = None, **_verl_optional: Any) -> tuple[Tensor, Tensor]:
-    """``rlkit_aspo``: the base estimator ``algorithm.aspo.base_advantage``, shaped by ASPO's Eq. 2.
-
-    ``correct``, ``first_code_pos``, ``response_lengths`` (and ``code_pass`` with ``require_code_pass``) are
-    ``(B,)`` per-response inputs verl's estimator call does not carry: the rlkit trainer passes them (keywords, or
-    :func:`estimator_inputs`).
-    """
-    opts, _ = method_config(config, "aspo")
-    correct, first_code_pos, response_lengths, code_pass = (
-        _given_or_context(n, v) for n, v in (("correct", correct), ("first_code_pos", first_code_pos),
-                                             ("response_lengths", response_lengths), ("code_pass", code_pass)))
-    if opts.base_advantage not in ASPO_BASES:
-        raise ValueError(f"algorithm.aspo.base_advantage {opts.base_advantage!r}; valid: {', '.join(ASPO_BASES)}")
-    base = {"grpo": grpo_estimator, "hapo_tlga": tlga_estimator}[opts.base_advantage]
-    adv, _ = base(token_level_rewards, response_mask, config, index)
-    if not opts.enabled:
+    def estimator(token_level_rewards: Tensor, response_mask: Tensor, config: Any = None, index: Any = None,
+                  reward_baselines: Tensor | None = None, **_verl_optional: Any) -> tuple[Tensor, Tensor]:
+        given = dict(_ESTIMATOR_INPUTS.get() or {})
+        if reward_baselines is not None:
+            given["baselines"] = reward_baselines
+        real = given.pop("real_rows", None)
+        rewards = token_level_rewards.sum(-1)  # verl's outcome estimators: the sum of the token rewards
+        inputs = AdvantageInputs(rewards, index, response_mask, **given)
+        configs = _AlgorithmConfigs(config)
+        try:
+            if real is None:
+                adv = registry.advantage(method, inputs, configs)
+            else:
+                real = torch.as_tensor(real, dtype=torch.bool, device=rewards.device)
+                kept = dataclasses.replace(inputs, **{f.name: _rows(getattr(inputs, f.name), real)
+                                                      for f in dataclasses.fields(inputs)})
+                adv = torch.zeros(response_mask.shape, dtype=rewards.dtype, device=rewards.device)
+                adv[real] = registry.advantage(method, kept, configs)
+        except MissingInputs as e:
+            verl_names = ", ".join(f"{n}: {VERL_INPUT_NAMES[n]}" for n in e.names if n in VERL_INPUT_NAMES)
+            raise ValueError(f"{name}: {e}{f' ({verl_names})' if verl_names else ''}, which verl's estimator call "
+                             "does not carry: run with trainer.v1.trainer_mode=rlkit") from None
         return adv, adv
-    missing = [n for n, v in (("correct", correct), ("first_code_pos", first_code_pos),
-                              ("response_lengths", response_lengths)) if v is None]
-    if opts.require_code_pass and code_pass is None:
-        missing.append("code_pass")
-    if missing:
-        raise ValueError(
-            f"rlkit_aspo needs per-response {', '.join(missing)}, which verl's estimator call does not carry: "
-            "run with trainer.v1.trainer_mode=rlkit"
-        )
-    adv = get_advantage("aspo")(adv, index, correct, first_code_pos, response_lengths, delta=opts.delta, k=opts.k,
-                          code_pass=code_pass if opts.require_code_pass else None, mask=response_mask)
-    return adv, adv
+
+    estimator.__name__ = estimator.__qualname__ = name
+    estimator.__doc__ = (f"verl advantage estimator {name!r}: rlkit's {method} estimator → "
+                         "``(advantages, returns)``, both ``(B, T)``.")
+    return estimator
 
 
-def spo_estimator(token_level_rewards: Tensor, response_mask: Tensor, config: Any = None, index: Any = None,
-                  reward_baselines: Tensor | None = None, *, real_rows: Tensor | None = None,
-                  **_verl_optional: Any) -> tuple[Tensor, Tensor]:
-    """``rlkit_spo``: :func:`rlkit.methods.spo.spo_advantage` with the tracker's pre-update values.
-
-    ``reward_baselines`` ``(B,)`` are the tracker's v̂ (zeros with ``no_baseline``); verl's ``compute_advantage``
-    passes them when the batch holds that field, else the rlkit trainer does through :func:`estimator_inputs`.
-    ``real_rows`` ``(B,)`` bool leaves out rows verl added as padding: they get 0 and stay out of the batch
-    normalisation.
-    """
-    opts, _ = method_config(config, "spo")
-    baselines, real = _given_or_context("reward_baselines", reward_baselines), _given_or_context("real_rows", real_rows)
-    if baselines is None:
-        raise ValueError(
-            "rlkit_spo needs the value tracker's baselines (reward_baselines): run with trainer.v1.trainer_mode=rlkit"
-        )
-    rewards = _sequence_rewards(token_level_rewards)
-    if real is None:
-        adv = get_advantage("spo")(rewards, baselines, eps=opts.adv_eps, mask=response_mask)
-    else:
-        real = torch.as_tensor(real, dtype=torch.bool, device=rewards.device)
-        adv = torch.zeros(response_mask.shape, dtype=rewards.dtype, device=rewards.device)
-        adv[real] = get_advantage("spo")(rewards[real], baselines[real], eps=opts.adv_eps, mask=response_mask[real])
-    return adv, adv
-
-
-ESTIMATOR_FUNCTIONS = {"rlkit_grpo": grpo_estimator, "rlkit_hapo_tlga": tlga_estimator,
-                       "rlkit_aspo": aspo_estimator, "rlkit_spo": spo_estimator}
+ESTIMATOR_FUNCTIONS = {name: _verl_estimator(name) for name in ADV_ESTIMATORS}
 POLICY_LOSS_FUNCTIONS = {name: _verl_policy_loss(name) for name in POLICY_LOSSES}
 
 

@@ -15,9 +15,9 @@ Interface: ``vllm.v1.sample.logits_processor.LogitsProcessor`` (vLLM ≥ 0.10.2,
 ``__init__(vllm_config, device, is_pin_memory)``, ``is_argmax_invariant()``, ``update_state(batch_update)``,
 ``apply(logits)``, ``validate_params(sampling_params)``. vLLM is optional: without it this module still imports
 (the base class is then ``object``) so it can be tested on CPU. Settings come from vLLM's free-form
-``additional_config`` (``--additional-config``) under ``rlkit_hapo``: ``stats_path`` (required), ``tau``
-(default 0.05), ``release_compat`` (default false). The rlkit trainer sets them, with
-``logits_processors=["rlkit.verl.sampling:AdaptiveTemperatureProcessor"]``, in
+``additional_config`` (``--additional-config``) under ``rlkit_hapo``: ``stats_path`` (required),
+``temperature_tau`` (default 0.05), ``release_compat`` (default false), ``hapo.Config``'s names. The rlkit trainer
+sets them, with ``logits_processors=["rlkit.verl.sampling:AdaptiveTemperatureProcessor"]``, in
 ``actor_rollout_ref.rollout.engine_kwargs.vllm`` from ``+algorithm.hapo.*``.
 
 What the processor applied is recorded, so the run can log the temperatures vLLM actually sampled at: each
@@ -115,14 +115,15 @@ class _AdaptiveTemperature:
                 f"AdaptiveTemperatureProcessor needs vLLM's additional_config.{CONFIG_KEY}.stats_path "
                 "(the rlkit trainer sets it from +algorithm.hapo.*)"
             )
-        unknown = sorted(set(settings) - {"stats_path", "tau", "release_compat"})
+        unknown = sorted(set(settings) - {"stats_path", "temperature_tau", "release_compat"})
         if unknown:
             raise ValueError(f"unknown key(s) additional_config.{CONFIG_KEY}.{', '.join(unknown)}; "
-                             "valid: release_compat, stats_path, tau")
+                             "valid: release_compat, stats_path, temperature_tau")
         self.stats_path = str(settings["stats_path"])
-        self.tau = float(settings.get("tau", 0.05))
-        if not 0.0 <= self.tau < 1.0:
-            raise ValueError(f"additional_config.{CONFIG_KEY}.tau must lie in [0, 1), got {self.tau}")
+        self.temperature_tau = float(settings.get("temperature_tau", 0.05))
+        if not 0.0 <= self.temperature_tau < 1.0:
+            raise ValueError(f"additional_config.{CONFIG_KEY}.temperature_tau must lie in [0, 1), "
+                             f"got {self.temperature_tau}")
         self.release_compat = bool(settings.get("release_compat", False))
         self.device = torch.device(device)
         self.stats: EntropyStats | None = None
@@ -184,7 +185,8 @@ class _AdaptiveTemperature:
             return logits
         # earlier processors may have masked tokens with -inf; 0·(-inf) would make the entropy NaN
         finite = torch.nan_to_num(logits.float(), neginf=torch.finfo(torch.float32).min / 2)
-        scale = adaptive_temperature(finite, 1.0, self.stats, tau=self.tau, release_compat=self.release_compat)
+        scale = adaptive_temperature(finite, 1.0, self.stats, temperature_tau=self.temperature_tau,
+                                     release_compat=self.release_compat)
         self.applied["tokens"] += scale.numel()
         self.applied["factor_sum"] += scale.double().sum().item()
         self.applied["factor_sq_sum"] += scale.double().square().sum().item()

@@ -77,10 +77,11 @@ from verl.utils.dataset.rl_dataset import collate_fn
 from verl.workers.utils.losses import ppo_loss
 from verl.workers.utils.padding import no_padding_2_padding, response_from_nested
 
+from rlkit import registry
 from rlkit.methods import aspo, hapo, spo
 from rlkit.tasks.tools import CodeDetection, count_code_calls, first_code_char
 from rlkit.verl import ADV_ESTIMATORS, POLICY_LOSSES, TRAINER
-from rlkit.verl.plugin import ASPO_BASES, estimator_inputs, loss_inputs, method_config
+from rlkit.verl.plugin import estimator_inputs, loss_inputs, method_config
 from rlkit.verl.sampling import APPLIED, CONFIG_KEY, applied_metrics, read_applied, save_stats
 
 Tensor = torch.Tensor
@@ -116,11 +117,8 @@ class MethodSetup:
         loss = str(config.actor_rollout_ref.actor.policy_loss.get("loss_mode", "vanilla"))
         setup = cls(adv, loss)
         methods = [m for name, m in {**ADV_ESTIMATORS, **POLICY_LOSSES}.items() if name in (adv, loss)]
-        if adv == "rlkit_aspo":
-            base = method_config(config.algorithm, "aspo")[0].base_advantage
-            if base not in ASPO_BASES:
-                raise ValueError(f"algorithm.aspo.base_advantage {base!r}; valid: {', '.join(ASPO_BASES)}")
-            methods.append(ADV_ESTIMATORS[f"rlkit_{base}"])
+        if adv == "rlkit_aspo":  # the base estimator's options are read too
+            methods.append(ADV_ESTIMATORS[f"rlkit_{method_config(config.algorithm, 'aspo')[0].base_advantage}"])
         for method in dict.fromkeys(methods):
             setup.options[method], setup.extras[method] = method_config(config.algorithm, method)
         setup._check(config)
@@ -142,10 +140,10 @@ class MethodSetup:
 
     @property
     def needs_entropy(self) -> bool:
-        """The loss reads the actor's entropies (AEPO's reshaping, HAPO's redistribution and clip)."""
-        if self.loss_mode == "rlkit_hapo":
-            return True
-        return self.loss_mode == "rlkit_aepo" and self.options["aepo"].use_entropy_advantage
+        """The loss reads the actor's entropies (:meth:`rlkit.registry.Method.needs_entropy`: AEPO's reshaping,
+        HAPO's redistribution and clip)."""
+        method = POLICY_LOSSES.get(self.loss_mode)
+        return method is not None and registry.get_method(method).needs_entropy(self.options[method])
 
     @property
     def adaptive_temperature(self) -> bool:
@@ -270,14 +268,13 @@ class RlkitTrainer(PPOTrainerSync):
     # ----------------------------------------------------------------------- setup
 
     def _add_sampler_processor(self, config: Any) -> None:
-        opts = self.method.options["hapo"]
         vllm_kwargs = config.actor_rollout_ref.rollout.engine_kwargs.vllm
         processors = list(vllm_kwargs.get("logits_processors", None) or [])
         if SAMPLER_PROCESSOR not in processors:
             processors.append(SAMPLER_PROCESSOR)
         additional = dict(vllm_kwargs.get("additional_config", None) or {})
-        additional[CONFIG_KEY] = {"stats_path": self.hapo_stats_path, "tau": opts.temperature_tau,
-                                    "release_compat": opts.release_compat}
+        additional[CONFIG_KEY] = {"stats_path": self.hapo_stats_path,  # and temperature_tau, release_compat
+                                  **registry.kwargs_for(hapo.adaptive_temperature, self.method.options["hapo"])}
         vllm_kwargs.logits_processors = processors
         vllm_kwargs.additional_config = additional
 
@@ -310,7 +307,8 @@ class RlkitTrainer(PPOTrainerSync):
 
     def write_sampler_stats(self, entropy: Tensor, mask: Tensor) -> dict[str, float]:
         """HAPO Eq. 5's statistics of this step's entropies → ``stats_path`` (atomic), for the next rollout."""
-        stats = hapo.entropy_stats(entropy, mask, pivot=self.method.options["hapo"].entropy_pivot)
+        stats = hapo.entropy_stats(entropy, mask,
+                                   **registry.kwargs_for(hapo.entropy_stats, self.method.options["hapo"]))
         values = save_stats(self.hapo_stats_path, stats)
         return {f"hapo/sampler_stats/{name}": value for name, value in values.items()}
 
@@ -333,23 +331,24 @@ class RlkitTrainer(PPOTrainerSync):
 
         ``data.batch``: ``rm_scores`` ``(B, T)``; ASPO: ``responses`` ``(B, T)`` right-padded token ids and
         ``response_lengths`` ``(B,)`` (tool output included); ``data.non_tensor_batch``: ``extra_fields`` (ASPO,
-        optional), ``extra_info`` (SPO) and ``is_padding`` (optional).
+        optional), ``extra_info`` (SPO) and ``is_padding`` (optional). Returns fields of
+        :class:`rlkit.registry.AdvantageInputs` (and SPO's ``real_rows``), for :func:`estimator_inputs`.
         """
         rewards = data.batch["rm_scores"].sum(-1)
         extra_fields = data.non_tensor_batch.get("extra_fields", None)
         if self.method.adv_estimator == "rlkit_aspo":
-            opts = self.method.options["aspo"]
+            detection = self.method.extras["aspo"]["code_detection"]
             lengths = data.batch["response_lengths"]
             positions, calls = [], []
             for ids, n in zip(data.batch["responses"].tolist(), lengths.tolist()):
-                pos, count = first_code_token(ids[:n], self._decode, opts.code_detection)
+                pos, count = first_code_token(ids[:n], self._decode, detection)
                 positions.append(pos if pos >= 0 else math.nan)
                 calls.append(count)
             pos = torch.tensor(positions, dtype=torch.float64)
             correct = correctness(rewards, extra_fields)
             passed = code_pass_flags(extra_fields, len(rewards))
             metrics.update(aspo.aspo_metrics(pos, correct, torch.tensor(calls), passed))
-            return {"correct": correct, "first_code_pos": pos, "response_lengths": lengths, "code_pass": passed}
+            return {"correct": correct, "first_code_pos": pos, "lengths": lengths, "code_pass": passed}
         # SPO
         ids = prompt_ids_of(data.non_tensor_batch["extra_info"])
         real = ~torch.as_tensor(np.asarray(data.non_tensor_batch.get("is_padding", [False] * len(ids)), dtype=bool))
@@ -358,7 +357,7 @@ class RlkitTrainer(PPOTrainerSync):
             kept = [pid for pid, keep in zip(ids, real.tolist()) if keep]
             baselines[real] = self.spo_tracker.baseline(kept)
         metrics["spo/baseline/mean"] = baselines[real].mean().item()
-        return {"reward_baselines": baselines.to(rewards.dtype), "real_rows": real}
+        return {"baselines": baselines.to(rewards.dtype), "real_rows": real}
 
     def advantage_step(self, data: DataProto, metrics: dict) -> DataProto:
         """The advantage step on an in-memory batch: :meth:`advantage_inputs`, then verl's ``compute_advantage``.
@@ -403,18 +402,16 @@ class RlkitTrainer(PPOTrainerSync):
                 offline = json.load(f)
         elif opts.offline_N:
             _log.warning("SPO without +algorithm.spo.offline_values: every prompt starts at α = β = ½")
-        self.spo_tracker = spo.ValueTracker(pool, offline_scores=offline, offline_N=opts.offline_N,
-                                            rho_min=opts.rho_min, rho_max=opts.rho_max, d_half=opts.d_half,
-                                            rho_type=opts.rho_type, rho_value=opts.rho_value)
+        self.spo_tracker = spo.ValueTracker(pool, offline_scores=offline, **registry.kwargs_for(spo.ValueTracker, opts))
         self.spo_sampler = spo.PromptSampler(pool, seed=int(self.config.data.get("seed", None) or 0))
 
     def _fetch_one_gen_batch(self):
         """SPO draws the step's prompts by the tracker's weights instead of verl's dataloader order."""
         if self.spo_sampler is None:
             return super()._fetch_one_gen_batch()
-        opts = self.method.options["spo"]
+        knobs = registry.kwargs_for(spo.ValueTracker.weights, self.method.options["spo"])
         n = self.config.data.get("gen_batch_size", None) or self.config.data.train_batch_size
-        ids = self.spo_sampler.sample(self.spo_tracker.weights(eps=opts.eps, gamma=opts.gamma), int(n))
+        ids = self.spo_sampler.sample(self.spo_tracker.weights(**knobs), int(n))
         batch_dict = collate_fn([self.train_dataset[self._spo_rows[pid]] for pid in ids])
         batch_dict["uid"] = np.array([str(uuid.uuid4()) for _ in ids], dtype=object)
         return tu.get_tensordict(batch_dict)

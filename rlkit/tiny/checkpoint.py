@@ -1,0 +1,85 @@
+"""What a tiny-engine run keeps between steps and on disk: :class:`RunState` (generators, SPO's tracker, sampler and
+stored responses, HAPO's entropy statistics), the atomic ``checkpoint.pt`` (:func:`save_checkpoint`,
+:func:`restore_checkpoint`) and ``env.json`` (:func:`environment`)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import rlkit
+from rlkit.methods import hapo, spo
+from rlkit.tiny.config import RLConfig
+
+Tensor = torch.Tensor
+
+
+@dataclass
+class RunState:
+    """Everything a resumed run needs besides the model and optimizer."""
+
+    step: int = 0
+    prompt_gen: torch.Generator = field(default_factory=torch.Generator)
+    sample_gen: torch.Generator | None = None
+    tracker: spo.ValueTracker | None = None
+    prompt_sampler: spo.PromptSampler | None = None
+    spo_memory: dict[int, dict[str, Tensor]] = field(default_factory=dict)
+    """SPO: per pool prompt, its last response (tokens, temperatures, log-probs at sampling time) for D."""
+    hapo_stats: hapo.EntropyStats | None = None
+    """HAPO: the previous step's entropy statistics, which set this step's sampling temperatures."""
+
+
+def save_checkpoint(path: Path, model, opt, state: RunState) -> None:
+    """Write model, optimizer and ``state`` to ``path`` (``checkpoint.pt``), atomically."""
+    blob = {
+        "model": model.state_dict(), "optimizer": opt.state_dict(), "step": state.step,
+        "prompt_gen": state.prompt_gen.get_state(), "sample_gen": state.sample_gen.get_state(),
+        "tracker": state.tracker.state_dict() if state.tracker else None,
+        "prompt_sampler": state.prompt_sampler.state_dict() if state.prompt_sampler else None,
+        "spo_memory": state.spo_memory,
+        "hapo_stats": tuple(state.hapo_stats) if state.hapo_stats is not None else None,
+    }
+    tmp = path.with_suffix(".tmp")
+    torch.save(blob, tmp)
+    os.replace(tmp, path)  # atomic: a kill leaves the previous checkpoint or this one, never half of one
+
+
+def restore_checkpoint(path: Path, model, opt, state: RunState) -> None:
+    """Load :func:`save_checkpoint`'s ``path`` into ``model``, ``opt`` and ``state`` (which holds SPO's tracker and
+    sampler already when the run is SPO's)."""
+    blob = torch.load(path, map_location="cpu", weights_only=False)
+    model.load_state_dict(blob["model"])
+    opt.load_state_dict(blob["optimizer"])
+    state.step = blob["step"]
+    state.prompt_gen.set_state(blob["prompt_gen"])
+    state.sample_gen.set_state(blob["sample_gen"])
+    if state.tracker is not None:
+        state.tracker.load_state_dict(blob["tracker"])
+        state.prompt_sampler.load_state_dict(blob["prompt_sampler"])
+    state.spo_memory = blob["spo_memory"]
+    state.hapo_stats = hapo.EntropyStats(*blob["hapo_stats"]) if blob["hapo_stats"] is not None else None
+
+
+def environment(cfg: RLConfig, device: str) -> dict[str, Any]:
+    """``env.json``: versions, seed and hardware, so a result can be traced to what produced it."""
+    here = Path(rlkit.__file__).parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                                cwd=here).stdout.strip() or None
+        # the library differs from the commit (uncommitted edits under rlkit/): the commit alone does not reproduce it
+        dirty = commit is not None and subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "."], cwd=here,
+                                                      timeout=5).returncode == 1
+    except (OSError, subprocess.SubprocessError):
+        commit, dirty = None, None
+    return {
+        "rlkit": rlkit.__version__, "commit": commit, "dirty": dirty, "python": platform.python_version(),
+        "torch": torch.__version__, "platform": platform.platform(), "processor": platform.processor(),
+        "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "device": device,
+        "cuda": torch.cuda.get_device_name(0) if device.startswith("cuda") else None, "seed": cfg.seed,
+    }

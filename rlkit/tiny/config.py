@@ -1,0 +1,198 @@
+"""The tiny engine's run configuration: :class:`RLConfig` (every field a ``--set`` key), the scale presets
+(:data:`SCALES`) and :func:`build_config`, which applies a preset and dotted-key overrides.
+
+Each method's settings are its ``Config`` from :mod:`rlkit.methods` under the method's name (``--set
+hapo.adv_beta=0.5``); the field names are the keyword names of the method's functions
+(:func:`rlkit.registry.kwargs_for`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from typing import Any
+
+from rlkit import registry
+from rlkit.methods import aepo, aspo, grpo, gspo, hapo, spo
+from rlkit.tiny.sft import SFTConfig
+
+METHODS = ("grpo", "gspo", "aspo", "aepo", "spo", "hapo")
+"""The methods with a section in :class:`RLConfig` (``rlkit train --method``)."""
+
+
+@dataclass
+class RLConfig:
+    """One tiny-engine run. Field names are the CLI's ``--set`` keys and the notebooks' parameters."""
+
+    method: str = "grpo"
+    """Which method: grpo, gspo, aspo, aepo, spo or hapo."""
+    scale: str = "cpu"
+    """The preset these settings started from (smoke, cpu, gpu; see ``SCALES``), recorded for figure captions."""
+    seed: int = 0
+    """Seeds prompt choice, sampling and mini-batch order (the SFT checkpoint has its own seed)."""
+    steps: int = 40
+    """RL steps (one rollout batch each). 40 at cpu scale: held-out accuracy plateaus by step 20–30 and the methods'
+    mechanisms (first-call position, zero-advantage share, clipping) have separated by then, while the six methods,
+    their notebooks and the book fit in 20 minutes on a 2-core CPU (reproductions/LOG.md)."""
+    prompts_per_step: int = 16
+    """Prompts per rollout batch."""
+    group_size: int = 8
+    """Responses per prompt (GRPO's G). SPO uses 1 and draws ``group_size`` times the prompts instead."""
+    pool_size: int = 512
+    """Fixed pool of training prompts every method draws from (SPO's tracker needs prompts that come back)."""
+    temperature: float = 1.0
+    """Sampling temperature (HAPO adapts it per token around this value)."""
+    max_new_tokens: int | None = None
+    """Response budget in tokens; None fits every gold solution of the task."""
+    lr: float = 1e-4
+    """Adam learning rate of the RL stage. Measured here (GRPO, SFT start 51%): 3e-4 and above drift the tiny
+    model off its SFT optimum (held-out accuracy falls 5–25 points); 1e-4 holds it (reproductions/LOG.md)."""
+    warmup_steps: int = 10
+    """Linear learning-rate warm-up over the first RL steps (as the HAPO/DAPO recipes): Adam's first,
+    sign-like updates at full rate knock a freshly fine-tuned model off its SFT optimum."""
+    mini_batches: int = 2
+    """Optimizer steps per rollout batch; ≥ 2 takes the later ones off-policy, so ratios leave 1 and clips act."""
+    grad_clip: float = 1.0
+    """Global gradient-norm clip."""
+    eval_every: int = 10
+    """Greedy held-out accuracy (``val/acc``) every this many steps, at step 0 and at the last step."""
+    eval_size: int = 200
+    """Held-out problems for ``val/acc``."""
+    dynamic_sampling: bool = False
+    """Drop groups whose rewards are all equal (DAPO), refilled from ``dynamic_oversample``× as many groups."""
+    dynamic_oversample: int = 2
+    """How many times ``prompts_per_step`` groups are sampled when ``dynamic_sampling`` is on."""
+    overlong_buffer: int = 0
+    """DAPO's soft overlong penalty: the last this-many tokens of the budget cost reward linearly (0: off)."""
+    overlong_penalty: float = 1.0
+    """Reward lost at the very end of the budget."""
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    """The warm start (cached by its hash; the task knobs live here)."""
+    grpo: grpo.Config = field(default_factory=lambda: grpo.Config(clip_high=0.28, clip_c=3.0))
+    """GRPO's advantage and PPO-clip loss (also ASPO's base). Clip-higher 0.28 and dual clip 3 as in DAPO/verl."""
+    gspo: gspo.Config = field(default_factory=gspo.Config)
+    """GSPO's sequence-ratio loss."""
+    aspo: aspo.Config = field(default_factory=aspo.Config)
+    """ASPO's shaping of GRPO's advantage."""
+    aepo: aepo.Config = field(default_factory=aepo.Config)
+    """AEPO's entropy-aware advantage and stop-gradient clip."""
+    spo: spo.Config = field(default_factory=spo.Config)
+    """SPO's value tracker, forgetting factor, prompt sampler and PPO clip."""
+    hapo: hapo.Config = field(default_factory=hapo.Config)
+    """HAPO's adaptive temperature, TLGA, redistribution and adaptive clip."""
+
+    def __post_init__(self) -> None:
+        known = registry.list_methods()["method"]
+        if self.method not in known:
+            raise ValueError(f"unknown method {self.method!r}; valid: {', '.join(known)}")
+        if self.method == "spo" and self.dynamic_sampling:
+            raise ValueError("dynamic sampling filters groups; SPO has one response per prompt and no groups")
+        if self.method == "aspo" and self.aspo.base_advantage != "grpo":
+            raise ValueError(f"aspo.base_advantage: the tiny engine shapes GRPO's advantage ('grpo'), "
+                             f"got {self.aspo.base_advantage!r}")
+        if self.method == "hapo":  # fields of hapo.Config that the tiny engine takes from elsewhere must agree
+            if self.hapo.adv_estimator not in ("hapo_tlga", "grpo"):
+                raise ValueError(f"hapo.adv_estimator must be 'hapo_tlga' (component B) or 'grpo' (B off), "
+                                 f"got {self.hapo.adv_estimator!r}")
+            if self.hapo.temperature != self.temperature:
+                raise ValueError(f"hapo.temperature ({self.hapo.temperature}) differs from temperature "
+                                 f"({self.temperature}): the tiny engine samples at `temperature`; set that one")
+        for name in ("steps", "prompts_per_step", "group_size", "pool_size", "mini_batches", "eval_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.prompts_per_step * self.group_size
+
+    @property
+    def method_configs(self) -> dict[str, Any]:
+        """Method name → its ``Config`` here, for :mod:`rlkit.registry`'s dispatch (a registered method without a
+        field here runs with its ``Config`` defaults)."""
+        methods = set(registry.list_methods()["method"])
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name in methods}
+
+
+# ------------------------------------------------------------------------------------------------ scales
+# Each scale is a set of overrides of RLConfig; SPO then trades groups for prompts, and user overrides win.
+SCALES: dict[str, dict[str, Any]] = {
+    "smoke": {  # plumbing only, seconds on a CPU: every method end to end in the test suite
+        "steps": 2, "prompts_per_step": 4, "group_size": 4, "pool_size": 16, "eval_every": 2, "eval_size": 8,
+        "max_new_tokens": 48,
+        "sft": {"d_model": 32, "n_layers": 1, "n_heads": 2, "steps": 4, "schedule_steps": None, "batch_size": 8,
+                "warmup": 2, "eval_size": 8, "task": {"max_ops": 1}},
+    },
+    "cpu": {},  # the defaults: the reproductions' scale on a 2-core CPU
+    "gpu": {
+        "steps": 200, "prompts_per_step": 64, "pool_size": 4096, "eval_size": 1000,
+        "sft": {"d_model": 256, "n_layers": 6, "n_heads": 8, "steps": 1500, "schedule_steps": 2000, "batch_size": 64,
+                "eval_size": 1000},
+    },
+}
+
+
+def build_config(method: str, scale: str = "cpu", overrides: dict[str, Any] | None = None) -> RLConfig:
+    """RLConfig for ``method`` at ``scale`` with dotted-key ``overrides`` (e.g. ``{"gspo.clip_low": 3e-3}``)."""
+    if scale not in SCALES:
+        raise ValueError(f"unknown scale {scale!r}; valid: {', '.join(SCALES)}")
+    cfg = RLConfig(method=method, scale=scale)
+    _apply(cfg, SCALES[scale])
+    if method == "spo":  # one response per prompt, and as many prompts as GRPO has samples per step
+        _apply(cfg, {"group_size": 1, "prompts_per_step": cfg.samples_per_step})
+    for key, value in (overrides or {}).items():
+        set_field(cfg, key, value)
+    cfg.__post_init__()
+    return cfg
+
+
+def _apply(obj: Any, values: dict[str, Any], prefix: str = "") -> None:
+    for key, value in values.items():
+        if isinstance(value, dict):
+            _apply(obj, value, f"{prefix}{key}.")
+        else:
+            set_field(obj, prefix + key, value)
+
+
+def parse_sets(items: list[str] | None) -> dict[str, str]:
+    """``["steps=100", "gspo.clip_low=3e-3"]`` (the CLI's ``--set``) → ``{"steps": "100", ...}``."""
+    out = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
+        out[key.strip()] = value
+    return out
+
+
+def set_field(obj: Any, dotted: str, value: Any) -> None:
+    """Set a (nested, frozen or not) dataclass field by dotted name; strings are parsed as YAML scalars."""
+    head, _, rest = dotted.partition(".")
+    names = {f.name for f in fields(obj)}
+    if head not in names:
+        raise KeyError(f"{type(obj).__name__} has no field {head!r}; valid: {', '.join(sorted(names))}")
+    if rest:
+        child = getattr(obj, head)
+        if not is_dataclass(child):
+            raise KeyError(f"{head!r} is not a group of settings, so {dotted!r} cannot be set")
+        set_field(child, rest, value)
+        if getattr(type(child), "__dataclass_params__").frozen:  # frozen configs (TaskConfig) are rebuilt
+            object.__setattr__(obj, head, type(child)(**asdict(child)))
+        return
+    if isinstance(value, str):
+        value = _parse_scalar(value)
+    current = getattr(obj, head)
+    if isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if isinstance(current, tuple) and isinstance(value, list):
+        value = tuple(value)
+    object.__setattr__(obj, head, value)
+
+
+def _parse_scalar(text: str) -> Any:
+    """A command-line value: JSON first (``3e-3``, ``true``, ``null``, ``[1, 2]``), then YAML, else the string."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        import yaml
+
+        return yaml.safe_load(text)
