@@ -1,7 +1,7 @@
 """Build the Jupyter Book (1.x, offline) from the executed notebooks of the reproductions.
 
 ``book/`` holds the hand-written pages (intro, papers, full-scale runs), ``_config.yml``, ``_toc.yml`` and
-``references.bib``. :func:`build` copies each spec's executed notebook (its first seed's) from the results into
+``references.bib``. :func:`build` copies each spec's executed notebook from the results into
 ``<book>/notebooks/`` and runs ``jupyter-book build`` with warnings as errors; nothing is executed during the build
 (``execute_notebooks: off``), so the pages show exactly what ``rlkit reproduce`` computed. The generated blocks
 of the hand-written *Full-scale runs* page (presets table, launch commands) come from :mod:`rlkit.book_pages`.
@@ -23,8 +23,8 @@ BOOK_DIR = REPO / "book"
 
 
 def executed_notebooks(results: Path = RESULTS_DIR, specs_dir: Path = SPECS_DIR) -> dict[str, Path]:
-    """Where each spec's executed notebook (its first seed's) lies under ``results``, by spec name."""
-    return {spec.name: spec.run_dirs(Path(results), 1)[0] / f"{Path(spec.notebook).stem}.ipynb"
+    """Where each spec's executed notebook lies under ``results``, by spec name."""
+    return {spec.name: spec.out_dir(Path(results)) / f"{Path(spec.notebook).stem}.ipynb"
             for spec in load_specs(specs_dir)}
 
 

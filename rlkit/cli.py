@@ -49,7 +49,7 @@ def _train(args: argparse.Namespace) -> int:
     overrides = _overrides(args.set)
     overrides["seed"] = args.seed
     try:
-        cfg = build_config(args.method, args.scale, overrides)
+        cfg = build_config(args.method, args.scale, overrides, regime=args.regime)
     except (KeyError, ValueError) as e:
         raise SystemExit(f"rlkit train: {e.args[0] if e.args else e}") from None
     device = args.device
@@ -84,7 +84,8 @@ def _reproduce(args: argparse.Namespace) -> int:
     from rlkit.reproduce import NotebookFailed, reproduce
 
     try:
-        done = reproduce(only=args.only, scale=args.scale, seeds=args.seeds, results=args.results, device=args.device)
+        done = reproduce(only=args.only, scale=args.scale, seeds=args.seeds, results=args.results, device=args.device,
+                         workers=args.workers)
     except NotebookFailed as e:
         print(f"rlkit reproduce: {e}", file=sys.stderr)
         return 1
@@ -141,11 +142,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the names as JSON")
     p.set_defaults(func=_methods)
 
-    from rlkit.tiny.config import METHODS, SCALES  # light: no model is built at import
+    from rlkit.tiny.config import METHODS, REGIMES, SCALES  # light: no model is built at import
 
     p = sub.add_parser("train", help="run one method on the tiny CPU engine (SFT warm start, then RL)")
     p.add_argument("--method", required=True, choices=METHODS)
     p.add_argument("--scale", default="cpu", choices=list(SCALES), help="smoke (seconds), cpu (default), gpu")
+    p.add_argument("--regime", default="standard", choices=list(REGIMES),
+                   help="standard (default) or stress: stale rollouts and many updates per batch, so clipping binds")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, help="run directory: metrics.jsonl, config.json, env.json, checkpoint")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
@@ -169,7 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("reproduce", help="execute the reproduction notebooks with papermill, then build the book")
     p.add_argument("--only", nargs="+", metavar="NAME", help="these specs only (reproductions/specs/NAME.yaml)")
     p.add_argument("--scale", default=None, choices=list(SCALES), help="override every spec's scale")
-    p.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 per method (default: each spec's)")
+    p.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 per run (default: each spec's, 3)")
+    p.add_argument("--workers", type=int, default=2, help="runs trained side by side, one CPU thread each (default 2)")
     p.add_argument("--results", default=str(RESULTS_DIR), help="results directory (default %(default)s)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--book", action="store_true", help="build the book afterwards (rlkit book)")

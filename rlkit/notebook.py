@@ -14,8 +14,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rlkit import plots
-from rlkit.reproduce import RESULTS_DIR, ensure_run, get_spec, judge_claims
+from rlkit import claims, plots
+from rlkit.claims import judge_claims
+from rlkit.plots import Run
+from rlkit.reproduce import RESULTS_DIR, ensure_run, get_spec
 
 
 def show_source(*objects: Any, checks: bool = False) -> None:
@@ -92,9 +94,12 @@ def fold_checks(source: str, *, first_line: int = 1, filename: str = "") -> tupl
     return "\n".join(lines) + "\n", folded
 
 
-def tail(run, metric: str, window: int = 10) -> float:
-    """Mean of the last ``window`` logged values of ``metric`` in ``run`` (the claims' rule for the end of a run)."""
-    return float(run.frame[metric].dropna().iloc[-window:].mean())
+def tail(runs, metric: str, window: int = 10) -> float:
+    """Mean of the last ``window`` logged values of ``metric`` in a run — or, for a list of runs (seeds), the mean of
+    theirs (the claims' rule for the end of a run)."""
+    if hasattr(runs, "frame"):  # one run
+        return float(runs.frame[metric].dropna().iloc[-window:].mean())
+    return sum(tail(r, metric, window) for r in runs) / len(runs)
 
 
 def results_dir(results: str | Path | None) -> Path:
@@ -102,36 +107,55 @@ def results_dir(results: str | Path | None) -> Path:
     return Path(results) if results else RESULTS_DIR
 
 
+def spec_runs(name: str, *, scale: str, seeds: int, results: str | Path | None, device: str = "cpu",
+              progress: bool = True, regime: str = "standard", variant: str | None = None) -> list[Run]:
+    """Seeds 0..``seeds``−1 of a reproduction's run — its method in ``regime``, or one of its ``variant`` runs
+    (``reproductions/specs/<name>.yaml``) — trained, resumed or reused (:func:`rlkit.reproduce.ensure_run`)."""
+    spec = get_spec(name)
+    if spec.method is None:
+        raise ValueError(f"spec {name!r} trains no method")
+    if variant is not None and variant not in spec.variants:
+        raise KeyError(f"spec {name!r} has no variant {variant!r}; valid: {', '.join(spec.variants) or 'none'}")
+    overrides = spec.variants[variant] if variant else {}
+    return [ensure_run(spec.method, scale=scale, seed=k, results=results_dir(results), device=device,
+                       name=variant, regime=regime if variant is None else "standard", overrides=overrides,
+                       progress=progress) for k in range(seeds)]
+
+
 def compare_runs(
     method: str,
     metrics: Sequence[str],
     *,
     scale: str,
-    seed: int,
+    seeds: int,
     results: str | Path | None,
     device: str = "cpu",
     progress: bool = True,
     baseline: str | None = "grpo",
+    regime: str = "standard",
+    variants: Sequence[str] = (),
     titles: Sequence[str] | None = None,
     x: str = "step",
     figure: str = "curves.png",
 ):
-    """Train (or reuse) ``method`` and its ``baseline`` at ``scale``/``seed``, draw ``metrics`` for both, save the
-    figure under ``<results>/<method>/seed<seed>/figures/`` and return ``(runs, fig)``."""
-    root = results_dir(results)
-    names = [baseline, method] if baseline and baseline != method else [method]
-    runs = [ensure_run(m, scale=scale, seed=seed, results=root, device=device, progress=progress) for m in names]
+    """Train (or reuse) ``seeds`` seeds of ``method`` and of its ``baseline`` in ``regime`` (and of the spec's
+    ``variants``), draw ``metrics`` (mean over seeds, min–max band), save the figure under
+    ``<results>/<method>/figures/`` and return ``(runs, fig)``."""
+    kw = dict(scale=scale, seeds=seeds, results=results, device=device, progress=progress)
+    runs = spec_runs(baseline, regime=regime, **kw) if baseline and baseline != method else []
+    runs += spec_runs(method, regime=regime, **kw)
+    for v in variants:
+        runs += spec_runs(method, variant=v, **kw)
     fig = plots.curves(runs, metrics, titles=titles, x=x)
-    plots.save(fig, root / method / f"seed{seed}" / "figures" / figure)
+    plots.save(fig, results_dir(results) / method / "figures" / figure)
     return runs, fig
 
 
 def claims_table(name: str, *, seed: int | None = None, seeds: int | None = None,
                  results: str | Path | None = None):
     """The spec's claims judged on this notebook's runs (one ``seed``, or seeds 0..``seeds``−1), as a styled
-    table whose verdict column is coloured."""
-    table = judge_claims(get_spec(name), results_dir(results), seeds=[seed] if seed is not None else
-                         list(range(seeds or get_spec(name).seeds)))
-    colours = {"holds": "#d8f0d8", "does not hold": "#f6d5d5", "not testable at this scale": "#eeeeee"}
-    return table.style.hide(axis="index").map(lambda v: f"background-color: {colours.get(v, 'white')}",
-                                              subset=["verdict"])
+    table whose verdict column is coloured (the rules: :data:`rlkit.claims.RULES`)."""
+    spec = get_spec(name)
+    table = judge_claims(spec, results_dir(results), seeds=[seed] if seed is not None else
+                         list(range(seeds or spec.seeds)))
+    return claims.style(table)

@@ -50,6 +50,13 @@ class Run:
         return self.path.parent.name if name.startswith("seed") else name
 
     @property
+    def label(self) -> str:
+        """What legends call the run: its directory's name when that names a variant of the method (``grpo-stress``,
+        ``aspo-eq1``), else the method."""
+        name = self.path.parent.name if self.path.name.startswith("seed") else self.path.name
+        return name if name.startswith(self.method) else self.method
+
+    @property
     def seed(self) -> int | None:
         return self.config.get("seed", self.env.get("seed"))
 
@@ -117,10 +124,10 @@ def load_runs(paths: Iterable[str | Path]) -> list[Run]:
 
 
 def by_method(runs: Sequence[Run]) -> dict[str, list[Run]]:
-    """Runs grouped by method, in the order methods first appear."""
+    """Runs grouped by method (variants apart: :attr:`Run.label`), in the order they first appear."""
     groups: dict[str, list[Run]] = {}
     for run in runs:
-        groups.setdefault(run.method, []).append(run)
+        groups.setdefault(run.label, []).append(run)
     return groups
 
 
@@ -257,9 +264,9 @@ def curves(
             if not all(metric in r.frame for r in group):
                 continue
             band = seed_band(group, metric, xi)
-            color = COLORS.get(method)
+            color = COLORS.get(group[0].method)  # a variant (grpo-stress, aspo-eq1): its method's colour, dashed
             label = f"{method} ({len(group)} seed{'s' if len(group) > 1 else ''})"
-            ax.plot(band.index, band["mean"], label=label, color=color, lw=1.8,
+            ax.plot(band.index, band["mean"], label=label, color=color, lw=1.8, ls="-" if method in COLORS else "--",
                     marker="o" if len(band) <= 12 else None, ms=4)
             if len(group) > 1:
                 ax.fill_between(band.index, band["low"], band["high"], color=color, alpha=0.15, lw=0)

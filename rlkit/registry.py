@@ -263,7 +263,7 @@ def estimate(name: str, inputs: AdvantageInputs, configs: Mapping[str, Any] | No
     fn = get_advantage(name)
     kwargs = _knobs("advantage estimator", name, configs)
     if "estimate" in _keywords(fn):  # a post-processor of another estimator's advantage (ASPO)
-        kwargs["estimate"] = lambda other: estimate(other, inputs, configs)
+        kwargs["estimate"] = lambda other, batch=None: estimate(other, inputs if batch is None else batch, configs)
     return fn(inputs, **kwargs)
 
 

@@ -8,61 +8,27 @@ notebook (jupytext MyST → ipynb) and executes it with papermill, once per seed
 stops everything with its cell and error.
 
 Inside a notebook, :func:`ensure_run` trains a method (or reuses a finished run, or resumes a killed one), and
-:func:`judge_claims` turns a spec's claims into a table of *holds / does not hold / not testable at this scale*
-computed from the metrics files — never typed in.
+:func:`rlkit.claims.judge_claims` turns a spec's claims into a table of verdicts computed from the metrics files —
+never typed in (the rules, the null-calibrated margins and the verdicts: :mod:`rlkit.claims`).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 
+from rlkit.claims import Claim, judge_claims, run_name  # noqa: F401  (judge_claims: the notebooks' entry point)
 from rlkit.plots import Run, load_run
+from rlkit.tiny.config import REGIMES, build_config
 
 REPO = Path(__file__).resolve().parent.parent
 SPECS_DIR = REPO / "reproductions" / "specs"
 RESULTS_DIR = REPO / "reproductions" / "results"
-EXPECT = ("lower", "higher", "not_lower", "equal", "rise", "at_least")
-VERDICTS = ("holds", "does not hold", "not testable at this scale")
-
-
-@dataclass
-class Claim:
-    """A paper's claim and the rule that judges it from metrics (see :func:`judge_claims`)."""
-
-    claim: str
-    """What the paper says, in a sentence."""
-    source: str
-    """Where: paper, section, figure or table (and the paper's own numbers)."""
-    metric: str | None = None
-    """The logged metric that tests it (None: not testable at this scale; say why in ``reason``)."""
-    expect: str | None = None
-    """``lower`` / ``higher`` than the baseline's, ``not_lower`` (at most ``tolerance`` below it), ``equal`` to it
-    (within ``tolerance``), ``rise`` over the run's own first value, or ``at_least`` ``tolerance`` in absolute terms."""
-    baseline: str = "grpo"
-    """Method compared against (``lower``, ``higher``, ``equal``)."""
-    window: int = 3
-    """How many of the last logged values of ``metric`` are averaged (per seed)."""
-    tolerance: float = 0.0
-    """``equal``/``not_lower``: largest difference that still holds; ``at_least``: the threshold; others: the
-    smallest effect that counts."""
-    reason: str = ""
-    """Why the claim is not testable here, when ``metric`` is None."""
-
-    def __post_init__(self) -> None:
-        if self.metric is not None and self.expect not in EXPECT:
-            raise ValueError(f"claim {self.claim!r}: expect must be one of {', '.join(EXPECT)}, got {self.expect!r}")
-        if self.metric is None and not self.reason:
-            raise ValueError(f"claim {self.claim!r}: a claim without a metric needs a reason")
-
-
 @dataclass
 class Spec:
     """One reproduction: ``reproductions/specs/<name>.yaml``."""
@@ -72,14 +38,29 @@ class Spec:
     """Path of the MyST notebook, relative to the repository root."""
     title: str = ""
     method: str | None = None
-    """The method the notebook trains (None: overview / comparison, executed once, not per seed)."""
+    """The method the notebook trains (None: overview / comparison, which read the method reproductions' runs)."""
     paper: str = ""
     """Citation key in book/references.bib."""
     scale: str = "cpu"
-    seeds: int = 1
+    seeds: int = 3
+    """Seeds 0..seeds−1 of every run (the SFT start is shared: seeds vary RL sampling and prompt order)."""
+    regimes: list[str] = field(default_factory=lambda: ["standard"])
+    """The regimes the method is run in (``standard``; ``stress``: off-policy, where clipping binds)."""
+    variants: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Further runs of the method: directory name → config overrides, e.g. ``aspo-eq1: {aspo.shaping: reward}``
+    (standard regime)."""
     parameters: dict[str, Any] = field(default_factory=dict)
     """Extra papermill parameters."""
     claims: list[Claim] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.seeds, int) or self.seeds < 1:
+            raise ValueError(f"spec {self.name!r}: seeds must be an integer ≥ 1, got {self.seeds!r}")
+        unknown = sorted(set(self.regimes) - set(REGIMES))
+        if unknown:
+            raise ValueError(f"spec {self.name!r}: unknown regimes {unknown}; valid: {', '.join(REGIMES)}")
+        if (self.variants or self.regimes != ["standard"]) and not self.method:
+            raise ValueError(f"spec {self.name!r}: regimes and variants need a method")
 
     @classmethod
     def load(cls, path: str | Path) -> Spec:
@@ -96,14 +77,61 @@ class Spec:
         unknown = sorted(set(raw) - valid)
         if unknown:
             raise ValueError(f"{path}: unknown keys {unknown}; valid: {', '.join(sorted(valid))}")
-        claims = [Claim(**c) for c in raw.pop("claims", [])]
-        return cls(claims=claims, **raw)
+        try:
+            claims = [Claim(**c) for c in raw.pop("claims", [])]
+            spec = cls(claims=claims, **raw)
+            spec.check()
+        except (TypeError, ValueError, KeyError) as e:
+            raise ValueError(f"{path}: {e}") from None
+        return spec
 
-    def run_dirs(self, results: Path, seeds: int | None = None) -> list[Path]:
-        """Where the executed notebook (and, for a method, its run) goes: one directory per seed."""
-        if self.method is None:
-            return [results / self.name]
-        return [results / self.name / f"seed{k}" for k in range(seeds or self.seeds)]
+    def runs(self, seeds: int | None = None) -> list[PlannedRun]:
+        """Every run this reproduction trains: the method in each regime, and each variant, for every seed."""
+        if not self.method:
+            return []
+        named = [(run_name(self.method, r), r, {}) for r in self.regimes]
+        named += [(name, "standard", dict(overrides)) for name, overrides in self.variants.items()]
+        return [PlannedRun(name, self.method, regime, k, tuple(sorted(overrides.items())))
+                for name, regime, overrides in named for k in range(seeds or self.seeds)]
+
+    def check(self) -> None:
+        """Fail now, not on the page, if a run's overrides do not build or a claim reads a metric no run logs."""
+        from rlkit.tiny.rl import logged_metrics
+
+        configs = {p.name: build_config(p.method, self.scale, dict(p.overrides), regime=p.regime)
+                   for p in self.runs(1)}
+        for claim in self.claims:
+            if claim.metric is None:
+                continue
+            name = run_name(claim.run or self.method or "", claim.regime)
+            cfg = configs.get(name)
+            if claim.run and cfg is None:
+                raise ValueError(f"claim {claim.claim!r}: run {claim.run!r} is not one of this spec's runs "
+                                 f"({', '.join(configs) or 'none'})")
+            compared = [] if claim.expect in ("rise", "at_least") else [claim.baseline, *claim.without]
+            needs = [(claim.metric, m) for m in ([cfg.method] if cfg is not None else []) + [n.split("-")[0]
+                                                                                          for n in compared]]
+            if claim.activity is not None and cfg is not None:
+                needs.append((claim.activity.metric, cfg.method))
+            for metric, method in needs:
+                if metric not in logged_metrics(method):
+                    raise ValueError(f"claim {claim.claim!r}: metric {metric!r} is not logged by {method} runs; "
+                                     f"logged: {', '.join(sorted(logged_metrics(method)))}")
+
+    def out_dir(self, results: Path) -> Path:
+        """Where the executed notebook goes (its runs: ``seed<k>/`` below the run names)."""
+        return Path(results) / self.name
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One tiny-engine run a reproduction needs: ``<results>/<name>/seed<seed>``."""
+
+    name: str
+    method: str
+    regime: str
+    seed: int
+    overrides: tuple[tuple[str, Any], ...] = ()
 
 
 def load_specs(specs_dir: str | Path = SPECS_DIR) -> list[Spec]:
@@ -144,15 +172,17 @@ def ensure_run(
     device: str = "cpu",
     overrides: dict[str, Any] | None = None,
     name: str | None = None,
+    regime: str = "standard",
     progress: bool = True,
 ) -> Run:
-    """The tiny-engine run of ``method`` at ``<results>/<name or method>/seed<seed>``: reused when finished with the
-    same config, resumed when killed part-way, trained otherwise. A finished run with another config is an error
-    (delete it, or pass another ``name``)."""
-    from rlkit.tiny.rl import build_config, train
+    """The tiny-engine run of ``method`` in ``regime`` at ``<results>/<name>/seed<seed>`` (default name: the method,
+    ``<method>-stress`` in the stress regime): reused when finished with the same config, resumed when killed
+    part-way, trained otherwise. A finished run with another config is an error (delete it, or pass another
+    ``name``)."""
+    from rlkit.tiny.rl import train
 
-    cfg = build_config(method, scale, {"seed": seed, **(overrides or {})})
-    run_dir = Path(results) / (name or method) / f"seed{seed}"
+    cfg = build_config(method, scale, {"seed": seed, **(overrides or {})}, regime=regime)
+    run_dir = Path(results) / (name or run_name(method, regime)) / f"seed{seed}"
     ckpt = run_dir / "checkpoint.pt"
     if run_complete(run_dir):
         saved = json.loads((run_dir / "config.json").read_text())
@@ -170,78 +200,6 @@ def _asdict(cfg) -> dict:
     from dataclasses import asdict
 
     return asdict(cfg)
-
-
-# ------------------------------------------------------------------------------------------------ claims
-
-
-def _value(run: Run, claim: Claim) -> float:
-    """Mean of the last ``window`` logged values of the claim's metric; for ``rise``, minus the first value."""
-    values = run.frame[claim.metric].dropna() if claim.metric in run.frame else pd.Series(dtype=float)
-    if values.empty:
-        raise KeyError(f"{run.path}: metric {claim.metric!r} was never logged")
-    tail = float(values.iloc[-claim.window :].mean())
-    return tail - float(values.iloc[0]) if claim.expect == "rise" else tail
-
-
-def judge(claim: Claim, runs: Sequence[Run], baseline: Sequence[Run] = ()) -> dict[str, Any]:
-    """One claim against the runs of its method (and of its baseline, paired by seed): verdict and the numbers.
-
-    Per seed the value is the mean of the last ``window`` logged values of the metric (``rise``: that minus the
-    run's first value). ``rise`` and ``at_least`` hold when every seed's value exceeds ``tolerance``;
-    ``lower``/``higher`` when every seed's difference to the baseline has the expected sign and the mean
-    difference exceeds ``tolerance``; ``not_lower`` when the mean difference is ≥ −``tolerance``; ``equal`` when
-    the mean |difference| is at most ``tolerance``.
-    """
-    row: dict[str, Any] = {"claim": claim.claim, "paper": claim.source, "metric": claim.metric or "—"}
-    if claim.metric is None:
-        return {**row, "ours": claim.reason, "verdict": VERDICTS[2]}
-    if not runs:
-        raise ValueError(f"no runs to judge {claim.claim!r}")
-    ours = {r.seed: _value(r, claim) for r in runs}
-    n = f"{len(ours)} seed{'s' if len(ours) > 1 else ''}"
-    mean_ours = sum(ours.values()) / len(ours)
-    if claim.expect in ("rise", "at_least"):
-        ok = all(v > claim.tolerance for v in ours.values())
-        text = f"{_fmt(mean_ours, True)} over the start" if claim.expect == "rise" else _fmt(mean_ours)
-        return {**row, "ours": f"{text} ({n})", "verdict": VERDICTS[0 if ok else 1]}
-    base = {r.seed: _value(r, claim) for r in baseline}
-    seeds = [s for s in ours if s in base]
-    if not seeds:
-        raise ValueError(f"claim {claim.claim!r}: no {claim.baseline} run with the same seed to compare against")
-    diffs = [ours[s] - base[s] for s in seeds]
-    mean_diff = sum(diffs) / len(diffs)
-    if claim.expect == "lower":
-        ok = all(d < 0 for d in diffs) and -mean_diff > claim.tolerance
-    elif claim.expect == "higher":
-        ok = all(d > 0 for d in diffs) and mean_diff > claim.tolerance
-    elif claim.expect == "not_lower":
-        ok = mean_diff >= -claim.tolerance
-    else:  # equal
-        ok = abs(mean_diff) <= claim.tolerance
-    mean_ours, mean_base = (sum(ours[s] for s in seeds) / len(seeds), sum(base[s] for s in seeds) / len(seeds))
-    text = f"{_fmt(mean_ours)} vs {claim.baseline} {_fmt(mean_base)} ({n})"
-    return {**row, "ours": text, "verdict": VERDICTS[0 if ok else 1]}
-
-
-def _fmt(x: float, signed: bool = False) -> str:
-    sign = "+" if signed else ""
-    return f"{x:{sign}.3g}" if abs(x) < 10 else f"{x:{sign}.1f}"
-
-
-def judge_claims(spec: Spec, results: str | Path = RESULTS_DIR, seeds: Sequence[int] | None = None) -> pd.DataFrame:
-    """The claims table of ``spec``: claim · paper · metric · ours · verdict, from the runs of ``seeds`` (default:
-    the spec's) under ``results``. Seeds without a finished run are left out."""
-    results = Path(results)
-    seeds = list(range(spec.seeds)) if seeds is None else list(seeds)
-
-    def runs_of(method: str) -> list[Run]:
-        dirs = [results / method / f"seed{k}" for k in seeds]
-        return [load_run(d) for d in dirs if (d / "metrics.jsonl").exists()]
-
-    rows = [judge(c, runs_of(spec.method) if spec.method and c.metric else [],
-                  runs_of(c.baseline) if c.metric else []) for c in spec.claims]
-    return pd.DataFrame(rows, columns=["claim", "paper", "metric", "ours", "verdict"])
 
 
 # ------------------------------------------------------------------------------------------------ execution
@@ -285,6 +243,70 @@ class NotebookFailed(RuntimeError):
                          f"(executed notebook with the traceback: {output})")
 
 
+def train_runs(
+    runs: Sequence[PlannedRun],
+    *,
+    scale: str,
+    results: str | Path = RESULTS_DIR,
+    device: str = "cpu",
+    workers: int = 2,
+    progress: bool = True,
+) -> dict[str, float]:
+    """Train every planned run not finished yet (reusing finished ones, resuming killed ones), ``workers`` at a
+    time, each in its own process on one CPU thread; returns minutes per run trained. The shared SFT start is
+    trained first, once. A failing run stops everything with its name and error."""
+    from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+
+    from tqdm.auto import tqdm
+
+    results = Path(results)
+    todo = [p for p in runs if not run_complete(results / p.name / f"seed{p.seed}")]
+    if not todo:
+        return {}
+    if workers < 1:
+        raise ValueError(f"workers must be ≥ 1, got {workers}")
+    from rlkit.tiny.sft import warm_start
+
+    warm_start(build_config(todo[0].method, scale, dict(todo[0].overrides), regime=todo[0].regime).sft,
+               device=device, progress=progress)  # the cache the runs share, before they start side by side
+    minutes: dict[str, float] = {}
+    label = {p: f"{p.name} seed {p.seed}" for p in todo}
+    if workers == 1 or len(todo) == 1 or device != "cpu":
+        for p in tqdm(todo, desc="runs", disable=not progress):
+            minutes[label[p]] = _train_one(p, scale, str(results), device)
+        return minutes
+    import multiprocessing
+
+    with ProcessPoolExecutor(min(workers, len(todo)), mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(_train_one, p, scale, str(results), device): p for p in todo}
+        bar = tqdm(total=len(futures), desc=f"runs ({workers} at a time)", disable=not progress)
+        pending = set(futures)
+        while pending:
+            finished, pending = wait(pending, return_when=FIRST_EXCEPTION)
+            for f in finished:
+                p = futures[f]
+                try:
+                    minutes[label[p]] = f.result()
+                except BaseException as e:
+                    for other in pending:
+                        other.cancel()
+                    raise RuntimeError(f"run {label[p]} failed: {type(e).__name__}: {e}") from e
+                bar.update()
+        bar.close()
+    return minutes
+
+
+def _train_one(p: PlannedRun, scale: str, results: str, device: str) -> float:
+    """One planned run in a worker process (one torch thread: two runs share two cores without contention)."""
+    import torch
+
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    ensure_run(p.method, scale=scale, seed=p.seed, results=results, device=device, name=p.name, regime=p.regime,
+               overrides=dict(p.overrides), progress=False)
+    return (time.perf_counter() - t0) / 60
+
+
 def reproduce(
     *,
     only: Sequence[str] | None = None,
@@ -293,10 +315,14 @@ def reproduce(
     results: str | Path = RESULTS_DIR,
     device: str = "cpu",
     specs_dir: str | Path = SPECS_DIR,
+    workers: int = 2,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Execute the specs (``only``: these names) at ``scale`` (default: each spec's) with ``seeds`` seeds; returns
-    ``{"notebooks": [paths], "minutes": {name: m}}``. A failing notebook raises :class:`NotebookFailed`."""
+    """Train every run the specs (``only``: these names) need at ``scale`` (default: each spec's) with ``seeds``
+    seeds, ``workers`` side by side (:func:`train_runs`), then execute each spec's notebook once on them; returns
+    ``{"notebooks": [paths], "minutes": {what: m}}``. A failing notebook raises :class:`NotebookFailed`."""
+    if seeds is not None and (not isinstance(seeds, int) or seeds < 1):
+        raise ValueError(f"seeds must be an integer ≥ 1, got {seeds!r}")
     specs = load_specs(specs_dir)
     if only:
         names = {s.name for s in specs}
@@ -307,17 +333,23 @@ def reproduce(
     results = Path(results).resolve()
     # notebooks run with the repository as working directory: a path inside it is shown relative, as on the CLI
     shown = results.relative_to(REPO) if results.is_relative_to(REPO) else results
-    done: list[Path] = []
     minutes: dict[str, float] = {}
-    jobs = [(s, d, k) for s in specs for k, d in enumerate(s.run_dirs(results, seeds))]
-    for i, (spec, out_dir, k) in enumerate(jobs, 1):
-        params = {"scale": scale or spec.scale, "results": str(shown), "device": device, "progress": False,
-                  **spec.parameters}
-        params.update({"seed": k} if spec.method else {"seeds": seeds or spec.seeds})
-        what = f"{spec.name}" + (f" seed {k}" if spec.method else "")
-        print(f"[{i}/{len(jobs)}] {what}: {spec.notebook} at {params['scale']} scale", flush=True)
+    by_scale: dict[str, list[PlannedRun]] = {}
+    for spec in specs:
+        by_scale.setdefault(scale or spec.scale, []).extend(spec.runs(seeds))
+    for s, planned in by_scale.items():
         t0 = time.perf_counter()
-        done.append(execute(spec, out_dir, params, progress=progress))
-        minutes[what] = (time.perf_counter() - t0) / 60
-        print(f"[{i}/{len(jobs)}] {what}: done in {minutes[what]:.1f} min -> {done[-1]}", flush=True)
+        planned = list(dict.fromkeys(planned))
+        print(f"training {len(planned)} runs at {s} scale ({workers} at a time; finished ones are reused)", flush=True)
+        train_runs(planned, scale=s, results=results, device=device, workers=workers, progress=progress)
+        minutes[f"runs at {s} scale"] = (time.perf_counter() - t0) / 60
+    done: list[Path] = []
+    for i, spec in enumerate(specs, 1):
+        params = {"scale": scale or spec.scale, "results": str(shown), "device": device, "progress": False,
+                  "seeds": seeds or spec.seeds, **spec.parameters}
+        print(f"[{i}/{len(specs)}] {spec.name}: {spec.notebook} at {params['scale']} scale", flush=True)
+        t0 = time.perf_counter()
+        done.append(execute(spec, spec.out_dir(results), params, progress=progress))
+        minutes[spec.name] = (time.perf_counter() - t0) / 60
+        print(f"[{i}/{len(specs)}] {spec.name}: done in {minutes[spec.name]:.1f} min -> {done[-1]}", flush=True)
     return {"notebooks": done, "minutes": minutes}

@@ -10,7 +10,7 @@ import pytest
 
 from rlkit import plots
 from rlkit.metrics import MetricsWriter, read_metrics
-from rlkit.reproduce import Claim, Spec, ensure_run, judge, judge_claims, load_specs, run_complete
+from rlkit.reproduce import Spec, ensure_run, load_specs, run_complete
 
 matplotlib.use("Agg")
 
@@ -24,63 +24,6 @@ def fake_run(root: Path, method: str, seed: int, series: dict[str, list[float]],
             w.log({k: v[step] for k, v in series.items() if step < len(v) and v[step] is not None}, step)
     (run / "config.json").write_text(json.dumps({"method": method, "seed": seed, "steps": steps or n - 1}))
     return run
-
-
-# ------------------------------------------------------------------------------------------------ claims
-
-
-@pytest.fixture
-def runs(tmp_path):
-    grpo = [plots.load_run(fake_run(tmp_path, "grpo", s, {"m": [1.0, 5.0, 5.0, 5.0]})) for s in (0, 1)]
-    return tmp_path, grpo
-
-
-@pytest.mark.parametrize(
-    ("values", "expect", "tolerance", "verdict"),
-    [
-        ([[1, 2, 2, 2], [1, 3, 3, 3]], "lower", 0.0, "holds"),
-        ([[1, 2, 2, 2], [1, 6, 6, 6]], "lower", 0.0, "does not hold"),  # one seed above the baseline
-        ([[1, 4, 4, 4], [1, 4, 4, 4]], "lower", 2.0, "does not hold"),  # lower, but by less than the tolerance
-        ([[1, 6, 6, 6], [1, 7, 7, 7]], "higher", 0.0, "holds"),
-        ([[1, 5, 5, 5], [1, 7, 7, 7]], "higher", 0.0, "does not hold"),  # equal is not higher
-        ([[1, 4.5, 4.5, 4.5], [1, 5, 5, 5]], "not_lower", 0.3, "holds"),
-        ([[1, 4, 4, 4], [1, 4, 4, 4]], "not_lower", 0.3, "does not hold"),
-        ([[1, 5.2, 5.2, 5.2], [1, 4.9, 4.9, 4.9]], "equal", 0.25, "holds"),
-        ([[1, 6, 6, 6], [1, 5, 5, 5]], "equal", 0.25, "does not hold"),
-        ([[1, 3, 3, 3], [2, 3.5, 3.5, 3.5]], "rise", 1.0, "holds"),
-        ([[1, 3, 3, 3], [2, 2.5, 2.5, 2.5]], "rise", 1.0, "does not hold"),  # seed 1 rose by 0.5 only
-        ([[1, 0.9, 0.9, 0.9], [1, 0.6, 0.6, 0.6]], "at_least", 0.5, "holds"),
-        ([[1, 0.9, 0.9, 0.9], [1, 0.4, 0.4, 0.4]], "at_least", 0.5, "does not hold"),
-    ],
-)
-def test_claim_rules(runs, values, expect, tolerance, verdict):
-    root, grpo = runs
-    ours = [plots.load_run(fake_run(root, "x", s, {"m": v})) for s, v in enumerate(values)]
-    row = judge(Claim("c", "paper", metric="m", expect=expect, tolerance=tolerance, window=2), ours, grpo)
-    assert row["verdict"] == verdict, row
-
-
-def test_window_averages_the_last_logged_values_only(tmp_path):
-    # logged at steps 0, 2 and 4 (an eval metric): the window is over logged values, not steps
-    ours = plots.load_run(fake_run(tmp_path, "x", 0, {"m": [0.1, None, 0.3, None, 0.5]}))
-    base = plots.load_run(fake_run(tmp_path, "grpo", 0, {"m": [0.1, None, 0.1, None, 0.1]}))
-    row = judge(Claim("c", "p", metric="m", expect="higher", window=2), [ours], [base])
-    assert row["ours"].startswith("0.4 vs grpo 0.1") and row["verdict"] == "holds"
-
-
-def test_untestable_claims_and_bad_claims(runs):
-    row = judge(Claim("AIME", "paper", reason="needs a 7B model"), [], [])
-    assert row["verdict"] == "not testable at this scale" and row["ours"] == "needs a 7B model"
-    with pytest.raises(ValueError, match="reason"):
-        Claim("AIME", "paper")
-    with pytest.raises(ValueError, match="expect"):
-        Claim("c", "p", metric="m", expect="better")
-    root, grpo = runs
-    ours = [plots.load_run(fake_run(root, "x", 7, {"m": [1, 2]}))]
-    with pytest.raises(ValueError, match="same seed"):
-        judge(Claim("c", "p", metric="m", expect="lower"), ours, grpo)
-    with pytest.raises(KeyError, match="never logged"):
-        judge(Claim("c", "p", metric="other", expect="rise"), ours)
 
 
 def test_every_spec_loads_and_names_its_notebook():
@@ -104,14 +47,52 @@ def test_spec_errors_name_the_file_and_the_key(tmp_path):
         Spec.load(bad)
 
 
-def test_judge_claims_reads_the_runs_of_the_spec(tmp_path):
-    spec = Spec(name="x", notebook="n.md", method="aspo", claims=[
-        Claim("earlier", "p", metric="pos", expect="lower", window=1),
-        Claim("AIME", "p", reason="no AIME here")])
-    fake_run(tmp_path, "aspo", 0, {"pos": [5, 2]})
-    fake_run(tmp_path, "grpo", 0, {"pos": [5, 4]})
-    table = judge_claims(spec, tmp_path, seeds=[0])
-    assert list(table["verdict"]) == ["holds", "not testable at this scale"]
+@pytest.mark.parametrize(("body", "error"), [
+    ("seeds: 0", "seeds must be an integer ≥ 1"),
+    ("regimes: [standard, hot]", r"unknown regimes \['hot'\]; valid: standard, stress"),
+    ("variants: {x-big: {stepz: 3}}", "RLConfig has no field 'stepz'"),
+    ("claims: [{claim: c, source: s, metric: gspo/seq_ratio/max, expect: higher}]",
+     "metric 'gspo/seq_ratio/max' is not logged by aspo runs"),
+    ("claims: [{claim: c, source: s, metric: actor/entropy, expect: higher, without: [spo],"
+     " activity: {metric: hapo/clip_low/mean, at_least: 0.1}}]", "'hapo/clip_low/mean' is not logged by aspo"),
+    ("claims: [{claim: c, source: s, run: aspo-eq9, metric: val/acc, expect: higher}]",
+     "run 'aspo-eq9' is not one of this spec's runs"),
+    ("claims: [{claim: c, source: s, metric: val/acc, expect: higher, regime: hot}]", "regime must be one of"),
+])
+def test_a_spec_that_cannot_be_judged_fails_when_it_loads(tmp_path, body, error):
+    bad = tmp_path / "x.yaml"
+    bad.write_text(f"name: x\nnotebook: notebooks/03_aspo.md\nmethod: aspo\n{body}\n")
+    with pytest.raises(ValueError, match=error):
+        Spec.load(bad)
+
+
+def test_a_spec_plans_every_run_of_every_regime_variant_and_seed():
+    spec = Spec(name="x", notebook="n.md", method="gspo", seeds=2, regimes=["standard", "stress"],
+                variants={"gspo-token": {"gspo.variant": "token"}})
+    runs = spec.runs()
+    assert [(p.name, p.regime, p.seed) for p in runs] == [
+        ("gspo", "standard", 0), ("gspo", "standard", 1), ("gspo-stress", "stress", 0), ("gspo-stress", "stress", 1),
+        ("gspo-token", "standard", 0), ("gspo-token", "standard", 1)]
+    assert runs[-1].overrides == (("gspo.variant", "token"),)
+    assert len(spec.runs(seeds=3)) == 9
+
+
+def test_train_runs_side_by_side_then_reuses_them(tmp_path, monkeypatch):
+    from rlkit.reproduce import PlannedRun, train_runs
+
+    monkeypatch.setenv("RLKIT_CACHE", str(tmp_path / "cache"))
+    plan = [PlannedRun("grpo", "grpo", "standard", 0), PlannedRun("gspo-stress", "gspo", "stress", 1),
+            PlannedRun("spo-x", "spo", "standard", 0, (("spo.no_baseline", True),))]
+    minutes = train_runs(plan, scale="smoke", results=tmp_path, workers=2, progress=False)
+    assert set(minutes) == {"grpo seed 0", "gspo-stress seed 1", "spo-x seed 0"}
+    for p in plan:
+        run = tmp_path / p.name / f"seed{p.seed}"
+        assert run_complete(run)
+        config = json.loads((run / "config.json").read_text())
+        assert config["method"] == p.method and config["seed"] == p.seed
+    assert json.loads((tmp_path / "gspo-stress/seed1/config.json").read_text())["staleness"] > 0
+    assert json.loads((tmp_path / "spo-x/seed0/config.json").read_text())["spo"]["no_baseline"] is True
+    assert train_runs(plan, scale="smoke", results=tmp_path, progress=False) == {}  # all finished: reused
 
 
 # ------------------------------------------------------------------------------------------------ runs

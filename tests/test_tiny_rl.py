@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from rlkit.metrics import read_metrics
-from rlkit.tiny.config import METHODS, build_config, set_field
-from rlkit.tiny.rl import train
+from rlkit.tiny.config import METHODS, REGIMES, build_config, set_field
+from rlkit.tiny.rl import logged_metrics, train
 
 COMMON = {"critic/score/mean", "response_length/mean", "actor/entropy", "actor/pg_loss", "actor/pg_clipfrac",
           "adv/zero_frac", "perf/throughput", "timing_s/step", "aspo/first_code_pos/mean", "aspo/code_ratio",
@@ -47,6 +47,88 @@ def test_every_method_runs_at_smoke_scale_with_its_metrics(method, tmp_path, cac
     config = json.loads((out / "config.json").read_text())
     assert config["method"] == method and config["steps"] == 3
     assert json.loads((out / "env.json").read_text())["torch"]
+    # the catalogue specs are checked against is exactly what the run logged
+    assert set().union(*(r["data"] for r in recs)) == logged_metrics(method)
+    # the final evaluation: val/acc_final on final_eval_size problems, each one's result in eval.jsonl
+    (last,) = read_metrics(out / "eval.jsonl")
+    assert last["step"] == 3 and len(last["data"]["correct"]) == cfg.final_eval_size
+    assert recs[-1]["data"]["val/acc_final"] == sum(last["data"]["correct"]) / cfg.final_eval_size
+
+
+def test_stale_rollouts_come_from_the_policy_of_k_steps_earlier(tmp_path, cache, monkeypatch):
+    import rlkit.tiny.rl as rl
+
+    def flat(model):
+        return torch.cat([p.detach().flatten() for p in model.parameters()]).clone()
+
+    policies, sampled_by, in_step = [], [], []
+    real_rollout, real_step = rl.rollout, rl.rl_step
+
+    def rollout(model, *args, **kwargs):
+        if in_step:  # the training rollout, not an evaluation
+            sampled_by.append(flat(model))
+        return real_rollout(model, *args, **kwargs)
+
+    def step(run, state):
+        policies.append(flat(run.model))
+        in_step.append(True)
+        try:
+            return real_step(run, state)
+        finally:
+            in_step.pop()
+
+    monkeypatch.setattr(rl, "rollout", rollout)
+    monkeypatch.setattr(rl, "rl_step", step)
+    # the overlong penalty makes rewards differ within groups, so the untrained smoke model does move
+    cfg = build_config("grpo", "smoke", {"steps": 5, "staleness": 2, "overlong_buffer": 40, "lr": 1e-2})
+    train(cfg, tmp_path / "stale", progress=False, sft_cache=cache)
+    assert len(sampled_by) == len(policies) == 5
+    for t in range(1, 6):  # step t samples with the policy at the start of step max(1, t − 2)
+        assert torch.equal(sampled_by[t - 1], policies[max(1, t - 2) - 1]), t
+    assert not torch.equal(policies[4], policies[2])  # the policy did move, so the check has teeth
+
+
+def test_stale_runs_resume_to_the_same_metrics(tmp_path, cache):
+    cfg = build_config("gspo", "smoke", {"steps": 4, "staleness": 2})
+    full = train(cfg, tmp_path / "full", progress=False, sft_cache=cache)
+    part = train(cfg, tmp_path / "part", progress=False, sft_cache=cache, stop_after=2)
+    train(cfg, part, progress=False, sft_cache=cache, resume=True)
+    assert timeless(read_metrics(part / "metrics.jsonl")) == timeless(read_metrics(full / "metrics.jsonl"))
+    assert read_metrics(part / "eval.jsonl") == read_metrics(full / "eval.jsonl")
+
+
+def test_decoupled_loss_logs_behaviour_weights_and_needs_itself_for_a_cap(tmp_path, cache):
+    cfg = build_config("grpo", "smoke", {"steps": 2, "decoupled_loss": True, "behav_imp_weight_cap": 5.0},
+                       regime="stress")
+    out = train(cfg, tmp_path / "dec", progress=False, sft_cache=cache)
+    last = read_metrics(out / "metrics.jsonl")[-1]["data"]
+    assert {"actor/behav_imp_weight", "actor/behav_capped_frac"} <= set(last)
+    with pytest.raises(ValueError, match="decoupled_loss"):
+        build_config("grpo", "smoke", {"behav_imp_weight_cap": 5.0})
+    with pytest.raises(ValueError, match="staleness"):
+        build_config("grpo", "smoke", {"staleness": -1})
+
+
+def test_regimes_apply_before_the_scale():
+    stress = build_config("gspo", "cpu", regime="stress")
+    assert {k: getattr(stress, k) for k in REGIMES["stress"]} == REGIMES["stress"]
+    smoke = build_config("gspo", "smoke", regime="stress")
+    assert smoke.steps == 2 and smoke.staleness == REGIMES["stress"]["staleness"]  # the scale's size wins
+    with pytest.raises(ValueError, match="valid: standard, stress"):
+        build_config("grpo", "cpu", regime="hot")
+
+
+def test_aspo_eq1_option_trains_and_differs_from_eq2(tmp_path, cache):
+    eq1 = train(build_config("aspo", "smoke", {"steps": 2, "aspo.shaping": "reward"}), tmp_path / "eq1",
+                progress=False, sft_cache=cache)
+    assert read_metrics(eq1 / "metrics.jsonl")[-1]["step"] == 2
+    with pytest.raises(ValueError, match="shaping"):
+        from rlkit import registry
+        from rlkit.methods import aspo
+
+        inputs = registry.AdvantageInputs(torch.ones(2), [0, 0], torch.ones(2, 1), correct=torch.ones(2),
+                                          first_code_pos=torch.zeros(2), lengths=torch.ones(2))
+        registry.advantage("aspo", inputs, {"aspo": aspo.Config(shaping="both")})
 
 
 @pytest.mark.parametrize("method", ["spo", "hapo"])

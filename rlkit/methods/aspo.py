@@ -31,6 +31,7 @@ Deviations:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from dataclasses import dataclass
@@ -59,6 +60,12 @@ class Config:
     """Only responses whose code ran successfully are eligible (needs per-sample ``code_pass``)."""
     base_advantage: str = "grpo"
     """Registered estimator whose advantage is shaped (the paper trains with DAPO, a GRPO variant)."""
+    shaping: str = "advantage"
+    """``advantage``: ASPO, Eq. 2. ``reward``: the naive reward shaping of Eq. 1 that §3.3 argues against (Fig. 5a:
+    training reward collapses), then the base estimator on the shaped rewards — an ablation, not ASPO."""
+    eq1_clip: float = 1.0
+    """c of Eq. 1, the clip on the standardised position (the paper gives no value; it can flip the sign of answers
+    near the group's mean position, but the share of an all-correct group pushed down stays about half)."""
 
 
 def _per_sample(x: Any, name: str, batch: int, device: torch.device) -> Tensor:
@@ -159,18 +166,65 @@ def aspo_estimator(
     delta: float = -2.0,
     k: float = 0.7,
     require_code_pass: bool = False,
+    shaping: str = "advantage",
+    eq1_clip: float = 1.0,
 ) -> Tensor:
-    """ASPO's advantage of a batch: its base estimator's advantage, shaped by :func:`aspo_shape` → ``(B, T)``.
+    """ASPO's advantage of a batch: its base estimator's advantage, shaped by :func:`aspo_shape` → ``(B, T)``;
+    ``shaping="reward"``: the base estimator on Eq. 1's rewards (:func:`eq1_rewards`) instead.
 
     The base is the ``base_advantage`` estimator's (``estimate(name)``: the registry's, on the same batch and
     configs); the shaping reads ``inputs.correct``, ``first_code_pos``, ``lengths`` (and ``code_pass`` when
     ``require_code_pass``). Not ``enabled``: the base advantage, unshaped."""
+    if shaping not in ("advantage", "reward"):
+        raise ValueError(f"aspo shaping must be 'advantage' (Eq. 2) or 'reward' (Eq. 1), got {shaping!r}")
+    if enabled and shaping == "reward":
+        inputs.require("aspo", "correct", "first_code_pos")
+        rewards = eq1_rewards(inputs.rewards, inputs.group_ids, inputs.correct, inputs.first_code_pos, delta=delta,
+                              eq1_clip=eq1_clip)
+        return estimate(base_advantage, dataclasses.replace(inputs, rewards=rewards))
     adv = estimate(base_advantage)
     if not enabled:
         return adv
     inputs.require("aspo", "correct", "first_code_pos", "lengths", *(("code_pass",) if require_code_pass else ()))
     return aspo_shape(adv, inputs.group_ids, inputs.correct, inputs.first_code_pos, inputs.lengths, delta=delta, k=k,
                       code_pass=inputs.code_pass if require_code_pass else None, mask=inputs.mask)
+
+
+def eq1_rewards(rewards: Tensor, group_ids: Any, correct: Any, first_code_pos: Any, *, delta: float = -2.0,
+                eq1_clip: float = 1.0) -> Tensor:
+    """Eq. (1), the naive reward shaping (§3.3): a correct response that calls code gets
+
+        R_i = 1 + δ·clip((p_i − p̄)/σ_p, −c, c)
+
+    with p̄ and σ_p (unbiased) over the group's correct, code-calling responses; every other response keeps its
+    reward. A group where σ_p is 0 or undefined (fewer than two such responses, or equal positions) is left
+    unshaped: Eq. 1 divides by it. Under GRPO's normalisation the 1 cancels in an all-correct group, so the
+    shaping term alone sets the signs — about half of the correct answers get a negative advantage."""
+    if rewards.dim() != 1:
+        raise ValueError(f"rewards must be (B,), got shape {tuple(rewards.shape)}")
+    batch, device = rewards.shape[0], rewards.device
+    p = _per_sample(first_code_pos, "first_code_pos", batch, device).to(torch.float64)
+    eligible = _flags(correct, "correct", batch, device) & torch.isfinite(p) & (p >= 0)
+    idx, n_groups = group_index(group_ids, device)
+    e = eligible.to(torch.float64)
+    p0 = torch.where(eligible, p, torch.zeros_like(p))
+    n = group_sum(e, idx, n_groups)
+    mean = group_sum(p0, idx, n_groups) / n.clamp(min=1)
+    dev = torch.where(eligible, p0 - mean[idx], torch.zeros_like(p0))
+    std = (group_sum(dev * dev, idx, n_groups) / (n - 1).clamp(min=1)).sqrt()
+    shaped = eligible & (n[idx] >= 2) & (std[idx] > 0)
+    z = dev / torch.where(std[idx] > 0, std[idx], torch.ones_like(std[idx]))
+    bonus = 1.0 + delta * z.clamp(-eq1_clip, eq1_clip)
+    return torch.where(shaped, bonus.to(rewards.dtype), rewards)
+
+
+def shaping_metrics(adv: Tensor, base_adv: Tensor, mask: Tensor) -> dict[str, float]:
+    """How much a run's shaping acted: ``aspo/shaped_frac`` (share of responses whose advantage it changed) and
+    ``aspo/bias_ratio`` (Σ|shaped − base| / Σ|base| over valid tokens; 0 when the base is all 0)."""
+    bias = ((adv - base_adv) * mask).abs()
+    base = (base_adv * mask).abs().sum().item()
+    return {"aspo/shaped_frac": (bias.sum(-1) > 0).double().mean().item(),
+            "aspo/bias_ratio": bias.sum().item() / base if base > 0 else 0.0}
 
 
 def aspo_metrics(

@@ -33,6 +33,9 @@ class RunState:
     """SPO: per pool prompt, its last response (tokens, temperatures, log-probs at sampling time) for D."""
     hapo_stats: hapo.EntropyStats | None = None
     """HAPO: the previous step's entropy statistics, which set this step's sampling temperatures."""
+    policies: list[dict[str, Tensor]] = field(default_factory=list)
+    """``staleness`` > 0: the policy's weights at the start of each of the last ``staleness`` + 1 steps, oldest
+    first — the oldest samples the rollouts."""
 
 
 def save_checkpoint(path: Path, model, opt, state: RunState) -> None:
@@ -44,6 +47,7 @@ def save_checkpoint(path: Path, model, opt, state: RunState) -> None:
         "prompt_sampler": state.prompt_sampler.state_dict() if state.prompt_sampler else None,
         "spo_memory": state.spo_memory,
         "hapo_stats": tuple(state.hapo_stats) if state.hapo_stats is not None else None,
+        "policies": state.policies,
     }
     tmp = path.with_suffix(".tmp")
     torch.save(blob, tmp)
@@ -64,6 +68,7 @@ def restore_checkpoint(path: Path, model, opt, state: RunState) -> None:
         state.prompt_sampler.load_state_dict(blob["prompt_sampler"])
     state.spo_memory = blob["spo_memory"]
     state.hapo_stats = hapo.EntropyStats(*blob["hapo_stats"]) if blob["hapo_stats"] is not None else None
+    state.policies = blob.get("policies", [])
 
 
 def environment(cfg: RLConfig, device: str) -> dict[str, Any]:

@@ -21,6 +21,7 @@ penalty, a linear reward penalty over the last ``overlong_buffer`` tokens of the
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from collections import defaultdict
@@ -43,10 +44,38 @@ from rlkit.tiny.config import METHODS, RLConfig, build_config, parse_sets  # noq
 from rlkit.tiny.model import token_logprobs
 from rlkit.tiny.sft import warm_start
 from rlkit.tiny.task import (
-    evaluate, max_response_tokens, response_logprobs, rollout, score_rollout, select_rows,
+    accuracy, evaluate, max_response_tokens, response_logprobs, rollout, score_rollout, select_rows,
 )
 
 Tensor = torch.Tensor
+
+# ------------------------------------------------------------------------------------------------ what a run logs
+LOGGED_BY_EVERY_METHOD = frozenset({
+    "val/acc", "val/acc_final", "sft/val_acc", "timing_s/init", "timing_s/gen", "timing_s/update", "timing_s/step",
+    "perf/throughput", "rollout/response_tokens", "critic/score/mean", "critic/rewards/mean", "critic/baseline_mse",
+    "response_length/mean", "actor/entropy", "adv/zero_frac", "actor/grad_norm", "actor/pg_loss", "actor/pg_clipfrac",
+    "actor/pg_clipfrac_lower", "actor/ppo_kl", "aspo/first_code_pos/mean", "aspo/code_ratio",
+    "aspo/code_rounds/mean", "aspo/correct_code_ratio", "aspo/code_pass_ratio",
+})
+LOGGED_BY_METHOD = {
+    "grpo": frozenset(),
+    "gspo": frozenset({"actor/pg_clipfrac_seq", "gspo/seq_ratio/mean", "gspo/seq_ratio/max"}),
+    "aspo": frozenset({"aspo/shaped_frac", "aspo/bias_ratio"}),
+    "aepo": frozenset({"aepo/clipfrac_grad_kept", "aepo/entropy_adv_scale/mean", "aepo/entropy_adv_scale/min"}),
+    "spo": frozenset({"spo/rho/mean", "spo/D/mean", "spo/rho_clip_ratio", "spo/rho_free_frac",
+                      "spo/sampling_focus"}),
+    "hapo": frozenset({"hapo/temperature/mean", "hapo/temperature/std", "hapo/clip_low/mean", "hapo/clip_high/mean",
+                       "hapo/h_tilde/mean", "hapo/h_tilde/pos_frac", "hapo/redistributed_frac"}),
+}
+"""The metrics a tiny run of each method logs with its default options (a test checks them against runs); options
+add their own (``train/kept_groups`` with dynamic sampling, ``actor/behav_*`` with the decoupled loss)."""
+
+
+def logged_metrics(method: str) -> frozenset[str]:
+    """Every metric a tiny-engine run of ``method`` logs (claims are checked against this when a spec loads)."""
+    if method not in LOGGED_BY_METHOD:
+        raise KeyError(f"no tiny-engine metrics for method {method!r}; valid: {', '.join(LOGGED_BY_METHOD)}")
+    return LOGGED_BY_EVERY_METHOD | LOGGED_BY_METHOD[method]
 
 
 @dataclass
@@ -62,6 +91,8 @@ class Run:
     """Response budget in tokens."""
     form: str
     """Solution form of the SFT start (plain, tool, mixed)."""
+    behaviour: Any = None
+    """``staleness`` > 0: a second model holding the stale policy that samples the rollouts."""
 
     @property
     def configs(self) -> dict[str, Any]:
@@ -100,9 +131,11 @@ def train(cfg: RLConfig, out_dir: str | Path, *, device: str = "cpu", resume: bo
     knobs, form = asdict(cfg.sft.task), cfg.sft.form
     pool = arithmetic.make_pool(cfg.pool_size, seed=cfg.sft.seed, **knobs)
     held_out = arithmetic.make_split(cfg.eval_size, "test", seed=0, **knobs)
+    final_held_out = arithmetic.make_split(cfg.final_eval_size, "test", seed=0, **knobs)
     max_new = cfg.max_new_tokens or max_response_tokens(cfg.sft.task, form)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=(0.9, 0.99))
-    run = Run(cfg, model, tokenizer, opt, pool, max_new, form)
+    run = Run(cfg, model, tokenizer, opt, pool, max_new, form,
+              behaviour=copy.deepcopy(model) if cfg.staleness > 0 else None)
 
     t_init = time.perf_counter()
     state = RunState(sample_gen=torch.Generator(device=device))
@@ -118,8 +151,9 @@ def train(cfg: RLConfig, out_dir: str | Path, *, device: str = "cpu", resume: bo
     if resumed:
         restore_checkpoint(ckpt_path, model, opt, state)
     writer = MetricsWriter.open(metrics_path, resume_after=state.step if resumed else None)
+    per_problem = MetricsWriter.open(out / "eval.jsonl", resume_after=state.step if resumed else None)
     if not resumed:  # step 0: the SFT start
-        acc = evaluate(model, tokenizer, held_out, max_new_tokens=max_new, form=form)
+        acc = accuracy(evaluate(model, tokenizer, held_out, max_new_tokens=max_new, form=form))
         writer.log({"val/acc": acc, "sft/val_acc": sft_info["val/acc"],
                     "timing_s/init": time.perf_counter() - t_init}, step=0)  # SPO's offline pass, step-0 eval
 
@@ -129,15 +163,20 @@ def train(cfg: RLConfig, out_dir: str | Path, *, device: str = "cpu", resume: bo
         t0 = time.perf_counter()
         metrics = rl_step(run, state)
         if step % cfg.eval_every == 0 or step == cfg.steps:
-            metrics["val/acc"] = evaluate(model, tokenizer, held_out, max_new_tokens=max_new, form=form)
+            metrics["val/acc"] = accuracy(evaluate(model, tokenizer, held_out, max_new_tokens=max_new, form=form))
+        if step == cfg.steps:  # the larger final evaluation, per problem: what accuracy claims are judged on
+            correct = evaluate(model, tokenizer, final_held_out, max_new_tokens=max_new, form=form)
+            metrics["val/acc_final"] = accuracy(correct)
+            per_problem.log({"correct": correct.int().tolist()}, step)
         metrics["timing_s/step"] = time.perf_counter() - t0
         metrics["perf/throughput"] = metrics.pop("_tokens") / metrics["timing_s/step"]
         state.step = step
-        writer.log(metrics, step)  # the line first, then the checkpoint: a kill in between redoes the step
+        writer.log(metrics, step)  # the lines first, then the checkpoint: a kill in between redoes the step
         save_checkpoint(ckpt_path, model, opt, state)
         bar.set_postfix(score=f"{metrics['critic/score/mean']:.2f}",
                         acc=f"{metrics['val/acc']:.2f}" if "val/acc" in metrics else "")
     writer.close()
+    per_problem.close()
     return out
 
 
@@ -162,8 +201,9 @@ def rl_step(run: Run, state: RunState) -> dict[str, float]:
     if cfg.method == "hapo" and cfg.hapo.adaptive_temperature and state.hapo_stats is not None:
         stats, T, knobs = state.hapo_stats, cfg.temperature, registry.kwargs_for(hapo.adaptive_temperature, cfg.hapo)
         temperature_fn = lambda logits: hapo.adaptive_temperature(logits, T, stats, **knobs)  # noqa: E731
-    ro = rollout(model, tokenizer, problems, max_new_tokens=run.max_new, form=run.form, temperature=cfg.temperature,
-                 temperature_fn=temperature_fn, generator=state.sample_gen)
+    sampler = _behaviour_policy(run, state)
+    ro = rollout(sampler, tokenizer, problems, max_new_tokens=run.max_new, form=run.form,
+                 temperature=cfg.temperature, temperature_fn=temperature_fn, generator=state.sample_gen)
     scored = score_rollout(ro, problems)
     metrics["timing_s/gen"] = time.perf_counter() - t0
     metrics["rollout/response_tokens"] = ro.lengths.sum().item()  # all sampled, before any filtering
@@ -184,8 +224,13 @@ def rl_step(run: Run, state: RunState) -> dict[str, float]:
 
     # ---- 4. old log-probs: the sampler's. verl recomputes them because vLLM's numerics differ from the trainer's;
     # here sampler and trainer are one float32 model, so they agree to ~1e-6 (tests/test_sampler.py) and a
-    # forward pass is saved.
-    old_logp, old_entropy = ro.logp, ro.entropy
+    # forward pass is saved. The decoupled loss recomputes them with this step's policy (the proximal policy) and
+    # keeps the sampler's as the behaviour policy's.
+    old_logp, old_entropy, behav = ro.logp, ro.entropy, {}
+    if cfg.decoupled_loss:
+        with torch.no_grad():
+            old_logp, _ = token_logprobs(model, ids, attn, start, temperature=ro.temperature)
+        behav = {"behav_logp": ro.logp, "behav_imp_weight_cap": cfg.behav_imp_weight_cap}
 
     # ---- 5. advantage: the method's estimator (rlkit.registry); SPO's baselines are its tracker's pre-update p̂
     baselines = None
@@ -196,6 +241,11 @@ def rl_step(run: Run, state: RunState) -> dict[str, float]:
                                       first_code_pos=ro.first_tool_pos.float(),  # −1 = no call
                                       lengths=ro.lengths, code_pass=scored.code_pass, baselines=baselines)
     adv = registry.advantage(cfg.method, inputs, run.configs)
+    metrics["critic/baseline_mse"] = _baseline_mse(rewards, group_ids, baselines)
+    if cfg.method == "aspo":  # how much the shaping acted: the share of responses it changed and the bias's size
+        metrics.update(aspo.shaping_metrics(adv, registry.advantage("grpo", inputs, run.configs), mask))
+    if state.tracker is not None:  # SPO's prioritised sampling: p̂(1 − p̂) of the drawn prompts over the pool's
+        metrics["spo/sampling_focus"] = _sampling_focus(state.tracker, prompt_idx, len(pool))
 
     # ---- 6. policy update: mini_batches optimizer steps on the method's loss over a shuffled split of the batch
     t0 = time.perf_counter()
@@ -207,8 +257,9 @@ def rl_step(run: Run, state: RunState) -> dict[str, float]:
     for rows in order.chunk(cfg.mini_batches):
         rows = rows.to(device)
         logp, entropy = token_logprobs(model, ids[rows], attn[rows], start, temperature=ro.temperature[rows])
+        extra = {k: v[rows] if isinstance(v, Tensor) else v for k, v in behav.items()}
         loss, lm = registry.policy_loss(cfg.method, logp, old_logp[rows], adv[rows], mask[rows], run.configs,
-                                        entropy=entropy.detach())
+                                        entropy=entropy.detach(), **extra)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         lm["actor/grad_norm"] = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip).item()
@@ -224,7 +275,8 @@ def rl_step(run: Run, state: RunState) -> dict[str, float]:
         tracked = state.tracker.update(prompt_idx.tolist(), scored.rewards.double(), divergence)
         _remember(state, prompt_idx, ro, old_logp)
         metrics.update({"spo/rho/mean": tracked["spo/rho_clipped"], "spo/D/mean": tracked["spo/D"],
-                        "spo/rho_clip_ratio": tracked["spo/rho_clip_ratio"]})
+                        "spo/rho_clip_ratio": tracked["spo/rho_clip_ratio"],
+                        "spo/rho_free_frac": 1.0 - tracked["spo/rho_clip_ratio"]})  # ρ inside its window: ρ acts
     if cfg.method == "hapo":
         state.hapo_stats = hapo.entropy_stats(old_entropy, mask, **registry.kwargs_for(hapo.entropy_stats, cfg.hapo))
         temps = ro.temperature[mask.bool()]
@@ -248,6 +300,42 @@ def rl_step(run: Run, state: RunState) -> dict[str, float]:
 
 
 # ------------------------------------------------------------------------------------------------ helpers
+def _behaviour_policy(run: Run, state: RunState):
+    """The model that samples this step: the policy itself, or with ``staleness`` k the policy as it was k steps
+    earlier (the SFT start while fewer than k steps have passed)."""
+    if run.behaviour is None:
+        return run.model
+    state.policies.append({k: v.detach().clone() for k, v in run.model.state_dict().items()})
+    del state.policies[: -(run.cfg.staleness + 1)]
+    run.behaviour.load_state_dict(state.policies[0])
+    return run.behaviour
+
+
+def _baseline_mse(rewards: Tensor, group_ids: Tensor, baselines: Tensor | None) -> float:
+    """Mean (r − b)² of the baseline each response's reward is compared with, independent of that reward: SPO's
+    tracker value v̂ (taken before the update), else the mean reward of the response's *other* group members (NaN
+    for groups of one). Both share the floor p(1 − p); the rest is the baseline's own error."""
+    r = rewards.double().cpu()
+    if baselines is not None:
+        b = baselines.double().cpu()
+    else:
+        idx = group_ids.cpu()
+        sums = torch.zeros(int(idx.max()) + 1, dtype=torch.float64).index_add_(0, idx, r)
+        counts = torch.zeros_like(sums).index_add_(0, idx, torch.ones_like(r))
+        others = counts[idx] - 1
+        b = torch.where(others > 0, (sums[idx] - r) / others.clamp(min=1), torch.full_like(r, float("nan")))
+    return ((r - b) ** 2).nanmean().item()
+
+
+def _sampling_focus(tracker, prompt_idx: Tensor, pool_size: int) -> float:
+    """Mean p̂(1 − p̂) of the prompts drawn this step over its mean across the pool (1: no concentration on the
+    prompts with p̂ near 1/2)."""
+    drawn = tracker.baseline(prompt_idx.tolist()).double()
+    pool = tracker.baseline(list(range(pool_size))).double()
+    base = (pool * (1 - pool)).mean().item()
+    return (drawn * (1 - drawn)).mean().item() / base if base > 0 else float("nan")
+
+
 def _draw(pool_size: int, n: int, gen: torch.Generator) -> Tensor:
     """``n`` pool indices, without replacement while the pool lasts."""
     reps = -(-n // pool_size)

@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 
 from rlkit.tasks import arithmetic
 from rlkit.tiny.model import ARCHITECTURE, ModelConfig, TinyDecoder
-from rlkit.tiny.task import build_tokenizer, evaluate, max_response_tokens, sft_batch
+from rlkit.tiny.task import accuracy, build_tokenizer, evaluate, max_response_tokens, sft_batch
 from rlkit.tiny.tokenizer import CharTokenizer
 
 
@@ -133,7 +133,8 @@ def train(cfg: SFTConfig, *, device: str = "cpu", progress: bool = True) -> tupl
         bar.set_postfix(loss=f"{loss_ema:.3f}")
     model.eval()
     held_out = arithmetic.make_split(cfg.eval_size, "test", seed=0, **asdict(cfg.task))
-    acc = evaluate(model, tokenizer, held_out, max_new_tokens=max_response_tokens(cfg.task, cfg.form), form=cfg.form)
+    acc = accuracy(evaluate(model, tokenizer, held_out, max_new_tokens=max_response_tokens(cfg.task, cfg.form),
+                            form=cfg.form))
     info = {"loss": loss_ema, "val/acc": acc, "minutes": (time.perf_counter() - start) / 60, "steps": cfg.steps}
     return model, info
 

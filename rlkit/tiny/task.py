@@ -98,17 +98,22 @@ def evaluate(
     max_new_tokens: int,
     form: str = "tool",
     batch_size: int = 256,
-) -> float:
-    """Greedy accuracy on ``problems`` (the ``val/acc`` of every run)."""
+) -> Tensor:
+    """Greedy correctness (1/0, float, on the CPU) of each of ``problems``; its mean is every run's ``val/acc``."""
     was_training = model.training
     model.eval()
-    correct = 0.0
+    correct = []
     for i in range(0, len(problems), batch_size):
         chunk = problems[i : i + batch_size]
         out = rollout(model, tokenizer, chunk, max_new_tokens=max_new_tokens, form=form, greedy=True)
-        correct += score_rollout(out, chunk).rewards.sum().item()
+        correct.append(score_rollout(out, chunk).rewards.float().cpu())
     model.train(was_training)
-    return correct / max(len(problems), 1)
+    return torch.cat(correct) if correct else torch.zeros(0)
+
+
+def accuracy(correct: Tensor) -> float:
+    """The share of 1s in :func:`evaluate`'s result, as ``correct/n`` in Python floats (exact for the counts)."""
+    return correct.sum().item() / max(len(correct), 1)
 
 
 def select_rows(ro: Rollout, rows: Tensor) -> Rollout:
