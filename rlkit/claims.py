@@ -161,7 +161,8 @@ def paired_interval(ours: Sequence[Run], base: Sequence[Run], claim: Claim, *, s
     """Mean paired difference and its 90% bootstrap interval, resampling seeds and — when every run saved its
     per-problem results — held-out problems. Returns (mean, low, high, what was resampled)."""
     pairs = [(o, b) for o in ours for b in base if o.seed == b.seed]
-    correct = [(final_correct(o), final_correct(b)) for o, b in pairs] if claim.metric == "val/acc" else []
+    # eval.jsonl holds the last step's per-problem results of the larger final evaluation: val/acc_final's problems
+    correct = [(final_correct(o), final_correct(b)) for o, b in pairs] if claim.metric == "val/acc_final" else []
     rng = np.random.default_rng(seed)
     if correct and all(c is not None and d is not None and len(c) == len(d) == len(correct[0][0])
                        for c, d in correct):

@@ -104,10 +104,10 @@ def test_accuracy_claims_bootstrap_over_problems(tmp_path, ours_acc, base_acc, e
         for name, acc, out in (("x", ours_acc, ours), ("grpo", base_acc, base)):
             noise = rng.random(n) < 0.1
             correct = np.where(noise, rng.random(n) < acc, shared < acc).astype(int).tolist()
-            d = fake_run(tmp_path, name, seed, {"val/acc": [0.2, float(np.mean(correct))]})
+            d = fake_run(tmp_path, name, seed, {"val/acc_final": [None, float(np.mean(correct))]})
             write_eval(d, correct)
             out.append(plots.load_run(d))
-    row = judge(Claim("c", "p", metric="val/acc", expect=expect, tolerance=tolerance, window=1), ours, base)
+    row = judge(Claim("c", "p", metric="val/acc_final", expect=expect, tolerance=tolerance, window=1), ours, base)
     assert row["verdict"] == verdict, row
     assert "3 seeds × 1000 problems" in row["ours"]
 
