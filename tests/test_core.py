@@ -98,6 +98,40 @@ def test_group_mean_std_matches_a_loop(seeds):
                 assert std[g].item() == pytest.approx(ref, abs=1e-12)
 
 
+def test_group_mean_std_weights_count_a_sample_as_many_observations(seeds):
+    # per-sample weights = valid tokens: the (B, T) token-level statistics without a pass over the tokens
+    for seed in seeds:
+        b = make_batch(seed, empty_rows=seed % 2 == 0)
+        B = b["mask"].shape[0]
+        index, n = group_index(torch.randint(0, 3, (B,), generator=b["gen"]))
+        rewards = torch.randn(B, generator=b["gen"], dtype=torch.float64)
+        tokens = rewards.unsqueeze(-1).expand_as(b["mask"])
+        for unbiased in (True, False):
+            ref = group_mean_std(tokens, index, n, mask=b["mask"], unbiased=unbiased)
+            got = group_mean_std(rewards, index, n, weights=b["mask"].sum(-1), unbiased=unbiased)
+            for x, y in zip(got, ref):
+                torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="no weights"):
+        group_mean_std(VALUES, torch.tensor([0, 0]), 1, mask=MASK, weights=torch.ones(2))
+
+
+def test_fused_row_helpers_equal_the_full_batch_ops(monkeypatch):
+    from rlkit.core import fused
+
+    b = make_batch(4, B=11, T=7, empty_rows=True)
+    for rows in (1, 3, 100):  # blocks of one row, a short last block, a single block
+        monkeypatch.setattr(fused, "BLOCK_ELEMENTS", rows * 7)
+        assert torch.equal(fused.row_sums(b["mask"]), b["mask"].sum(-1))
+        assert torch.equal(fused.row_sums(b["mask"].bool(), torch.float32), b["mask"].sum(-1).float())
+        values = torch.randn(11, generator=b["gen"], dtype=torch.float64)
+        assert torch.equal(fused.broadcast_rows(values, b["mask"]), values.unsqueeze(-1) * b["mask"])
+        assert torch.equal(fused.broadcast_rows(values, b["mask"].bool()), values.unsqueeze(-1) * b["mask"])
+    x = torch.linspace(-20.0, 20.0, 4001)
+    torch.testing.assert_close(fused.exp(x), x.exp(), rtol=2e-6, atol=0)  # exp2(x·log2 e): ulps from exp
+    x64 = x.double()
+    torch.testing.assert_close(fused.exp(x64), x64.exp(), rtol=1e-14, atol=0)
+
+
 # --- aggregation ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "mode, expected",

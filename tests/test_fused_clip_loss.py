@@ -8,6 +8,11 @@ hand-written derivative against finite differences.
 
 from __future__ import annotations
 
+import math
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -22,15 +27,22 @@ from rlkit.methods.hapo import hapo_loss
 
 @pytest.fixture(autouse=True)
 def fused_on():
-    """The fused path is opt-in (rlkit.core.fused.ENV): on for every test here."""
+    """The fused path is on by default (rlkit.core.fused.ENV switches it off): on for every test here."""
     with fused.enabled():
         yield
 
 
-def test_fused_path_is_off_by_default():
+def test_fused_path_is_on_by_default_and_the_environment_switches_it_off():
     with fused.enabled(False):
         assert not fused.fusable(torch.zeros(2, 3, requires_grad=True), torch.zeros(2, 3))
     assert fused.fusable(torch.zeros(2, 3, requires_grad=True), torch.zeros(2, 3))
+    code = "from rlkit.core import fused; print(fused._enabled)"
+    for value, expected in ((None, "True"), ("1", "True"), ("0", "False")):
+        env = {k: v for k, v in os.environ.items() if k != fused.ENV}
+        if value is not None:
+            env[fused.ENV] = value
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        assert out.stdout.strip() == expected, (value, out.stdout, out.stderr)
 
 
 AGG = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -66,7 +78,8 @@ def _run(fn, b, agg, *, eager):
 @pytest.mark.parametrize("agg", AGG)
 def test_fused_equals_eager(rows, agg, monkeypatch):
     for seed in range(12):
-        b = make_batch(seed, noise=0.5)
+        # noise 12: some |log r| > 20, where the clamp cuts the gradient (the safe mode's second pass)
+        b = make_batch(seed, noise=12.0 if seed % 4 == 3 else 0.5, empty_rows=seed % 3 == 2)
         monkeypatch.setattr(fused, "BLOCK_ELEMENTS", rows * b["logp"].shape[1])
         for name, fn in _losses(b).items():
             f_loss, f_metrics, f_grad = _run(fn, b, agg, eager=False)
@@ -151,3 +164,53 @@ def test_fused_ppo_matches_eager_any_clip(seed, clip_low, clip_high, agg):
     f2 = _run(fn2, b, agg, eager=False)
     torch.testing.assert_close(f2[0], 2 * f[0], rtol=1e-12, atol=1e-14)
     torch.testing.assert_close(f2[2], 2 * f[2], rtol=1e-12, atol=1e-14)
+
+
+def test_fused_backward_scales_by_the_incoming_gradient():
+    b = make_batch(5, noise=0.5)
+    lp = b["logp"].clone().requires_grad_()
+    loss, _ = ppo_clip_loss(lp, b["old_logp"], b["adv"], b["mask"], clip_c=3.0)
+    (g1,) = torch.autograd.grad(loss, lp, retain_graph=True)
+    (g3,) = torch.autograd.grad(3.0 * loss, lp, retain_graph=True)
+    torch.testing.assert_close(g3, 3.0 * g1, rtol=1e-15, atol=0)
+    (0.5 * loss + 0.0 * lp.sum()).backward(retain_graph=True)
+    torch.testing.assert_close(lp.grad, 0.5 * g1, rtol=1e-15, atol=0)
+    # loss.backward() hands out the precomputed gradient itself; accumulating onto it must not change it
+    lp2 = b["logp"].clone().requires_grad_()
+    loss2, _ = ppo_clip_loss(lp2, b["old_logp"], b["adv"], b["mask"], clip_c=3.0)
+    loss2.backward(retain_graph=True)
+    loss2.backward(retain_graph=True)
+    torch.testing.assert_close(lp2.grad, 2.0 * g1, rtol=1e-15, atol=0)
+    torch.testing.assert_close(torch.autograd.grad(loss2, lp2)[0], g1, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", ["aepo", "aepo-arl", "hapo"])
+def test_fused_garbage_in_masked_positions_changes_nothing(name):
+    """NaN entropies and huge advantages where the mask is 0: the fast mode sees a non-finite sum and recomputes
+    in the safe mode, which gives the clean batch's numbers to the bit."""
+    b = make_batch(7, B=9, T=6, noise=0.5, empty_rows=True)
+    fn = _losses(b)[name]
+    clean = _run(fn, b, "token-mean", eager=False)
+    ent = torch.rand(b["logp"].shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 3
+    masked = b["mask"] == 0
+    assert masked.any()
+    dirty = {**b, "adv": torch.where(masked, 1e30, b["adv"])}
+    for garbage in (math.nan, math.inf):
+        bad_ent = torch.where(masked, garbage, ent)
+        fns = {
+            "aepo": lambda lp, old, agg: aepo_loss(lp, old, dirty["adv"], b["mask"], entropy=bad_ent, agg=agg),
+            "aepo-arl": lambda lp, old, agg: aepo_loss(lp, old, dirty["adv"], b["mask"], entropy=bad_ent, agg=agg,
+                                                       variant="arlarena"),
+            "hapo": lambda lp, old, agg: hapo_loss(lp, old, dirty["adv"], b["mask"], entropy=bad_ent, agg=agg),
+        }
+        ref = {
+            "aepo": lambda lp, old, agg: aepo_loss(lp, old, b["adv"], b["mask"], entropy=ent, agg=agg),
+            "aepo-arl": lambda lp, old, agg: aepo_loss(lp, old, b["adv"], b["mask"], entropy=ent, agg=agg,
+                                                       variant="arlarena"),
+            "hapo": lambda lp, old, agg: hapo_loss(lp, old, b["adv"], b["mask"], entropy=ent, agg=agg),
+        }
+        want = _run(ref[name], b, "token-mean", eager=False)
+        got = _run(fns[name], b, "token-mean", eager=False)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[2], want[2]), (name, garbage)
+        assert got[1] == want[1], (name, garbage)
+    assert torch.isfinite(clean[2]).all()

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from rlkit.core import fused
 from rlkit.core.masked import check_shapes
 
 Tensor = torch.Tensor
@@ -51,23 +52,26 @@ def group_mean_std(
     num_groups: int,
     *,
     mask: Tensor | None = None,
+    weights: Tensor | None = None,
     unbiased: bool = True,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Per-group mean, std and count → three ``(G,)`` tensors.
 
     ``values`` is ``(B,)`` (one value per sample) or ``(B, T)`` with a ``mask``: then every valid token is one
-    observation, so the mean is length-weighted (HAPO's token-level group statistics). Two-pass, so the
-    variance does not cancel catastrophically. With ``unbiased`` a group of one has std 0 (callers such as
+    observation, so the mean is length-weighted (HAPO's token-level group statistics). ``weights`` ``(B,)`` (with
+    ``(B,)`` values) counts sample i as ``weights[i]`` observations of its value: with the number of valid tokens
+    as weights this is the ``(B, T)`` form without a pass over the tokens. Two-pass, so the variance does not
+    cancel catastrophically. With ``unbiased`` a group of one has std 0 (callers such as
     :func:`rlkit.methods.grpo.grpo_advantage` apply their own size-1 convention).
     """
     index = index.to(values.device)
     if values.dim() == 1:
         if mask is not None:
             raise ValueError("mask is only meaningful for (B, T) values")
-        weights = torch.ones_like(values)
+        weights = torch.ones_like(values) if weights is None else weights.to(values.dtype)
     elif values.dim() == 2:
-        if mask is None:
-            raise ValueError("(B, T) values need the (B, T) response mask")
+        if mask is None or weights is not None:
+            raise ValueError("(B, T) values need the (B, T) response mask (and take no weights)")
         weights = mask.to(values.dtype)
         values = torch.where(weights.bool(), values, torch.zeros_like(values))
     else:
@@ -82,17 +86,11 @@ def group_mean_std(
     sq = per_group(centred**2 * weights)
     denom = (count - 1.0).clamp(min=1.0) if unbiased else count.clamp(min=1.0)
     var = torch.where(count > (1.0 if unbiased else 0.0), sq / denom, torch.zeros_like(sq))
-    return mean, var.sqrt(), count
+    return mean, fused.sqrt(var), count
 
 
-def group_advantage(rewards: Tensor, group_ids: Any, mask: Tensor, *, norm_by_std: bool = True,
-                    eps: float = 1e-6) -> Tensor:
-    """Group-relative advantage ``(B, T)``: (r − group mean) / (group std + eps), broadcast over the mask.
-
-    ``rewards`` ``(B,)``; ``group_ids`` ``(B,)`` ids of any hashable type (the prompt each response answers). The
-    conventions are verl's (GRPO, :mod:`rlkit.methods.grpo`): unbiased std, ``eps`` added to the std, an all-equal
-    group gets 0 and a group of one keeps its raw reward (mean 0, std 1).
-    """
+def group_inputs(rewards: Tensor, group_ids: Any, mask: Tensor) -> tuple[Tensor, Tensor, int]:
+    """Check one reward per response of ``mask`` and index the groups → ``(rewards detached, index, G)``."""
     check_shapes(mask)
     if rewards.dim() != 1 or rewards.shape[0] != mask.shape[0]:
         raise ValueError(
@@ -103,6 +101,18 @@ def group_advantage(rewards: Tensor, group_ids: Any, mask: Tensor, *, norm_by_st
     index, num_groups = group_index(group_ids, rewards.device)
     if index.shape[0] != rewards.shape[0]:
         raise ValueError(f"{index.shape[0]} group ids for {rewards.shape[0]} rewards")
+    return rewards, index, num_groups
+
+
+def group_advantage(rewards: Tensor, group_ids: Any, mask: Tensor, *, norm_by_std: bool = True,
+                    eps: float = 1e-6) -> Tensor:
+    """Group-relative advantage ``(B, T)``: (r − group mean) / (group std + eps), broadcast over the mask.
+
+    ``rewards`` ``(B,)``; ``group_ids`` ``(B,)`` ids of any hashable type (the prompt each response answers). The
+    conventions are verl's (GRPO, :mod:`rlkit.methods.grpo`): unbiased std, ``eps`` added to the std, an all-equal
+    group gets 0 and a group of one keeps its raw reward (mean 0, std 1).
+    """
+    rewards, index, num_groups = group_inputs(rewards, group_ids, mask)
     adv = group_scalars(rewards, index, num_groups, norm_by_std=norm_by_std, eps=eps)
     return adv.unsqueeze(-1) * mask.to(adv.dtype)
 

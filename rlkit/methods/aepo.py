@@ -31,7 +31,7 @@ Deviations:
 - The log-ratio is clamped to ±20 before ``exp`` (rlkit's and verl's guard; both AEPO codes omit it).
 - Masked positions of Ã are 0 (the ``adv·mask`` convention of :func:`~rlkit.methods.grpo.grpo_advantage`),
   whatever the entropy or advantage holds there. The references reshape them with whatever is there.
-- The entropy is shifted by one valid value (the largest) before its statistics are taken, so a constant
+- The entropy is shifted by one valid value (the first) before its statistics are taken, so a constant
   entropy gives σ_H = 0 exactly (and Ã = A), where the references' float std can come out as rounding noise
   and scatter H̃ over ±1. The result is otherwise the same.
 - Neither code clamps 1 + a·H̃: a token more than 1/a = 5 std below the mean entropy has its advantage's
@@ -42,11 +42,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 from rlkit.core import fused
-from rlkit.core.masked import check_shapes, masked_mean, masked_std
+from rlkit.core.masked import check_shapes, masked_mean
 from rlkit.core.ppo import clipped_surrogate, log_ratio, reduce_policy_loss
 from rlkit.registry import Method, register_method, register_policy_loss
 
@@ -101,20 +102,84 @@ def _per_token(adv: Tensor, mask: Tensor) -> Tensor:
     return adv
 
 
-def standardized_entropy(entropy: Tensor, mask: Tensor) -> Tensor:
-    """H̃ = (H − μ_H)/σ_H ``(B, T)`` over the valid tokens (unbiased σ, 1 if 0); detached, 0 where masked."""
+class EntropyMoments(NamedTuple):
+    """The statistics behind H̃ (0-dim tensors): deviations d = H − pivot over the valid tokens."""
+
+    pivot: Tensor
+    """The first valid entropy (row-major): any valid value makes a constant entropy's deviations exactly 0."""
+    mean: Tensor
+    """μ of d."""
+    std: Tensor
+    """σ_H: unbiased std of d, 1 when it is 0 (or with ≤ 1 valid token)."""
+    low: Tensor
+    """min d over the valid tokens (0 without any)."""
+    high: Tensor
+    """max d over the valid tokens (0 without any)."""
+
+
+def entropy_moments(entropy: Tensor, mask: Tensor, *, safe: bool | None = None) -> EntropyMoments:
+    """:class:`EntropyMoments` of ``entropy`` ``(B, T)`` over the valid tokens, in two streaming passes over
+    blocks of rows (:mod:`rlkit.core.fused`), with no ``(B, T)`` temporary.
+
+    ``safe=False`` multiplies by the mask (fast; non-finite values at masked positions make the result
+    non-finite), ``True`` selects with it; None tries the fast way and checks (one host transfer).
+    """
     check_shapes(mask, entropy=entropy)
-    valid = mask.bool()
+    if safe is None:
+        fast = entropy_moments(entropy, mask, safe=False)
+        if torch.isfinite(torch.stack(fast)).all():
+            return fast
+        return entropy_moments(entropy, mask, safe=True)
     h = entropy.detach()
     h = h if h.is_floating_point() else h.float()
-    # Shift by the largest valid entropy: a constant entropy then has exactly zero deviations (σ_H = 0).
+    dtype = h.dtype
+    tokens = fused.row_sums(mask, dtype)
+    n = tokens.sum().clamp(min=1.0)
     if h.numel():
-        pivot = torch.where(valid, h, torch.full_like(h, -math.inf)).amax()
-        h = h - torch.where(torch.isfinite(pivot), pivot, torch.zeros_like(pivot))
-    mean = masked_mean(h, valid)
-    std = masked_std(h, valid, unbiased=True)  # 0 for ≤ 1 valid token
-    std = torch.where(std > 0, std, torch.ones_like(std))
-    return torch.where(valid, (h - mean) / std, torch.zeros_like(h))
+        row = torch.argmax((tokens > 0).to(torch.uint8))
+        pivot = h[row, torch.argmax((mask[row] != 0).to(torch.uint8))]
+    else:
+        pivot = h.new_zeros(())
+    step = fused.rows_per_block(h)
+    slabs = fused.Slabs(["d", "d2"], step, h, torch.promote_types(dtype, torch.float32))
+    lows, highs = [h.new_zeros(())], [h.new_zeros(())]
+
+    def deviations(h_b: Tensor, m_b: Tensor, centre: Tensor) -> Tensor:
+        d = h_b - pivot
+        if centre is not None:
+            d -= centre
+        m = m_b.to(dtype)
+        return torch.where(m != 0, d, 0.0) if safe else d.mul_(m)
+
+    with torch.no_grad():
+        for _, h_b, m_b in fused.row_blocks(step, h, mask):
+            d = deviations(h_b, m_b, None)
+            slabs.rows(d.shape[0])["d"].add_(d)
+            if d.numel():
+                lo, hi = torch.aminmax(d)  # a masked 0 is the pivot's own deviation: no extreme is lost
+                lows.append(lo), highs.append(hi)
+        mean = (slabs.data[0].sum() / n).to(dtype)
+        for _, h_b, m_b in fused.row_blocks(step, h, mask):
+            d = deviations(h_b, m_b, mean)
+            slabs.rows(d.shape[0])["d2"].addcmul_(d, d)
+        var = (slabs.data[1].sum() / n).to(dtype)
+        count = n.to(dtype)
+        var = torch.where(count > 1, var * count / (count - 1).clamp(min=1.0), torch.zeros_like(var))  # Bessel
+        std = fused.sqrt(var)
+        std = torch.where(std > 0, std, torch.ones_like(std))
+    return EntropyMoments(pivot, mean, std, torch.stack(lows).amin(), torch.stack(highs).amax())
+
+
+def standardized_entropy(entropy: Tensor, mask: Tensor) -> Tensor:
+    """H̃ = (H − μ_H)/σ_H ``(B, T)`` over the valid tokens (unbiased σ, 1 if 0); detached, 0 where masked."""
+    moments = entropy_moments(entropy, mask)
+    return torch.where(mask.bool(), _z_score(entropy.detach(), moments), 0.0)
+
+
+def _z_score(entropy: Tensor, moments: EntropyMoments) -> Tensor:
+    """((H − pivot) − μ)/σ elementwise (any shape)."""
+    h = entropy if entropy.is_floating_point() else entropy.float()
+    return (h - moments.pivot - moments.mean) / moments.std
 
 
 def _reshape(adv: Tensor, h_tilde: Tensor, mask: Tensor, coef: float) -> Tensor:
@@ -210,33 +275,45 @@ def aepo_loss(
 
 def _aepo_loss_fused(logp, old_logp, adv, mask, *, entropy, coef, clip_low, clip_high, clip_c, agg, variant,
                      behav_logp, behav_imp_weight_cap, loss_scale_factor):
-    """:func:`aepo_loss` through :func:`rlkit.core.fused.clip_loss`: Ã and H̃ over the batch, the clip per block."""
-    h_tilde = None
-    if entropy is not None:
-        h_tilde = standardized_entropy(entropy, mask)
-        adv = _reshape(adv, h_tilde, mask, coef)  # Ã_t = A_t·(1 + a·H̃_t)
+    """:func:`aepo_loss` through :func:`rlkit.core.fused.clip_loss`: μ_H, σ_H in two streaming passes, then Ã,
+    H̃ and the clip per block; no host transfer but the loss's own."""
+    if not math.isfinite(coef):
+        raise ValueError(f"coef must be finite, got {coef}")
+    moments: dict[bool, EntropyMoments] = {}
 
-    def terms(rows: slice, r: Tensor, m: Tensor) -> fused.TokenTerms:
-        gate = True if variant == "paper" else h_tilde[rows] <= 0  # arlarena: live r where H̃ > 0
-        sums = maxes = None
-        if h_tilde is not None:
-            scale = 1.0 + coef * h_tilde[rows]
-            valid = m != 0
-            sums = torch.stack([fused._dot(torch.where(valid, scale, 0.0), m)])
-            maxes = torch.where(valid, -scale, -torch.inf).amax().reshape(1) if scale.numel() else None
-        return fused.TokenTerms(adv[rows], clip_low, clip_high, sums, maxes, stop_grad_upper=gate)
+    def stats(safe: bool) -> EntropyMoments:  # fast first; the safe rerun of the loss recomputes them safely
+        if safe not in moments:
+            moments[safe] = entropy_moments(entropy, mask, safe=safe)
+        return moments[safe]
+
+    def terms(blk: fused.Block) -> fused.TokenTerms:
+        if entropy is None:
+            return fused.TokenTerms(adv[blk.rows], clip_low, clip_high, stop_grad_upper=True)
+        st = stats(blk.safe)
+        h = entropy[blk.rows].detach()
+        # 1 + a·H̃ = (a/σ)·H + (1 − a·(pivot + μ)/σ): two ops a token (masked positions: ignored by the loss)
+        scale = torch.mul(h, coef / st.std).add_(1.0 - coef * (st.pivot + st.mean) / st.std)
+        gate = True if variant == "paper" else fused.indicator(torch.le, _z_score(h, st), 0.0)  # arlarena: H̃ ≤ 0
+        return fused.TokenTerms(adv[blk.rows] * scale, clip_low, clip_high, (scale,), stop_grad_upper=gate)
+
+    def scale_min(safe: bool) -> list[Tensor]:  # 1 + a·H̃ is monotone in H: its minimum sits at an extreme d
+        if entropy is None:
+            return []
+        st = stats(safe)
+        d = st.low if coef >= 0 else st.high
+        return [1.0 + coef * ((d - st.mean) / st.std)]
 
     out = fused.clip_loss(
         logp, old_logp, adv, mask, clip_low=clip_low, clip_high=clip_high, clip_c=clip_c, agg=agg,
         loss_scale_factor=loss_scale_factor, behav_logp=behav_logp, behav_imp_weight_cap=behav_imp_weight_cap,
-        token_hook=terms,
+        token_hook=terms, n_sums=0 if entropy is None else 1, extras=scale_min,
     )
     metrics = fused.policy_metrics(out.stats, behaviour=behav_logp is not None)
     n = max(out.stats["tokens"], 1.0)
     metrics["aepo/clipfrac_grad_kept"] = out.stats["grad_kept"] / n
-    if h_tilde is not None:
+    if entropy is not None:
         metrics["aepo/entropy_adv_scale/mean"] = out.sums[0] / n
-        metrics["aepo/entropy_adv_scale/min"] = -out.maxes[0] if out.stats["tokens"] > 0 else 1.0
+        metrics["aepo/entropy_adv_scale/min"] = out.extras[0] if out.stats["tokens"] > 0 else 1.0
     return out.loss, metrics
 
 

@@ -42,11 +42,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+import math
+
 import torch
 
 from rlkit.core import fused
 from rlkit.core.entropy import entropy_from_logits
-from rlkit.core.groups import group_advantage, group_index, group_mean_std, group_sum
+from rlkit.core.groups import group_inputs, group_mean_std, group_scalars, group_sum
 from rlkit.core.masked import check_shapes, masked_mean
 from rlkit.core.ppo import clipped_surrogate, log_ratio, reduce_policy_loss
 from rlkit.registry import AdvantageInputs, Method, register_advantage, register_method, register_policy_loss
@@ -55,6 +57,11 @@ Tensor = torch.Tensor
 
 #: Floor for entropies before the log, for the RMS and for max/min(h) (the released ``compute_entropy_h``'s).
 EPS = 1e-8
+#: Above this many positions (B·T) the pivot quantile is looked for among the values a sample brackets (exact all
+#: the same, :func:`_log_entropy_stats`); below it one ``kthvalue`` over every valid entropy is cheap.
+BRACKET_ABOVE = 1 << 18
+#: Positions of the batch in that sample (below ATen's parallel grain: its ops run inline).
+BRACKET_SAMPLE = 30000
 
 
 @dataclass
@@ -118,7 +125,7 @@ def _check_range(name: str, value: float, low: float, high: float) -> None:
 
 def _log_entropy(entropy: Tensor) -> Tensor:
     dtype = torch.promote_types(entropy.dtype, torch.float32)
-    return entropy.detach().to(dtype).clamp_min(EPS).log()
+    return entropy.detach().to(dtype).clamp_min(EPS).log_()
 
 
 def entropy_stats(entropy: Tensor, mask: Tensor, *, entropy_pivot: float = 0.8) -> EntropyStats:
@@ -129,16 +136,103 @@ def entropy_stats(entropy: Tensor, mask: Tensor, *, entropy_pivot: float = 0.8) 
     """
     check_shapes(mask, entropy=entropy)
     _check_range("entropy_pivot", entropy_pivot, 0.0, 1.0)
-    ell = _log_entropy(entropy)[mask.bool()]
-    n = ell.numel()
-    if n == 0:
+    stats = _log_entropy_stats(_log_entropy(entropy), mask, entropy_pivot)
+    if stats is None:
         raise ValueError("entropy_stats needs at least one valid token (the mask is empty)")
-    # torch.quantile's "nearest" rank; Python's round is half-to-even like torch.round
-    median = ell.kthvalue(round(entropy_pivot * (n - 1)) + 1).values
-    centred = ell - median
-    std = centred.square().mean().clamp_min(EPS).sqrt()
-    h = centred / std
-    return EntropyStats(median, std, 1.0 / h.max().clamp_min(EPS), 1.0 / h.min().clamp_max(-EPS))
+    return stats
+
+
+def _log_entropy_stats(ell: Tensor, mask: Tensor, entropy_pivot: float) -> EntropyStats | None:
+    """:func:`entropy_stats` of ℓ = log H ``(B, T)`` (None without a valid token), streaming over blocks of rows
+    (:mod:`rlkit.core.fused`); ℓ is computed once by the caller (one ``log`` over the batch, :func:`_log_entropy`).
+
+    The pivot is the exact k-th smallest valid ℓ, k at torch.quantile's "nearest" rank (Python's round is
+    half-to-even like torch.round). One pass takes the moments of c = ℓ − s about a valid value s: Σc, Σc², min c,
+    max c (a masked c is 0, s's own). Below :data:`BRACKET_ABOVE` positions s is the pivot itself, found first by
+    one ``kthvalue`` over the valid ℓ. Above, s is a sample's value at the pivot's rank, and the same pass counts
+    the valid ℓ below a bracket of two sample order statistics six standard errors of the rank apart and gathers
+    those inside it, where the k-th is looked for (should the bracket miss it, in a layout the sample aliases, the
+    ``kthvalue`` over every valid ℓ answers: the result never depends on the sample). Then, with δ = pivot − s,
+    Σ(ℓ − pivot)² = Σc² − 2δ·Σc + n·δ², and max(ℓ − pivot) = max c + (s − pivot), exactly 0 when the pivot is
+    the maximum. max(h) = max(ℓ − pivot)/std: dividing by a positive number keeps the order.
+    """
+    bracket = _bracket(ell, mask, entropy_pivot) if ell.numel() > BRACKET_ABOVE else None
+    if bracket is None:
+        valid = ell[mask.bool()]
+        n = valid.numel()
+        if n == 0:
+            return None
+        k = round(entropy_pivot * (n - 1)) + 1
+        pivot = shift = valid.kthvalue(k).values
+    else:
+        pivot, shift = None, bracket[0]
+    s1, s2, low, high, n_valid, below, inside = _shifted_moments(ell, mask, shift, bracket, safe=False)
+    if not math.isfinite((s1 + s2 + low + high).item()):  # non-finite masked entropies: select with the mask
+        s1, s2, low, high, *_ = _shifted_moments(ell, mask, shift, None, safe=True)  # (the counts stand)
+    if pivot is None:
+        n = n_valid
+        k = round(entropy_pivot * (n - 1)) + 1
+        found = below < k <= below + inside.numel()
+        pivot = inside.kthvalue(k - below).values if found else ell[mask.bool()].kthvalue(k).values
+    back = shift - pivot  # s − pivot
+    delta = -back.double()
+    sq = s2 - 2.0 * delta * s1 + n * delta * delta
+    std = fused.sqrt((sq / n).clamp_min(EPS)).to(ell.dtype)
+    return EntropyStats(pivot, std, 1.0 / ((high + back) / std).clamp_min(EPS),
+                        1.0 / ((low + back) / std).clamp_max(-EPS))
+
+
+def _bracket(ell: Tensor, mask: Tensor, quantile: float) -> tuple[Tensor, Tensor | None, Tensor | None] | None:
+    """(s, lo, hi) from a sample of the valid ℓ: its value at the rank of ``quantile`` and two order statistics
+    six standard errors of the rank either side (None past an end); None for too small a sample."""
+    rows, cols = ell.shape
+    n_rows = min(rows, BRACKET_SAMPLE // max(cols, 1))
+    if n_rows >= 16:  # every k-th row, whole rows: read contiguously
+        pick = (slice(None, None, rows // n_rows), slice(None))
+    else:  # few long rows: every k-th column of each
+        pick = (slice(None), slice(None, None, max(1, rows * cols // BRACKET_SAMPLE)))
+    sample = ell[pick][mask[pick] != 0]
+    ns = sample.numel()
+    if ns < 256:
+        return None
+    centre, half = quantile * ns, 6.0 * math.sqrt(ns * quantile * (1.0 - quantile)) + 2.0
+    r_lo, r_hi = math.floor(centre - half), math.ceil(centre + half)
+    return (sample.kthvalue(min(max(round(centre), 1), ns)).values,
+            sample.kthvalue(r_lo).values if r_lo >= 1 else None, sample.kthvalue(r_hi).values if r_hi <= ns else None)
+
+
+def _shifted_moments(ell: Tensor, mask: Tensor, shift: Tensor, bracket: tuple | None, *, safe: bool):
+    """Σc (float64), Σc² (float64), min c, max c of c = ℓ − shift over the valid tokens; with a ``bracket`` also
+    the number of valid tokens, of valid ℓ below the bracket, and the valid ℓ inside it."""
+    dtype = ell.dtype
+    step = fused.rows_per_block(ell)
+    slabs = fused.Slabs(["c", "c2", "valid", "below"], step, ell, dtype)
+    lows, highs = [ell.new_zeros(())], [ell.new_zeros(())]  # a masked 0 is the shift's own c
+    _, lo, hi = bracket if bracket is not None else (None, None, None)
+    inside = torch.empty(ell.shape, dtype=torch.bool, device=ell.device) if bracket is not None else None
+    with torch.no_grad():
+        for _, ell_b, m_b, inside_b in fused.row_blocks(step, ell, mask, inside):
+            acc = slabs.rows(ell_b.shape[0])
+            m = m_b.to(dtype)
+            c = ell_b - shift
+            c = torch.where(m != 0, c, 0.0) if safe else c.mul_(m)
+            acc["c"].add_(c)
+            acc["c2"].addcmul_(c, c)
+            if c.numel():
+                c_lo, c_hi = torch.aminmax(c)
+                lows.append(c_lo), highs.append(c_hi)
+            if bracket is not None:  # comparisons: masked NaN or inf count nowhere
+                valid = fused.indicator(torch.ne, m, 0.0)  # a count, as ``mask.bool()`` counts
+                acc["valid"].add_(valid)
+                keep = fused.indicator(torch.le, ell_b, hi) if hi is not None else torch.ones_like(c)
+                if lo is not None:
+                    below = fused.indicator(torch.lt, ell_b, lo)
+                    acc["below"].addcmul_(below, valid)
+                    keep.sub_(below)
+                inside_b.copy_(keep.mul_(valid))  # 0/1 → bool
+    s1, s2, n_valid, below = slabs.totals().tolist()
+    values = ell[inside] if inside is not None else ell.new_zeros(0)  # one gather: a few % of the tokens
+    return s1, s2, torch.stack(lows).amin(), torch.stack(highs).amax(), round(n_valid), round(below), values
 
 
 def normalized_entropy(entropy: Tensor, stats: EntropyStats, *, release_compat: bool = False) -> Tensor:
@@ -147,10 +241,23 @@ def normalized_entropy(entropy: Tensor, stats: EntropyStats, *, release_compat: 
     h̃ = h·scale_pos for h > 0 and h·|scale_neg| ∈ [−1, 0] for h ≤ 0; ``release_compat`` uses the released
     h·scale_neg ≥ 0 instead, so h̃ ∈ [0, 1].
     """
+    return _normalized_log_entropy(_log_entropy(entropy), stats, release_compat=release_compat)
+
+
+def _normalized_log_entropy(ell: Tensor, stats: EntropyStats, *, release_compat: bool) -> Tensor:
+    """:func:`normalized_entropy` of ℓ = log H."""
+    h_neg, h_pos = _signed_parts(ell, stats, release_compat=release_compat)
+    return h_neg + h_pos
+
+
+def _signed_parts(ell: Tensor, stats: EntropyStats, *, release_compat: bool) -> tuple[Tensor, Tensor]:
+    """min(h̃, 0) and max(h̃, 0) of ℓ = log H: one of the two is 0 at every token, so h̃ is exactly their sum."""
     median, std, scale_pos, scale_neg = stats
-    h = (_log_entropy(entropy) - median) / std
-    neg_scale = scale_neg if release_compat else scale_neg.abs()
-    return torch.where(h > 0, h * scale_pos, h * neg_scale).clamp(-1.0, 1.0)
+    c = ell - median  # h = c/std: std folds into the scales
+    h_pos = c.mul(scale_pos / std).clamp_(0.0, 1.0)  # c > 0
+    if release_compat:  # h·scale_neg ≥ 0 where c ≤ 0: every h̃ in [0, 1]
+        return torch.zeros_like(c), h_pos.add_(c.mul_(scale_neg / std).clamp_(0.0, 1.0))
+    return c.mul_(scale_neg.abs() / std).clamp_(-1.0, 0.0), h_pos  # c ≤ 0
 
 
 def adaptive_temperature(
@@ -200,21 +307,19 @@ def tlga_advantage(
         raise ValueError(f"fallback_threshold must be > 0 or None (no fallback), got {fallback_threshold}")
     if isinstance(rewards, Tensor) and not rewards.is_floating_point():
         rewards = rewards.float()
-    adv_grpo = group_advantage(rewards, group_ids, mask, norm_by_std=norm_by_std, eps=eps)  # validates inputs
-    rewards = rewards.detach()
-    index, num_groups = group_index(group_ids, rewards.device)
-    valid = mask.to(rewards.dtype)
-    # every valid token is one observation of its sample's reward: length-weighted mean, population std
-    tokens = rewards.unsqueeze(-1) * valid  # (B, T)
-    mean, std, _ = group_mean_std(tokens, index, num_groups, mask=valid, unbiased=False)
-    centred = rewards - mean[index]  # (B,)
-    adv = centred / (std[index] + eps) if norm_by_std else centred
-    adv = adv.unsqueeze(-1) * valid
-    if fallback_threshold is None:
-        return adv
-    extreme = (adv.abs() >= fallback_threshold).any(-1)  # (B,); padding holds 0 < threshold
-    fallback = group_sum(extreme.to(rewards.dtype), index, num_groups) > 0  # (G,)
-    return torch.where(fallback[index].unsqueeze(-1), adv_grpo, adv)
+    rewards, index, num_groups = group_inputs(rewards, group_ids, mask)
+    # every valid token is one observation of its sample's reward: a sample weighs its number of valid tokens
+    tokens = fused.row_sums(mask, rewards.dtype)  # (B,)
+    mean, std, _ = group_mean_std(rewards, index, num_groups, weights=tokens, unbiased=False)
+    centred = rewards - mean[index]
+    adv = centred / (std[index] + eps) if norm_by_std else centred  # (B,)
+    if fallback_threshold is not None:
+        extreme = (adv.abs() >= fallback_threshold) & (tokens > 0)  # on a valid token (padding holds 0)
+        fallback = group_sum(extreme.to(rewards.dtype), index, num_groups) > 0  # (G,)
+        if bool(fallback.any()):  # one read on the host: GRPO's statistics only when some group needs them
+            grpo = group_scalars(rewards, index, num_groups, norm_by_std=norm_by_std, eps=eps)
+            adv = torch.where(fallback[index], grpo, adv)
+    return fused.broadcast_rows(adv, mask)
 
 
 @register_advantage("hapo_tlga", method="hapo")
@@ -227,10 +332,26 @@ def tlga_estimator(inputs: AdvantageInputs, *, norm_by_std: bool = True, fallbac
 
 
 def _redistributed(h: Tensor, ratio: Tensor, clip_low: float | Tensor, clip_high: float | Tensor) -> Tensor:
-    """Where Eqs. 10–11 rescale A: high entropy outside the neutral zone, low entropy inside it (bool)."""
+    """Where Eqs. 10–11 rescale A (0/1 in h's dtype): high entropy outside the neutral zone
+    [1 − ε_L/2, 1 + ε_R/2], low entropy inside it."""
+    lo = torch.rsub(clip_low, 1.0, alpha=0.5) if isinstance(clip_low, Tensor) else 1.0 - clip_low / 2
+    hi = torch.rsub(clip_high, 1.0, alpha=-0.5) if isinstance(clip_high, Tensor) else 1.0 + clip_high / 2
+    return _moved(fused.indicator(torch.gt, h, 0.0), ratio, lo, hi)
+
+
+def _moved(positive: Tensor, ratio: Tensor, lo: float | Tensor, hi: float | Tensor) -> Tensor:
+    """(h̃ > 0) xor (lo ≤ r ≤ hi), 0/1 in ``positive``'s dtype."""
     ratio = ratio.detach()
-    inside = (ratio >= 1.0 - clip_low / 2) & (ratio <= 1.0 + clip_high / 2)
-    return (h > 0) != inside
+    inside = fused.indicator(torch.ge, ratio, lo).mul_(fused.indicator(torch.le, ratio, hi))
+    return torch.ne(positive, inside.to(positive.dtype), out=inside)
+
+
+def _rescaled(adv: Tensor, h: Tensor, rescale: Tensor, adv_beta: float) -> Tensor:
+    """A + β·A·h̃ = A·(1 + β·h̃) where ``rescale`` is 1, A (exactly) where it is 0."""
+    scaled = adv * h.to(adv.dtype)
+    if adv.requires_grad and torch.is_grad_enabled():  # autograd takes no out=
+        return torch.addcmul(adv, scaled, rescale.to(adv.dtype), value=adv_beta)
+    return torch.addcmul(adv, scaled, rescale.to(adv.dtype), value=adv_beta, out=scaled)
 
 
 def redistribute_advantage(
@@ -250,8 +371,7 @@ def redistribute_advantage(
     _check_range("adv_beta", adv_beta, 0.0, 1.0)
     with torch.no_grad():
         rescale = _redistributed(h, ratio, clip_low, clip_high)
-        factor = torch.where(rescale, 1.0 + adv_beta * h, torch.ones_like(h))
-    return adv * factor.to(adv.dtype)
+    return _rescaled(adv, h.detach(), rescale, adv_beta)
 
 
 def adaptive_clip(
@@ -266,8 +386,9 @@ def adaptive_clip(
     if clip_low < 0 or clip_high < 0:
         raise ValueError(f"clip ranges must be ≥ 0, got clip_low={clip_low}, clip_high={clip_high}")
     h = h.detach()
-    eps_low = torch.where(h <= 0, clip_low * (1.0 - clip_alpha * h), torch.full_like(h, clip_low))
-    eps_high = torch.where(h > 0, clip_high * (1.0 + clip_alpha * h), torch.full_like(h, clip_high))
+    # ε·(1 ∓ α·h) on min(h, 0) and max(h, 0): on the other side it is exactly ε + 0, the base range
+    eps_low = h.clamp_max(0.0).mul_(-clip_low * clip_alpha).add_(clip_low)
+    eps_high = h.clamp_min(0.0).mul_(clip_high * clip_alpha).add_(clip_high)
     return eps_low, eps_high
 
 
@@ -301,29 +422,39 @@ def hapo_loss(
     plus ``hapo/...`` (mean h̃, share of h̃ > 0, mean adapted ε's, share of redistributed tokens).
     """
     check_shapes(mask, logp=logp, old_logp=old_logp, adv=adv, entropy=entropy, behav_logp=behav_logp)
-    valid = mask.bool()
     if (use_redistribution or use_adaptive_clip) and entropy is None:
         raise ValueError(
             "hapo_loss needs the token entropies (entropy=...) for redistribution and adaptive clip; "
             "pass use_redistribution=False, use_adaptive_clip=False for plain PPO"
         )
-    if entropy is None or not valid.any():  # nothing to normalise: h̃ = 0 changes no advantage and no bound
-        h = torch.zeros_like(logp, dtype=torch.promote_types(logp.dtype, old_logp.dtype))
-    else:
-        stats = stats if stats is not None else entropy_stats(entropy, mask, entropy_pivot=entropy_pivot)
-        h = normalized_entropy(entropy, stats, release_compat=release_compat)
-        h = h.to(torch.promote_types(logp.dtype, old_logp.dtype))
-        h = torch.where(valid, h, 0.0)  # padding entropies may be anything
+    _check_range("adv_beta", adv_beta, 0.0, 1.0)
+    clip_alpha = clip_alpha if use_adaptive_clip else 0.0  # α = 0 leaves every bound at its base value (D off)
+    adaptive_clip(logp.new_zeros(0), clip_low, clip_high, clip_alpha=clip_alpha)  # validates α and the ranges
+    _check_range("entropy_pivot", entropy_pivot, 0.0, 1.0)
+    dtype = torch.promote_types(logp.dtype, old_logp.dtype)
+    ell = _log_entropy(entropy) if entropy is not None else None  # one log pass, for the statistics and h̃
+    if ell is not None and stats is None:
+        stats = _log_entropy_stats(ell, mask, entropy_pivot)
+        if stats is None:  # no valid token: nothing to normalise, h̃ = 0 changes no advantage and no bound
+            ell = None
+
+    def signed_parts(rows: slice | None = None) -> tuple[Tensor, Tensor]:  # min(h̃, 0), max(h̃, 0); 0 without ℓ
+        if ell is None:
+            zero = torch.zeros_like(logp if rows is None else logp[rows], dtype=dtype)
+            return zero, zero
+        parts = _signed_parts(ell if rows is None else ell[rows], stats, release_compat=release_compat)
+        return tuple(x.to(dtype) for x in parts)
+
     if fused.fusable(logp, old_logp, adv, mask, behav_logp):  # same math, few passes (rlkit.core.fused)
-        return _hapo_loss_fused(logp, old_logp, adv, mask, h, clip_low=clip_low, clip_high=clip_high,
-                                clip_c=clip_c, adv_beta=adv_beta, clip_alpha=clip_alpha if use_adaptive_clip else 0.0,
-                                agg=agg,
+        return _hapo_loss_fused(logp, old_logp, adv, mask, signed_parts, clip_low=clip_low, clip_high=clip_high,
+                                clip_c=clip_c, adv_beta=adv_beta, clip_alpha=clip_alpha, agg=agg,
                                 use_redistribution=use_redistribution, behav_logp=behav_logp,
                                 behav_imp_weight_cap=behav_imp_weight_cap, loss_scale_factor=loss_scale_factor)
+    valid = mask.bool()
+    h = torch.where(valid, torch.add(*signed_parts()), 0.0)  # padding entropies may be anything
     log_r = log_ratio(logp, old_logp)
     ratio = log_r.exp()
-    # α = 0 leaves every bound at its base value (the switch-off of D)
-    eps_low, eps_high = adaptive_clip(h, clip_low, clip_high, clip_alpha=clip_alpha if use_adaptive_clip else 0.0)
+    eps_low, eps_high = adaptive_clip(h, clip_low, clip_high, clip_alpha=clip_alpha)
     if use_redistribution:
         adv = redistribute_advantage(adv, h, ratio, eps_low, eps_high, adv_beta=adv_beta)
     loss_mat, clipped, dual = clipped_surrogate(
@@ -334,45 +465,61 @@ def hapo_loss(
         behav_logp=behav_logp, behav_imp_weight_cap=behav_imp_weight_cap, loss_scale_factor=loss_scale_factor,
     )
     redistributed = (
-        _redistributed(h, ratio, eps_low, eps_high) if use_redistribution else torch.zeros_like(valid)
+        _redistributed(h, ratio, eps_low, eps_high) if use_redistribution else torch.zeros_like(h)
     )
     metrics.update({
         "hapo/h_tilde/mean": masked_mean(h, mask).item(),
         "hapo/h_tilde/pos_frac": masked_mean((h > 0).float(), mask).item(),
         "hapo/clip_low/mean": masked_mean(eps_low, mask).item(),
         "hapo/clip_high/mean": masked_mean(eps_high, mask).item(),
-        "hapo/redistributed_frac": masked_mean(redistributed.float(), mask).item(),
+        "hapo/redistributed_frac": masked_mean(redistributed, mask).item(),
     })
     return loss, metrics
 
 
-def _hapo_loss_fused(logp, old_logp, adv, mask, h, *, clip_low, clip_high, clip_c, adv_beta, clip_alpha, agg,
-                     use_redistribution, behav_logp, behav_imp_weight_cap, loss_scale_factor):
-    """:func:`hapo_loss` through :func:`rlkit.core.fused.clip_loss`: D, C and their metrics per block of rows."""
-    _check_range("adv_beta", adv_beta, 0.0, 1.0)
-    adaptive_clip(h[:0], clip_low, clip_high, clip_alpha=clip_alpha)  # validates α and the clip ranges
+def _hapo_loss_fused(logp, old_logp, adv, mask, signed_parts, *, clip_low, clip_high, clip_c, adv_beta, clip_alpha,
+                     agg, use_redistribution, behav_logp, behav_imp_weight_cap, loss_scale_factor):
+    """:func:`hapo_loss` through :func:`rlkit.core.fused.clip_loss`: h̃, D, C and their metrics per block of rows
+    (masked positions need no zeroing: the loss ignores them, and safe mode selects the metrics' tokens).
 
-    def terms(rows: slice, r: Tensor, m: Tensor) -> fused.TokenTerms:
-        h_b = h[rows]
-        eps_low, eps_high = adaptive_clip(h_b, clip_low, clip_high, clip_alpha=clip_alpha)  # D
-        a = adv[rows]
-        moved = torch.zeros_like(h_b, dtype=torch.bool)
+    Every bound is affine in min(h̃, 0) or max(h̃, 0), one op a token each: the clip interval
+    [1 − ε_L + ε_L·α·min(h̃, 0), 1 + ε_R + ε_R·α·max(h̃, 0)] and the neutral zone, its midpoints with 1."""
+    dtype = torch.promote_types(logp.dtype, old_logp.dtype)
+    const = {k: torch.tensor(v, dtype=dtype, device=logp.device) for k, v in (
+        ("low", 1.0 - clip_low), ("high", 1.0 + clip_high), ("zone_low", 1.0 - clip_low / 2),
+        ("zone_high", 1.0 + clip_high / 2), ("zero", 0.0))}
+
+    def terms(blk: fused.Block) -> fused.TokenTerms:
+        h_neg, h_pos = signed_parts(blk.rows)
+        h = h_neg + h_pos
+        positive = fused.indicator(torch.gt, h, const["zero"])
+        bounds = (torch.add(const["low"], h_neg, alpha=clip_low * clip_alpha),  # D
+                  torch.add(const["high"], h_pos, alpha=clip_high * clip_alpha))
+        a = adv[blk.rows]
+        moved = const["zero"]
         if use_redistribution:  # C, with D's bounds
-            a = redistribute_advantage(a, h_b, r, eps_low, eps_high, adv_beta=adv_beta)
-            moved = _redistributed(h_b, r, eps_low, eps_high)
-        dot = fused._dot
-        sums = torch.stack([dot(h_b, m), dot(h_b > 0, m), dot(eps_low, m), dot(eps_high, m), dot(moved, m)])
-        return fused.TokenTerms(a, eps_low, eps_high, sums)
+            moved = _moved(positive, blk.r, torch.add(const["zone_low"], h_neg, alpha=clip_low * clip_alpha / 2),
+                           torch.add(const["zone_high"], h_pos, alpha=clip_high * clip_alpha / 2))
+            a = _rescaled(a, h, moved, adv_beta)
+        # Σ h̃ = Σ min(h̃, 0) + Σ max(h̃, 0), and the mean ε's are affine in those two sums
+        return fused.TokenTerms(a, sums=(h_neg, h_pos, positive, moved), bounds=bounds)
 
     out = fused.clip_loss(
         logp, old_logp, adv, mask, clip_low=clip_low, clip_high=clip_high, clip_c=clip_c, agg=agg,
         loss_scale_factor=loss_scale_factor, behav_logp=behav_logp, behav_imp_weight_cap=behav_imp_weight_cap,
-        token_hook=terms,
+        token_hook=terms, n_sums=4,
     )
     metrics = fused.policy_metrics(out.stats, behaviour=behav_logp is not None)
-    n = max(out.stats["tokens"], 1.0)
-    names = ("h_tilde/mean", "h_tilde/pos_frac", "clip_low/mean", "clip_high/mean", "redistributed_frac")
-    metrics.update({f"hapo/{k}": v / n for k, v in zip(names, out.sums)})
+    tokens = out.stats["tokens"]
+    neg, pos, positive, moved = (x / max(tokens, 1.0) for x in out.sums)
+    some = float(tokens > 0)  # masked means of an empty batch are 0
+    metrics.update({
+        "hapo/h_tilde/mean": neg + pos,
+        "hapo/h_tilde/pos_frac": positive,
+        "hapo/clip_low/mean": some * clip_low - clip_low * clip_alpha * neg,
+        "hapo/clip_high/mean": some * clip_high + clip_high * clip_alpha * pos,
+        "hapo/redistributed_frac": moved,
+    })
     return out.loss, metrics
 
 
