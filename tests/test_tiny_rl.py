@@ -109,6 +109,51 @@ def test_decoupled_loss_logs_behaviour_weights_and_needs_itself_for_a_cap(tmp_pa
         build_config("grpo", "smoke", {"staleness": -1})
 
 
+def test_ppo_epochs_pass_over_the_batch_again_in_a_new_order(tmp_path, cache, monkeypatch):
+    import rlkit.tiny.rl as rl
+
+    seen, real = [], rl.token_logprobs
+
+    def token_logprobs(model, ids, *args, **kwargs):
+        if model.training and torch.is_grad_enabled():  # the update's forward passes (not sampling or evaluation)
+            seen.append(ids.clone())
+        return real(model, ids, *args, **kwargs)
+
+    monkeypatch.setattr(rl, "token_logprobs", token_logprobs)
+    cfg = build_config("grpo", "smoke", {"steps": 1, "mini_batches": 2, "ppo_epochs": 3})
+    train(cfg, tmp_path / "epochs", progress=False, sft_cache=cache)
+    assert len(seen) == 6  # 3 passes × 2 mini-batches
+    passes = [torch.cat(seen[i : i + 2]) for i in (0, 2, 4)]
+    rows = [sorted(map(tuple, p.tolist())) for p in passes]
+    assert rows[0] == rows[1] == rows[2]  # every pass sees the whole batch once
+    assert not all(torch.equal(passes[0], p) for p in passes[1:])  # … in a new order
+    with pytest.raises(ValueError, match="ppo_epochs"):
+        build_config("grpo", "smoke", {"ppo_epochs": 0})
+
+
+def test_spo_offline_pass_is_sampled_once_per_seed_and_reused_bit_for_bit(tmp_path, cache, monkeypatch):
+    import rlkit.tiny.rl as rl
+
+    cfg = build_config("spo", "smoke", {"steps": 2, "spo.offline_N": 2})
+    calls, real = [], rl.rollout
+    monkeypatch.setattr(rl, "rollout", lambda *a, **k: calls.append(1) or real(*a, **k))
+
+    def kept():
+        return len(list(cache.glob("spo-offline-*.pt")))
+
+    before = kept()
+    first = train(cfg, tmp_path / "first", progress=False, sft_cache=cache)
+    sampled = len(calls)
+    assert kept() == before + 1
+    second = train(cfg, tmp_path / "second", progress=False, sft_cache=cache)
+    assert len(calls) - sampled < sampled and kept() == before + 1  # the offline pass was not sampled again
+    assert timeless(read_metrics(second / "metrics.jsonl")) == timeless(read_metrics(first / "metrics.jsonl"))
+    other = train(build_config("spo", "smoke", {"steps": 2, "spo.offline_N": 2, "seed": 1}), tmp_path / "other",
+                  progress=False, sft_cache=cache)  # another seed: its own pass, its own result
+    assert kept() == before + 2
+    assert timeless(read_metrics(other / "metrics.jsonl")) != timeless(read_metrics(first / "metrics.jsonl"))
+
+
 def test_regimes_apply_before_the_scale():
     stress = build_config("gspo", "cpu", regime="stress")
     assert {k: getattr(stress, k) for k in REGIMES["stress"]} == REGIMES["stress"]

@@ -51,7 +51,12 @@ class RLConfig:
     """Linear learning-rate warm-up over the first RL steps (as the HAPO/DAPO recipes): Adam's first,
     sign-like updates at full rate knock a freshly fine-tuned model off its SFT optimum."""
     mini_batches: int = 2
-    """Optimizer steps per rollout batch; ≥ 2 takes the later ones off-policy, so ratios leave 1 and clips act."""
+    """Optimizer steps per pass over a rollout batch; ≥ 2 takes the later ones off-policy, so ratios leave 1 and
+    clips act."""
+    ppo_epochs: int = 1
+    """Passes over each rollout batch (verl's ``actor.ppo_epochs``), each in a new random order: from the second
+    pass on, every token's own ratio has moved, so the clips act on the tokens the update pushed (not only on
+    those a stale sampler left behind)."""
     staleness: int = 0
     """Rollouts are sampled by the policy of this many steps earlier (an asynchronous trainer's stale behaviour
     policy; 0: on-policy). The loss's ratio is then taken against that behaviour policy, unless ``decoupled_loss``."""
@@ -111,8 +116,8 @@ class RLConfig:
             if self.hapo.temperature != self.temperature:
                 raise ValueError(f"hapo.temperature ({self.hapo.temperature}) differs from temperature "
                                  f"({self.temperature}): the tiny engine samples at `temperature`; set that one")
-        for name in ("steps", "prompts_per_step", "group_size", "pool_size", "mini_batches", "eval_every",
-                     "eval_size", "final_eval_size"):
+        for name in ("steps", "prompts_per_step", "group_size", "pool_size", "mini_batches", "ppo_epochs",
+                     "eval_every", "eval_size", "final_eval_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
         if self.staleness < 0:

@@ -22,7 +22,9 @@ penalty, a linear reward penalty over the last ``overlong_buffer`` tokens of the
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
+import os
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass
@@ -142,7 +144,7 @@ def train(cfg: RLConfig, out_dir: str | Path, *, device: str = "cpu", resume: bo
     state.prompt_gen.manual_seed(cfg.seed)
     state.sample_gen.manual_seed(cfg.seed + 1)
     if cfg.method == "spo":  # a resumed run restores the tracker instead of re-estimating the offline values
-        offline = None if resumed else offline_scores(run, state.sample_gen)
+        offline = None if resumed else offline_scores(run, state.sample_gen, cache_dir=sft_info["path"])
         pool_ids = range(len(pool))
         state.tracker = spo.ValueTracker(pool_ids, offline_scores=offline,
                                          **registry.kwargs_for(spo.ValueTracker, cfg.spo))
@@ -247,14 +249,16 @@ def rl_step(run: Run, state: RunState) -> dict[str, float]:
     if state.tracker is not None:  # SPO's prioritised sampling: p̂(1 − p̂) of the drawn prompts over the pool's
         metrics["spo/sampling_focus"] = _sampling_focus(state.tracker, prompt_idx, len(pool))
 
-    # ---- 6. policy update: mini_batches optimizer steps on the method's loss over a shuffled split of the batch
+    # ---- 6. policy update: ppo_epochs passes of mini_batches optimizer steps on the method's loss, each pass over
+    # a new shuffled split of the batch
     t0 = time.perf_counter()
     loss_metrics: dict[str, list[float]] = defaultdict(list)
     for group in opt.param_groups:
         group["lr"] = cfg.lr * min(1.0, (state.step + 1) / max(1, cfg.warmup_steps))
-    order = torch.randperm(len(problems), generator=state.prompt_gen)
     device = mask.device
-    for rows in order.chunk(cfg.mini_batches):
+    passes = [torch.randperm(len(problems), generator=state.prompt_gen).chunk(cfg.mini_batches)
+              for _ in range(cfg.ppo_epochs)]
+    for rows in (rows for chunks in passes for rows in chunks):
         rows = rows.to(device)
         logp, entropy = token_logprobs(model, ids[rows], attn[rows], start, temperature=ro.temperature[rows])
         extra = {k: v[rows] if isinstance(v, Tensor) else v for k, v in behav.items()}
@@ -356,11 +360,31 @@ def _select_scored(scored, rows: Tensor):
     return type(scored)(rewards=scored.rewards[rows], code_pass=scored.code_pass[rows])
 
 
-def offline_scores(run: Run, gen: torch.Generator) -> dict[int, list[float]]:
-    """SPO's offline value estimate: ``spo.offline_N`` samples per pool prompt from the SFT model."""
+def offline_scores(run: Run, gen: torch.Generator, *, cache_dir: str | Path | None = None) -> dict[int, list[float]]:
+    """SPO's offline value estimate: ``spo.offline_N`` samples per pool prompt from the SFT model.
+
+    ``cache_dir`` (a directory, or the SFT checkpoint's path: its directory): the scores and ``gen``'s state after
+    the pass are kept there, keyed by everything the pass reads — the SFT checkpoint, the pool, the sampling
+    settings and ``gen``'s state before it — so runs that share them (SPO's ablations on one seed) sample it once
+    and continue bit for bit as if they had sampled it themselves.
+    """
     n = run.cfg.spo.offline_N
     if n == 0:
         return {}
+    path = None
+    if cache_dir is not None:
+        cache_dir = Path(cache_dir)
+        sft = cache_dir.stem if cache_dir.suffix == ".pt" else "?"
+        key = hashlib.sha256(json.dumps({
+            "sft": sft, "pool": [asdict(p) for p in run.pool], "n": n, "temperature": run.cfg.temperature,
+            "max_new": run.max_new, "form": run.form,
+            "gen": hashlib.sha256(gen.get_state().numpy().tobytes()).hexdigest(),
+        }, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        path = (cache_dir.parent if cache_dir.suffix == ".pt" else cache_dir) / f"spo-offline-{key}.pt"
+        if path.exists():
+            saved = torch.load(path, weights_only=True)
+            gen.set_state(saved["gen_after"])
+            return {i: row.tolist() for i, row in enumerate(saved["scores"])}
     problems = [p for p in run.pool for _ in range(n)]
     rewards = []
     for i in range(0, len(problems), 512):
@@ -369,6 +393,10 @@ def offline_scores(run: Run, gen: torch.Generator) -> dict[int, list[float]]:
                      temperature=run.cfg.temperature, generator=gen)
         rewards.append(score_rollout(ro, chunk).rewards)
     per_prompt = torch.cat(rewards).view(len(run.pool), n)
+    if path is not None:  # written atomically: two runs of one seed side by side may both write it
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        torch.save({"scores": per_prompt.cpu(), "gen_after": gen.get_state()}, tmp)
+        os.replace(tmp, path)
     return {i: per_prompt[i].tolist() for i in range(len(run.pool))}
 
 

@@ -84,6 +84,7 @@ def overrides(cfg: RLConfig) -> dict[str, Any]:
         "data.train_batch_size": prompts,
         "actor_rollout_ref.rollout.n": cfg.group_size,
         actor + "ppo_mini_batch_size": prompts // cfg.mini_batches,
+        actor + "ppo_epochs": cfg.ppo_epochs,
         actor + "ppo_micro_batch_size_per_gpu": micro,
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": micro,
         actor + "optim.lr": cfg.lr,
