@@ -255,7 +255,7 @@ def train_runs(
     """Train every planned run not finished yet (reusing finished ones, resuming killed ones), ``workers`` at a
     time, each in its own process on one CPU thread; returns minutes per run trained. The shared SFT start is
     trained first, once. A failing run stops everything with its name and error."""
-    from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     from tqdm.auto import tqdm
 
@@ -283,8 +283,8 @@ def train_runs(
         futures = {pool.submit(_train_one, p, scale, str(results), device): p for p in todo}
         bar = tqdm(total=len(futures), desc=f"runs ({workers} at a time)", disable=not progress)
         pending = set(futures)
-        while pending:
-            finished, pending = wait(pending, return_when=FIRST_EXCEPTION)
+        while pending:  # one pass per finished run: the bar moves as runs end, and the first failure stops the rest
+            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
             for f in finished:
                 p = futures[f]
                 try:

@@ -95,6 +95,33 @@ def test_train_runs_side_by_side_then_reuses_them(tmp_path, monkeypatch):
     assert train_runs(plan, scale="smoke", results=tmp_path, progress=False) == {}  # all finished: reused
 
 
+def test_train_runs_progress_moves_as_each_run_ends(tmp_path, monkeypatch):
+    """Three runs on two workers: the first to end is counted before the third (started after it) ends."""
+    import time
+
+    import rlkit.reproduce as reproduce
+
+    updates = []
+
+    class Bar:
+        def __init__(self, *a, **k):
+            pass
+
+        def update(self, n=1):
+            updates.append(time.time())
+
+        def close(self):
+            pass
+
+    monkeypatch.setenv("RLKIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr("tqdm.auto.tqdm", Bar)
+    plan = [reproduce.PlannedRun("grpo", "grpo", "standard", k) for k in range(3)]
+    reproduce.train_runs(plan, scale="smoke", results=tmp_path, workers=2, progress=True)
+    ended = sorted((tmp_path / "grpo" / f"seed{k}" / "metrics.jsonl").stat().st_mtime for k in range(3))
+    assert len(updates) == 3
+    assert updates[0] < ended[-1], "the bar counted no run before the last one ended"
+
+
 # ------------------------------------------------------------------------------------------------ runs
 
 
