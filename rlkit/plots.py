@@ -259,6 +259,7 @@ def curves(
             raise KeyError(f"no run logged metric {metric!r}; logged: {', '.join(logged)}")
     fig, axes, spare = panels(len(metrics), ncols=ncols, width=width, height=height)
     groups = by_method(runs)
+    styles = line_styles(groups)
     for i, (ax, metric, xi) in enumerate(zip(axes, metrics, xs)):
         for method, group in groups.items():
             if not all(metric in r.frame for r in group):
@@ -266,8 +267,9 @@ def curves(
             band = seed_band(group, metric, xi)
             color = COLORS.get(group[0].method)  # a variant (grpo-stress, aspo-eq1): its method's colour, dashed
             label = f"{method} ({len(group)} seed{'s' if len(group) > 1 else ''})"
-            ax.plot(band.index, band["mean"], label=label, color=color, lw=1.8, ls="-" if method in COLORS else "--",
-                    marker="o" if len(band) <= 12 else None, ms=4)
+            ls, marker = styles[method]
+            ax.plot(band.index, band["mean"], label=label, color=color, lw=1.8, ls=ls,
+                    marker=marker if len(band) <= 12 else None, ms=4)
             if len(group) > 1:
                 ax.fill_between(band.index, band["low"], band["high"], color=color, alpha=0.15, lw=0)
         ax.set_title(titles[i] if titles else metric)
@@ -278,6 +280,25 @@ def curves(
     if caption:
         add_caption(fig, describe(runs))
     return fig
+
+
+#: Line style and marker of a method's variants, in the order they appear (the method itself: solid, circles).
+VARIANT_STYLES = [("--", "o"), (":", "s"), ("-.", "^"), ((0, (5, 1, 1, 1, 1, 1)), "D"), ((0, (1, 3)), "v")]
+
+
+def line_styles(groups: dict[str, list[Run]]) -> dict[str, tuple]:
+    """``{label: (linestyle, marker)}``: a method solid with circles; its variants (one colour, the method's)
+    told apart by dash pattern and marker, in order of appearance (:data:`VARIANT_STYLES`, cycled)."""
+    seen: dict[str, int] = {}
+    styles = {}
+    for label, group in groups.items():
+        if label in COLORS:
+            styles[label] = ("-", "o")
+            continue
+        k = seen.get(group[0].method, 0)
+        seen[group[0].method] = k + 1
+        styles[label] = VARIANT_STYLES[k % len(VARIANT_STYLES)]
+    return styles
 
 
 def save(fig, path: str | Path, dpi: int = 110) -> Path:

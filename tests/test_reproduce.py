@@ -166,6 +166,19 @@ def test_curves_draw_every_method_with_a_caption(tmp_path):
     assert runs[0].response_tokens == 220 and runs[0].minutes == pytest.approx(4 / 60)
 
 
+def test_variants_of_one_method_are_told_apart_by_line_style_and_marker(tmp_path):
+    for name in ("hapo", "hapo-only-a", "hapo-only-b", "grpo-stress"):
+        run = fake_run(tmp_path, name, 0, {"val/acc": [0.1, 0.2]})
+        config = json.loads((run / "config.json").read_text())
+        (run / "config.json").write_text(json.dumps({**config, "method": name.split("-")[0]}))
+    fig = plots.curves(plots.load_runs([tmp_path]), ["val/acc"])
+    lines = {line.get_label().split(" (")[0]: line for line in fig.axes[0].get_lines()}
+    assert lines["hapo"].get_linestyle() == "-" and lines["hapo"].get_color() == plots.COLORS["hapo"]
+    looks = {(lines[n].get_linestyle(), lines[n].get_marker()) for n in ("hapo", "hapo-only-a", "hapo-only-b")}
+    assert len(looks) == 3, "two lines of one colour look the same"
+    assert lines["grpo-stress"].get_linestyle() == "--"  # a method's only variant: dashed, as before
+
+
 def test_seed_band_spans_the_seeds(tmp_path):
     a = plots.load_run(fake_run(tmp_path, "x", 0, {"m": [0.0, 1.0]}))
     b = plots.load_run(fake_run(tmp_path, "x", 1, {"m": [0.0, 3.0]}))
