@@ -102,6 +102,20 @@ def tail(runs, metric: str, window: int = 10) -> float:
     return sum(tail(r, metric, window) for r in runs) / len(runs)
 
 
+def final_state(run: Run, map_location: str = "cpu") -> dict[str, Any]:
+    """A tiny run's final checkpoint (model, optimizer, SPO's tracker...), with a clear error where it is absent:
+    published results keep metrics and evaluations only, not checkpoints (tens of MB each)."""
+    import torch
+
+    path = run.path / "checkpoint.pt"
+    if not path.exists():
+        raise FileNotFoundError(
+            f"{path} is missing: this run's final checkpoint is not in {run.path.parent.parent} (published results "
+            "keep metrics only, checkpoints are not committed). Execute this notebook on runs trained here: "
+            "`rlkit reproduce --only <spec>` (results in reproductions/results), or `--results DIR`.")
+    return torch.load(path, map_location=map_location, weights_only=True)
+
+
 def results_dir(results: str | Path | None) -> Path:
     """The notebooks' ``results`` parameter: None means this checkout's ``reproductions/results``."""
     return Path(results) if results else RESULTS_DIR

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import matplotlib
 import pytest
+import torch
 
 from rlkit import plots
 from rlkit.metrics import MetricsWriter, read_metrics
@@ -177,6 +178,16 @@ def test_variants_of_one_method_are_told_apart_by_line_style_and_marker(tmp_path
     looks = {(lines[n].get_linestyle(), lines[n].get_marker()) for n in ("hapo", "hapo-only-a", "hapo-only-b")}
     assert len(looks) == 3, "two lines of one colour look the same"
     assert lines["grpo-stress"].get_linestyle() == "--"  # a method's only variant: dashed, as before
+
+
+def test_a_published_run_without_its_checkpoint_says_why_and_what_to_run(tmp_path):
+    from rlkit.notebook import final_state
+
+    run = plots.load_run(fake_run(tmp_path, "spo", 0, {"val/acc": [0.1, 0.2]}))
+    with pytest.raises(FileNotFoundError, match="checkpoints are not committed.*rlkit reproduce --only"):
+        final_state(run)
+    torch.save({"tracker": {"alpha": 1.0}}, run.path / "checkpoint.pt")
+    assert final_state(run)["tracker"] == {"alpha": 1.0}
 
 
 def test_seed_band_spans_the_seeds(tmp_path):
