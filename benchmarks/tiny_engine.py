@@ -179,6 +179,22 @@ def main() -> None:
     lp_tps = seq.shape[0] * (seq.shape[1] - 1) / t_lp
     fwd_flops_lp = 2 * n_mm + attn * seq.shape[1] / 2
 
+    # ---- the same on the GRPO layout (each prompt answered `group` times): its prompts run once per chunk of rows, or
+    # each row whole (share_prompts=False), timed alternately
+    gseq, gmask, gstart = run_sample(grouped).sequences()
+
+    def grouped_step(share: bool):
+        logp, _ = token_logprobs(model, gseq, gmask, gstart, share_prompts=share)
+        opt.zero_grad(set_to_none=True)
+        logp.sum().backward()
+
+    shared_t, whole_t = [], []
+    for _ in range(args.repeats):
+        shared_t.append(_median_time(lambda: grouped_step(True), 1, warmup=0))
+        whole_t.append(_median_time(lambda: grouped_step(False), 1, warmup=0))
+    t_shared, t_whole = statistics.median(shared_t), statistics.median(whole_t)
+    speedups = sorted(w / s for w, s in zip(whole_t, shared_t))
+
     def ratio(n_tokens: float, flops_per_token: float, limit_seconds: float) -> str:
         """Work done ÷ what the limit does in the run's time (the median of the paired runs' products)."""
         return f"{100 * n_tokens * flops_per_token / limit_seconds:5.1f}%"
@@ -215,6 +231,10 @@ def main() -> None:
         (f"token_logprobs fwd+bwd on the rollout {tuple(seq.shape)}", f"{lp_tps:8.0f} tok/s",
          f"{ratio(seq.shape[0] * (seq.shape[1] - 1), 3 * fwd_flops_lp, lt_lp)} of train-GEMM limit "
          f"({t_lp * 1e3:.0f} ms)"),
+        (f"token_logprobs fwd+bwd, {len(grouped) // args.group} prompts × {args.group}, prompts run once",
+         f"{gseq.shape[0] * (gseq.shape[1] - 1) / t_shared:8.0f} tok/s",
+         f"{statistics.median(speedups):.2f}× each row whole ({t_shared * 1e3:.0f} vs {t_whole * 1e3:.0f} ms; "
+         f"{speedups[0]:.2f}–{speedups[-1]:.2f}× over the run)"),
     ]
     w0 = max(len(r[0]) for r in rows)
     print(f"| {'measure':<{w0}} | {'value':>16} | ratio |")

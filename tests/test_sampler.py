@@ -47,6 +47,9 @@ class Scripted(TinyDecoder):
     def forward(self, ids, last_only=False, **kw):
         return super().forward(ids, last_only=last_only, **kw) + self.bigram[ids[:, -1:] if last_only else ids]
 
+    def forward_after_prefixes(self, prefix_ids, prefix_mask, prompt_of, ids):
+        return super().forward_after_prefixes(prefix_ids, prefix_mask, prompt_of, ids) + self.bigram[ids]
+
 
 # a → <code>1+2</code> … ' ' → # → <eos>;  b → <eos>;  c → 7 → 7 → … (never ends)
 SCRIPT = {"a": "<code>", "<code>": "1", "1": "+", "+": "2", "2": "</code>", "</code>": "x", "</output>": " ",

@@ -302,6 +302,56 @@ def test_token_logprobs_in_length_chunks_equal_one_padded_batch(seed, chunk, per
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-3)
 
 
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), chunk=st.integers(1, 9), n_prompts=st.integers(1, 5), gqa=st.booleans())
+def test_token_logprobs_sharing_prompts_equals_each_row_alone(seed, chunk, n_prompts, gqa):
+    """Rows answering the same prompt, its tokens run once (``share_prompts``), give the values and gradients of
+    every row run whole — groups of any size, prompts of any length (1 token included), ragged responses, rows in
+    any order, any chunk size."""
+    g = torch.Generator().manual_seed(seed)
+    model = small_model(seed % 7, **({"n_kv_heads": 1} if gqa else {})).train()
+    B, P, T = 11, 9, 8
+    prompt_len = torch.randint(1, P + 1, (n_prompts,), generator=g)
+    prompt_tokens = torch.randint(4, TOK.vocab_size, (n_prompts, P), generator=g)
+    prompt_of = torch.randint(0, n_prompts, (B,), generator=g)
+    response_len = torch.randint(0, T + 1, (B,), generator=g)
+    cols = torch.arange(P + T)
+    att = ((cols >= P - prompt_len[prompt_of, None]) & (cols < P)) | ((cols >= P) & (cols < P + response_len[:, None]))
+    ids = torch.cat((prompt_tokens[prompt_of], torch.randint(4, TOK.vocab_size, (B, T), generator=g)), 1)
+    ids = torch.where(att, ids, TOK.pad_id)
+    temps = torch.rand(B, T, generator=g) + 0.5
+    alone = token_logprobs(model, ids, att, P, temperature=temps, rows_per_chunk=chunk, share_prompts=False)
+    shared = token_logprobs(model, ids, att, P, temperature=temps, rows_per_chunk=chunk, share_prompts=True)
+    real = att[:, P:]
+    for a, b in zip(alone, shared):
+        torch.testing.assert_close(a[real], b[real], atol=2e-5, rtol=1e-4)
+        assert torch.all(b[~real] == 0)
+    grads = [torch.autograd.grad((lp * real).sum() + (ent * real).sum(), list(model.parameters()))
+             for lp, ent in (alone, shared)]
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-3)
+
+
+def test_forward_after_prefixes_hand_check_and_bad_input():
+    """Two rows continuing one left-padded prefix and one row another: each row's logits are those of its whole
+    sequence run alone."""
+    model = small_model().eval()
+    prefix, prefix_mask = TOK.encode_batch(["12+", "a"])  # left-padded: (2, P)
+    rows = torch.tensor([TOK.encode("3=4"), TOK.encode("5=6"), TOK.encode("bcd")])
+    prompt_of = torch.tensor([0, 0, 1])
+    out = model.forward_after_prefixes(prefix, prefix_mask, prompt_of, rows)
+    assert out.shape == (3, 3, TOK.vocab_size)
+    for i in range(3):
+        whole = torch.cat((prefix[prompt_of[i]][prefix_mask[prompt_of[i]]], rows[i]))[None]
+        torch.testing.assert_close(out[i], model(whole)[0, -3:], atol=1e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match="prompt_of"):
+        model.forward_after_prefixes(prefix, prefix_mask, prompt_of[:2], rows)
+    with pytest.raises(ValueError, match=r"\(U, P\)"):
+        model.forward_after_prefixes(prefix[0], prefix_mask, prompt_of, rows)
+    with pytest.raises(ValueError, match="max_len"):
+        model.forward_after_prefixes(prefix, prefix_mask, prompt_of, rows.repeat(1, 40))
+
+
 def test_sft_loss_in_length_chunks_equals_one_padded_batch():
     """``next_token_loss`` (rows of similar length together, padding cut) equals the padded batch's mean
     cross-entropy over the solution targets, in value and gradient."""
