@@ -21,7 +21,9 @@ forward appends real tokens (no padding) to each row's own continuation and atte
 Speed notes (CPU, measured with ``benchmarks/tiny_engine.py``): the prefill runs in row chunks that fit the CPU's
 caches, and with ``last_only`` its final block computes the last position alone; a decode step is bound by reading
 the cache from memory, so its layout keeps those reads contiguous (:class:`KVCache`).
-:func:`token_logprobs` recomputes the log-probs of sampled responses with gradient for RL.
+:func:`token_logprobs` recomputes the log-probs of sampled responses with gradient for RL; the rows answering one
+prompt run its tokens once (:meth:`TinyDecoder.forward_after_prefixes`: a GRPO group's G responses read one copy of
+their prompt's keys and values, and autograd sums their gradients into it), as the sampler does with its cache.
 """
 
 from __future__ import annotations
