@@ -68,10 +68,15 @@ def test_grpo_end_to_end_killed_after_a_checkpoint_and_resumed(workdir):
     run_dir = workdir / "runs" / "e2e"
     first = rlkit(*args, start_new_session=True)
     wait_for_step(run_dir / "metrics.jsonl", 3, first, timeout=900)  # checkpoint 2 is on disk, step 3 logged
-    os.kill(first.pid, signal.SIGKILL)  # the launcher dies at once; its main_ppo, Ray and vLLM are left running
-    first.wait()
     orphans = runner.marked_pids(json.loads((run_dir / "launch.json").read_text())["marker"])
-    assert orphans, "the test meant to leave the first launch's processes behind"
+    assert orphans, "the first launch's main_ppo, Ray and vLLM processes should be running"
+    # Frozen first, so they are still there for the second launch: left running, main_ppo would die of the
+    # closed pipe at its next line, sooner or later (a race, which a CI run lost once).
+    for pid in orphans:
+        os.kill(pid, signal.SIGSTOP)
+    os.kill(first.pid, signal.SIGKILL)  # the launcher dies at once; its main_ppo, Ray and vLLM are left behind
+    first.wait()
+    assert all(Path(f"/proc/{p}").exists() for p in orphans)
     assert runner.checkpoint_steps(run_dir / "checkpoints") == [2]
 
     second = rlkit(*args[:-3], "--resume", *args[-3:])

@@ -158,3 +158,24 @@ def test_last_error_strips_ray_prefixes_and_position_markers():
 def test_limits_must_be_positive():
     with pytest.raises(ValueError, match="step_s must be > 0"):
         Limits(step_s=0)
+
+
+def test_an_earlier_launchs_stopped_process_gets_to_act_on_sigterm(tmp_path):
+    """A process left frozen (Ctrl-Z, SIGSTOP) by an earlier launch is continued after SIGTERM, so it exits
+    through its handler rather than by the SIGKILL that follows the grace period."""
+    import signal
+    import subprocess
+
+    done = tmp_path / "terminated"
+    code = (f"import signal, sys, time\n"
+            f"signal.signal(signal.SIGTERM, lambda *a: (open({str(done)!r}, 'w').close(), sys.exit(0)))\n"
+            f"print('ready', flush=True)\ntime.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, runner.MARKER: "frozen-run"})
+    assert proc.stdout.readline() == "ready\n"
+    os.kill(proc.pid, signal.SIGSTOP)
+    (tmp_path / runner.LAUNCH).write_text(json.dumps({"marker": "frozen-run"}))
+    assert runner.stop_previous(tmp_path) == 1
+    proc.wait(timeout=30)
+    assert done.exists() and proc.returncode == 0
+    assert runner.marked_pids("frozen-run") == []

@@ -169,6 +169,7 @@ def stop_tree(proc: subprocess.Popen | None, marker: str, *, grace_s: float = 10
                 pass
 
     signal_all(signal.SIGTERM)
+    signal_all(signal.SIGCONT)  # a stopped process (Ctrl-Z, SIGSTOP) acts on SIGTERM only once it runs again
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline and ((proc is not None and proc.poll() is None) or marked_pids(marker)):
         time.sleep(0.2)
