@@ -11,6 +11,8 @@ import sys
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 
 from rlkit.metrics import read_metrics
@@ -289,3 +291,63 @@ def test_ablation_switches_are_honoured(method, switch, tmp_path, cache, monkeyp
 def test_aspo_base_other_than_grpo_is_refused():
     with pytest.raises(ValueError, match="base_advantage"):
         build_config("aspo", "smoke", {"aspo.base_advantage": "hapo_tlga"})
+
+
+def test_the_evaluations_reuse_what_was_already_evaluated_and_equal_evaluating_anew(tmp_path, cache, monkeypatch):
+    """Step 0 takes the SFT start's own per-problem results (same problems, budget and device); the last step's
+    held-out problems are the final evaluation's first ones, evaluated once. Both equal evaluating anew."""
+    import rlkit.tiny.rl as rl
+    from rlkit.tasks import arithmetic
+    from rlkit.tiny.sft import warm_start
+    from rlkit.tiny.task import evaluate, max_response_tokens
+
+    def judge(problems):  # a stand-in evaluation that depends on the problem only (the smoke model gets ~all wrong)
+        return torch.tensor([float(sum(map(ord, p.question)) % 3 == 0) for p in problems])
+
+    calls = []
+    monkeypatch.setattr(rl, "evaluate", lambda model, tok, problems, **kw: calls.append(len(problems))
+                        or judge(problems))
+    cfg = build_config("grpo", "smoke", {"steps": 2, "eval_every": 2, "eval_size": 8, "final_eval_size": 12,
+                                         "max_new_tokens": None})  # the SFT evaluation's budget (smoke cuts it)
+    out = train(cfg, tmp_path / "run", progress=False, sft_cache=cache)
+    assert calls == [8, 4]  # no step-0 evaluation; at step 2 the 8 held-out problems, then the final 4 others
+
+    knobs = dict(vars(cfg.sft.task))
+    held_out = arithmetic.make_split(cfg.eval_size, "test", seed=0, **knobs)
+    final = arithmetic.make_split(cfg.final_eval_size, "test", seed=0, **knobs)
+    (logged,) = read_metrics(out / "eval.jsonl")
+    assert logged["data"]["correct"] == judge(final).int().tolist()
+    assert 0 < sum(logged["data"]["correct"]) < cfg.final_eval_size  # the comparison can fail
+    recs = read_metrics(out / "metrics.jsonl")
+    assert recs[-1]["data"]["val/acc"] == judge(held_out).mean().item()
+
+    # step 0 is the SFT's own evaluation of the same problems, which its cache entry keeps per problem
+    model, tok, info = warm_start(cfg.sft, cache_dir=cache, progress=False)
+    assert cfg.sft.eval_size >= cfg.eval_size
+    max_new = max_response_tokens(cfg.sft.task, cfg.sft.form)
+    start = evaluate(model, tok, held_out, max_new_tokens=max_new, form=cfg.sft.form)
+    assert info["val/correct"][: cfg.eval_size] == start.int().tolist()
+    assert recs[0]["data"]["val/acc"] == start.mean().item()
+
+    # another token budget than the SFT evaluation's: step 0 is evaluated
+    calls.clear()
+    train(build_config("grpo", "smoke", {"steps": 1, "max_new_tokens": max_new - 1}), tmp_path / "other",
+          progress=False, sft_cache=cache)
+    assert calls[0] == cfg.eval_size
+
+
+@settings(max_examples=60, deadline=None)
+@given(groups=st.lists(st.integers(1, 4), min_size=1, max_size=12), n=st.integers(1, 8), seed=st.integers(0, 99))
+def test_mini_batches_hold_whole_groups_and_every_row_once(groups, n, seed):
+    from rlkit.tiny.rl import _mini_batches
+
+    ids = torch.tensor([7 * g for g, size in enumerate(groups) for _ in range(size)])
+    batches = _mini_batches(ids, n, torch.Generator().manual_seed(seed))
+    assert sorted(torch.cat(batches).tolist()) == list(range(len(ids)))  # every row once
+    assert len(batches) == min(n, len(groups))
+    owner = {}
+    for b, rows in enumerate(batches):
+        for g in ids[rows].tolist():
+            assert owner.setdefault(g, b) == b  # a group's rows are all in one mini-batch
+    per_batch = [len(set(ids[rows].tolist())) for rows in batches]
+    assert max(per_batch) - min(per_batch) <= 1  # prompts spread evenly

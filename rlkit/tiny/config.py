@@ -53,7 +53,8 @@ class RLConfig:
     sign-like updates at full rate knock a freshly fine-tuned model off its SFT optimum."""
     mini_batches: int = 2
     """Optimizer steps per pass over a rollout batch; ≥ 2 takes the later ones off-policy, so ratios leave 1 and
-    clips act."""
+    clips act. Each mini-batch holds whole groups (the batch's prompts in a random order, split evenly), as verl's
+    mini-batches, which count prompts, do."""
     ppo_epochs: int = 1
     """Passes over each rollout batch (verl's ``actor.ppo_epochs``), each in a new random order: from the second
     pass on, every token's own ratio has moved, so the clips act on the tokens the update pushed (not only on

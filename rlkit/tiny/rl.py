@@ -154,8 +154,11 @@ def train(cfg: RLConfig, out_dir: str | Path, *, device: str = "cpu", resume: bo
         restore_checkpoint(ckpt_path, model, opt, state)
     writer = MetricsWriter.open(metrics_path, resume_after=state.step if resumed else None)
     per_problem = MetricsWriter.open(out / "eval.jsonl", resume_after=state.step if resumed else None)
-    if not resumed:  # step 0: the SFT start
-        acc = accuracy(evaluate(model, tokenizer, held_out, max_new_tokens=max_new, form=form))
+    if not resumed:  # step 0: the SFT start (its own evaluation, when it was of these problems)
+        start_correct = _sft_correct(sft_info, len(held_out), max_new, device)
+        if start_correct is None:
+            start_correct = evaluate(model, tokenizer, held_out, max_new_tokens=max_new, form=form)
+        acc = accuracy(start_correct)
         writer.log({"val/acc": acc, "sft/val_acc": sft_info["val/acc"],
                     "timing_s/init": time.perf_counter() - t_init}, step=0)  # SPO's offline pass, step-0 eval
 
@@ -165,9 +168,13 @@ def train(cfg: RLConfig, out_dir: str | Path, *, device: str = "cpu", resume: bo
         t0 = time.perf_counter()
         metrics = rl_step(run, state)
         if step % cfg.eval_every == 0 or step == cfg.steps:
-            metrics["val/acc"] = accuracy(evaluate(model, tokenizer, held_out, max_new_tokens=max_new, form=form))
+            val = evaluate(model, tokenizer, held_out, max_new_tokens=max_new, form=form)
+            metrics["val/acc"] = accuracy(val)
         if step == cfg.steps:  # the larger final evaluation, per problem: what accuracy claims are judged on
-            correct = evaluate(model, tokenizer, final_held_out, max_new_tokens=max_new, form=form)
+            # its first problems are the held-out ones (make_split extends a smaller split), just evaluated
+            shared = min(len(held_out), len(final_held_out))
+            rest = evaluate(model, tokenizer, final_held_out[shared:], max_new_tokens=max_new, form=form)
+            correct = torch.cat([val[:shared], rest])
             metrics["val/acc_final"] = accuracy(correct)
             per_problem.log({"correct": correct.int().tolist()}, step)
         metrics["timing_s/step"] = time.perf_counter() - t0
@@ -250,14 +257,14 @@ def rl_step(run: Run, state: RunState) -> dict[str, float]:
         metrics["spo/sampling_focus"] = _sampling_focus(state.tracker, prompt_idx, len(pool))
 
     # ---- 6. policy update: ppo_epochs passes of mini_batches optimizer steps on the method's loss, each pass over
-    # a new shuffled split of the batch
+    # a new shuffled split of the batch's prompts (a group's responses stay in one mini-batch, as in verl, whose
+    # mini-batches count prompts; token_logprobs then runs each prompt once per mini-batch)
     t0 = time.perf_counter()
     loss_metrics: dict[str, list[float]] = defaultdict(list)
     for group in opt.param_groups:
         group["lr"] = cfg.lr * min(1.0, (state.step + 1) / max(1, cfg.warmup_steps))
     device = mask.device
-    passes = [torch.randperm(len(problems), generator=state.prompt_gen).chunk(cfg.mini_batches)
-              for _ in range(cfg.ppo_epochs)]
+    passes = [_mini_batches(group_ids, cfg.mini_batches, state.prompt_gen) for _ in range(cfg.ppo_epochs)]
     for rows in (rows for chunks in passes for rows in chunks):
         rows = rows.to(device)
         logp, entropy = token_logprobs(model, ids[rows], attn[rows], start, temperature=ro.temperature[rows])
@@ -313,6 +320,29 @@ def _behaviour_policy(run: Run, state: RunState):
     del state.policies[: -(run.cfg.staleness + 1)]
     run.behaviour.load_state_dict(state.policies[0])
     return run.behaviour
+
+
+def _sft_correct(sft_info: dict, n: int, max_new: int, device: str) -> Tensor | None:
+    """The SFT start's per-problem greedy results on the first ``n`` held-out problems, from its own evaluation
+    (:func:`rlkit.tiny.sft.train`) when that covered them with the same token budget on the same device; else None.
+    The SFT evaluates the same split (seed 0, its task knobs), and RL runs load the very weights it evaluated."""
+    correct = sft_info.get("val/correct")
+    if (correct is None or len(correct) < n or sft_info.get("val/max_new_tokens") != max_new
+            or sft_info.get("val/device") != str(device)):
+        return None
+    return torch.tensor(correct[:n], dtype=torch.float32)
+
+
+def _mini_batches(group_ids: Tensor, n: int, gen: torch.Generator) -> list[Tensor]:
+    """Rows of each of ``n`` mini-batches: the prompts (``group_ids``) in a random order, split into ``n`` runs
+    of near-equal size, each mini-batch the rows of its prompts (fewer than ``n`` when there are fewer prompts)."""
+    prompts, index = torch.unique(group_ids, return_inverse=True)
+    order = torch.randperm(len(prompts), generator=gen)
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(len(order))  # each prompt's place in the shuffled order
+    part = rank[index] * n // len(prompts)  # (B,) its mini-batch
+    rows = torch.argsort(part * len(prompts) + rank[index], stable=True)  # by mini-batch, then prompt
+    return [r for r in torch.split(rows, torch.bincount(part, minlength=n).tolist()) if len(r)]
 
 
 def _baseline_mse(rewards: Tensor, group_ids: Tensor, baselines: Tensor | None) -> float:

@@ -133,9 +133,12 @@ def train(cfg: SFTConfig, *, device: str = "cpu", progress: bool = True) -> tupl
         bar.set_postfix(loss=f"{loss_ema:.3f}")
     model.eval()
     held_out = arithmetic.make_split(cfg.eval_size, "test", seed=0, **asdict(cfg.task))
-    acc = accuracy(evaluate(model, tokenizer, held_out, max_new_tokens=max_response_tokens(cfg.task, cfg.form),
-                            form=cfg.form))
-    info = {"loss": loss_ema, "val/acc": acc, "minutes": (time.perf_counter() - start) / 60, "steps": cfg.steps}
+    max_new = max_response_tokens(cfg.task, cfg.form)
+    correct = evaluate(model, tokenizer, held_out, max_new_tokens=max_new, form=cfg.form)
+    info = {"loss": loss_ema, "val/acc": accuracy(correct), "minutes": (time.perf_counter() - start) / 60,
+            "steps": cfg.steps,
+            # per problem, with what produced it: an RL run's step-0 evaluation of the same problems reuses it
+            "val/correct": correct.int().tolist(), "val/max_new_tokens": max_new, "val/device": str(device)}
     return model, info
 
 
