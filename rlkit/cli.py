@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from pathlib import Path
 
 from rlkit import __version__
 
@@ -33,6 +35,81 @@ def _methods(args: argparse.Namespace) -> int:
     return 0
 
 
+def _env(args: argparse.Namespace) -> int:
+    from rlkit import numerics
+
+    here = numerics.describe()
+    published = _published_machine()
+    if args.json:
+        print(json.dumps({"here": here, "published": published}, indent=2))
+        return 0
+    k = here["kernels"]
+    print(f"CPU          {here['cpu_model']}")
+    print(f"ISA          {' '.join(here['cpu_flags']) or '?'}")
+    print(f"kernels      torch {_torch_version()}: ATen {k['aten_cpu_capability']}, MKL branch "
+          f"{k['mkl_cbwr'] or 'automatic'} (RLKIT_NUMERICS={k['mode']})")
+    print(f"fingerprint  {here['fingerprint']}  ({numerics.FINGERPRINT_STEPS} SFT steps of the cpu-scale model, "
+          "one thread)")
+    if published and published["fingerprint"] == "?":
+        print(f"published    no fingerprint recorded ({PUBLISHED_NOTE})")
+    elif published:
+        same = published["fingerprint"] == here["fingerprint"]
+        print(f"published    {published['fingerprint']}  ({published['processor']}): "
+              + ("the same float path: `make reproduce` should give the published runs bit for bit"
+                 if same else "a different float path: runs start from the same shipped weights, part after a few "
+                              "steps, and agree with the publication within its seed spread (rlkit reproduced)"))
+    return 0
+
+
+PUBLISHED_NOTE = "results made before rlkit recorded one"
+
+
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
+def _published_machine() -> dict | None:
+    from rlkit.reproduced import machine
+    from rlkit.reproduce import PUBLISHED_DIR
+
+    return machine(PUBLISHED_DIR) if PUBLISHED_DIR.exists() else None
+
+
+def _start(args: argparse.Namespace) -> int:
+    from rlkit.tiny.config import build_config
+    from rlkit.tiny.sft import SHIPPED_DIR, shipped_manifest, warm_start
+
+    if args.ship:
+        from rlkit.reproduce import ship_start
+
+        entry = ship_start(args.scale)
+        print(f"shipped: {SHIPPED_DIR} (weights {entry['sha256'][:12]}, held-out accuracy {entry['val_acc']:.3f}, "
+              f"{len(entry['spo_offline'])} SPO offline passes); commit the folder")
+        return 0
+    _retrain_sft(args)
+    sft = build_config("grpo", args.scale).sft
+    _, _, info = warm_start(sft, device="cpu")
+    made = shipped_manifest().get(Path(info["path"]).name, {}) if info["source"] == "shipped" else {}
+    print(f"SFT start    {info['source']}: {info['path']}")
+    print(f"weights      sha256 {info['sha256']}")
+    print(f"accuracy     {info['val/acc']:.3f} on {len(info.get('val/correct', [])) or '?'} held-out problems")
+    if made:
+        print(f"made on      {made.get('processor')} (fingerprint {made.get('fingerprint')}), {made.get('made')}")
+    return 0
+
+
+def _reproduced(args: argparse.Namespace) -> int:
+    from rlkit.reproduced import report, to_markdown
+
+    for path in (args.results, args.published):
+        if not Path(path).is_dir():
+            raise SystemExit(f"rlkit reproduced: {path} is not a results folder")
+    print(to_markdown(report(args.results, args.published)))
+    return 0
+
+
 def _overrides(items: list[str] | None) -> dict[str, str]:
     from rlkit.tiny.config import parse_sets
 
@@ -53,6 +130,7 @@ def _train(args: argparse.Namespace) -> int:
     except (KeyError, ValueError) as e:
         raise SystemExit(f"rlkit train: {e.args[0] if e.args else e}") from None
     device = args.device
+    _retrain_sft(args)
     if device == "cuda":
         import torch
 
@@ -66,10 +144,18 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _retrain_sft(args: argparse.Namespace) -> None:
+    """``--retrain-sft``: the SFT start is trained on this machine instead of loaded from the shipped one (for every
+    process this one starts: the reproduction's workers and notebooks)."""
+    if getattr(args, "retrain_sft", False):
+        os.environ["RLKIT_RETRAIN_SFT"] = "1"
+
+
 def _export(args: argparse.Namespace) -> int:
     from rlkit.tiny.config import build_config
     from rlkit.tiny.hf import export_sft
 
+    _retrain_sft(args)
     try:
         sft = build_config("grpo", args.scale, _overrides(args.set)).sft
         out = export_sft(args.out, sft, scale=args.scale, sft_cache=args.sft_cache, device=args.device)
@@ -83,6 +169,7 @@ def _reproduce(args: argparse.Namespace) -> int:
     from rlkit.book import build
     from rlkit.reproduce import NotebookFailed, reproduce
 
+    _retrain_sft(args)
     try:
         done = reproduce(only=args.only, scale=args.scale, seeds=args.seeds, results=args.results, device=args.device,
                          workers=args.workers)
@@ -93,6 +180,11 @@ def _reproduce(args: argparse.Namespace) -> int:
         raise SystemExit(f"rlkit reproduce: {e.args[0] if e.args else e}") from None
     total = sum(done["minutes"].values())
     print(f"reproductions: {len(done['notebooks'])} notebooks in {total:.1f} min")
+    if done.get("reproduced"):
+        from rlkit.reproduced import to_markdown
+
+        print(to_markdown(done["reproduced"]))
+        print(f"(also in {Path(args.results) / 'reproduced.md'})")
     if args.book:
         print(f"book: {build(results=args.results)}")
     return 0
@@ -156,6 +248,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sft-cache", default=None, help="SFT checkpoint cache (default $RLKIT_CACHE/sft)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override any config field, dotted for nested ones: --set steps=100 --set gspo.clip_low=3e-3")
+    p.add_argument("--retrain-sft", action="store_true",
+                   help="train the SFT start on this machine instead of starting from the one rlkit ships (its "
+                        "numbers then depend on this CPU: rlkit env)")
     p.set_defaults(func=_train)
 
     p = sub.add_parser("export", help="the tiny engine's SFT start as a Hugging Face model directory (verl, vLLM)")
@@ -164,6 +259,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where SFT trains if not cached")
     p.add_argument("--sft-cache", default=None, help="SFT checkpoint cache (default $RLKIT_CACHE/sft)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="SFT fields as rlkit train takes them")
+    p.add_argument("--retrain-sft", action="store_true",
+                   help="train the SFT start on this machine instead of starting from the one rlkit ships (its "
+                        "numbers then depend on this CPU: rlkit env)")
     p.set_defaults(func=_export)
 
     from rlkit.book import BOOK_DIR
@@ -177,7 +275,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--results", default=str(RESULTS_DIR), help="results directory (default %(default)s)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--book", action="store_true", help="build the book afterwards (rlkit book)")
+    p.add_argument("--retrain-sft", action="store_true",
+                   help="train the SFT start on this machine instead of starting from the one rlkit ships (its "
+                        "numbers then depend on this CPU: rlkit env)")
     p.set_defaults(func=_reproduce)
+
+    from rlkit.reproduce import PUBLISHED_DIR
+
+    p = sub.add_parser("reproduced", help="did I reproduce? these results beside the published ones, run by run and "
+                                          "claim by claim")
+    p.add_argument("--results", default=str(RESULTS_DIR), help="this machine's results (default %(default)s)")
+    p.add_argument("--published", default=str(PUBLISHED_DIR), help="the published results (default %(default)s)")
+    p.set_defaults(func=_reproduced)
+
+    p = sub.add_parser("start", help="the SFT start every run begins from: shipped with rlkit, or trained here")
+    p.add_argument("--scale", default="cpu", choices=list(SCALES), help="whose SFT start (default cpu)")
+    p.add_argument("--ship", action="store_true",
+                   help="maintainers: train it on this machine and write it, with SPO's offline passes, into the "
+                        "shipped folder (rlkit/tiny/start)")
+    p.add_argument("--retrain-sft", action="store_true", help="show the start trained on this machine instead")
+    p.set_defaults(func=_start)
+
+    p = sub.add_parser("env", help="this machine's CPU, float kernels and fingerprint, beside the publication's")
+    p.add_argument("--json", action="store_true", help="print it as JSON")
+    p.set_defaults(func=_env)
 
     p = sub.add_parser("book", help="build the Jupyter Book from the executed notebooks (no execution)")
     p.add_argument("--results", default=str(RESULTS_DIR), help="results directory (default %(default)s)")

@@ -29,6 +29,8 @@ from rlkit.tiny.config import REGIMES, build_config
 REPO = Path(__file__).resolve().parent.parent
 SPECS_DIR = REPO / "reproductions" / "specs"
 RESULTS_DIR = REPO / "reproductions" / "results"
+PUBLISHED_DIR = REPO / "reproductions" / "results-cpu"
+"""The published cpu-scale results, which :mod:`rlkit.reproduced` sets a reproduction beside."""
 @dataclass
 class Spec:
     """One reproduction: ``reproductions/specs/<name>.yaml``."""
@@ -327,8 +329,10 @@ def reproduce(
     progress: bool = True,
 ) -> dict[str, Any]:
     """Train every run the specs (``only``: these names) need at ``scale`` (default: each spec's) with ``seeds``
-    seeds, ``workers`` side by side (:func:`train_runs`), then execute each spec's notebook once on them; returns
-    ``{"notebooks": [paths], "minutes": {what: m}}``. A failing notebook raises :class:`NotebookFailed`."""
+    seeds, ``workers`` side by side (:func:`train_runs`), then execute each spec's notebook once on them, and set
+    the runs beside the published ones (:func:`rlkit.reproduced.report`, unless ``results`` is the published
+    folder); returns ``{"notebooks": [paths], "minutes": {what: m}, "reproduced": the report or None}``. A failing
+    notebook raises :class:`NotebookFailed`."""
     if seeds is not None and (not isinstance(seeds, int) or seeds < 1):
         raise ValueError(f"seeds must be an integer ≥ 1, got {seeds!r}")
     specs = load_specs(specs_dir)
@@ -360,4 +364,70 @@ def reproduce(
         done.append(execute(spec, spec.out_dir(results), params, progress=progress))
         minutes[spec.name] = (time.perf_counter() - t0) / 60
         print(f"[{i}/{len(specs)}] {spec.name}: done in {minutes[spec.name]:.1f} min -> {done[-1]}", flush=True)
-    return {"notebooks": done, "minutes": minutes}
+    compared = None
+    if PUBLISHED_DIR.is_dir() and results != PUBLISHED_DIR.resolve():  # did I reproduce? (rlkit/reproduced.py)
+        from rlkit.reproduced import report
+
+        compared = report(results, PUBLISHED_DIR, specs)
+    return {"notebooks": done, "minutes": minutes, "reproduced": compared}
+
+
+# ------------------------------------------------------------------------------------------------ the shipped start
+
+
+def ship_start(scale: str = "cpu", *, specs_dir: str | Path = SPECS_DIR, cache_dir: str | Path | None = None,
+               progress: bool = True) -> dict[str, Any]:
+    """Maintainers: train the SFT start of ``scale`` on this machine (one thread; one already trained here and
+    cached in ``cache_dir``, default the SFT cache, is taken as it is) and ship it — the checkpoint into
+    :data:`rlkit.tiny.sft.SHIPPED_DIR` with its weights' SHA-256, accuracy and the machine that made it in
+    ``MANIFEST.json`` — with SPO's offline pass for every SPO run the specs plan from it (each seed's), so those
+    runs too begin alike on every CPU. Returns the manifest entry."""
+    import datetime
+    import shutil
+
+    import torch
+
+    from rlkit import numerics
+    from rlkit.tasks import arithmetic
+    from rlkit.tiny.checkpoint import environment
+    from rlkit.tiny.rl import Run, offline_scores
+    from rlkit.tiny.sft import SHIPPED_DIR, load_checkpoint, shipped_manifest, warm_start
+    from rlkit.tiny.task import build_tokenizer, max_response_tokens
+
+    sft = build_config("grpo", scale).sft
+    name = f"sft-{sft.key(build_tokenizer())}.pt"
+    _, _, info = warm_start(sft, cache_dir=cache_dir, progress=progress, retrain=True)
+    SHIPPED_DIR.mkdir(parents=True, exist_ok=True)
+    shutil.copy(info["path"], SHIPPED_DIR / name)
+    env = environment(build_config("grpo", scale), "cpu")
+    entry = {"sha256": info["sha256"], "val_acc": info["val/acc"], "loss": info["loss"], "steps": info["steps"],
+             "minutes": round(info["minutes"], 2), "scale": scale, "made": datetime.date.today().isoformat(),
+             "commit": env["commit"], "dirty": env["dirty"], "torch": env["torch"],
+             # the machine that trained the weights (recorded by the training itself), and the one that shipped them
+             "processor": info.get("processor"), "fingerprint": info.get("fingerprint"),
+             "shipped_on": {"processor": numerics.cpu_model(), "fingerprint": numerics.fingerprint(),
+                            "kernels": numerics.kernels()},
+             "curve": info.get("curve", {}), "spo_offline": []}
+    manifest = {**shipped_manifest(), name: entry}
+    model, shipped = load_checkpoint(SHIPPED_DIR / name, "cpu", info["sha256"])
+    tokenizer, shipped = build_tokenizer(), {**shipped, "source": "shipped"}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the reproduction's workers sample it
+    try:
+        planned = {p for s in load_specs(specs_dir) for p in s.runs() if p.method == "spo"}
+        for p in sorted(planned, key=lambda p: (p.name, p.seed)):
+            cfg = build_config(p.method, scale, {"seed": p.seed, **dict(p.overrides)}, regime=p.regime)
+            if cfg.sft != sft or not cfg.spo.offline_N:
+                continue
+            pool = arithmetic.make_pool(cfg.pool_size, seed=cfg.sft.seed, **vars(cfg.sft.task))
+            max_new = cfg.max_new_tokens or max_response_tokens(cfg.sft.task, cfg.sft.form)
+            gen = torch.Generator().manual_seed(cfg.seed + 1)  # the run's sampling generator, as rl.train seeds it
+            before = set(SHIPPED_DIR.glob("spo-offline-*.pt"))
+            model.train()  # as rl.train holds it when the pass runs
+            offline_scores(Run(cfg, model, tokenizer, None, pool, max_new, cfg.sft.form), gen, sft=shipped,
+                           cache_dir=SHIPPED_DIR)
+            entry["spo_offline"] += sorted(f.name for f in set(SHIPPED_DIR.glob("spo-offline-*.pt")) - before)
+    finally:
+        torch.set_num_threads(threads)
+    (SHIPPED_DIR / "MANIFEST.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return entry

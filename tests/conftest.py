@@ -6,6 +6,8 @@ import os
 
 import numpy as np
 import pytest
+
+import rlkit  # noqa: F401  (before torch: the pinned float kernels every rlkit process runs, rlkit/numerics.py)
 import torch
 from hypothesis import settings
 

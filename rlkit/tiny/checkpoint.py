@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 import rlkit
+from rlkit import numerics
 from rlkit.methods import hapo, spo
 from rlkit.tiny.config import RLConfig
 
@@ -71,8 +72,10 @@ def restore_checkpoint(path: Path, model, opt, state: RunState) -> None:
     state.policies = blob.get("policies", [])
 
 
-def environment(cfg: RLConfig, device: str) -> dict[str, Any]:
-    """``env.json``: versions, seed and hardware, so a result can be traced to what produced it."""
+def environment(cfg: RLConfig, device: str, sft: dict | None = None) -> dict[str, Any]:
+    """``env.json``: versions, seed, hardware, the float kernels in use with the machine's fingerprint
+    (:mod:`rlkit.numerics`) and the SFT start (``sft``: :func:`~rlkit.tiny.sft.warm_start`'s info), so a result
+    can be traced to what produced it and compared with another machine's."""
     here = Path(rlkit.__file__).parent
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
@@ -82,9 +85,13 @@ def environment(cfg: RLConfig, device: str) -> dict[str, Any]:
                                                       timeout=5).returncode == 1
     except (OSError, subprocess.SubprocessError):
         commit, dirty = None, None
+    machine = numerics.describe()
     return {
         "rlkit": rlkit.__version__, "commit": commit, "dirty": dirty, "python": platform.python_version(),
-        "torch": torch.__version__, "platform": platform.platform(), "processor": platform.processor(),
-        "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "device": device,
+        "torch": torch.__version__, "platform": platform.platform(), "processor": machine["cpu_model"],
+        "cpu_flags": machine["cpu_flags"], "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+        "kernels": machine["kernels"], "fingerprint": machine["fingerprint"], "device": device,
         "cuda": torch.cuda.get_device_name(0) if device.startswith("cuda") else None, "seed": cfg.seed,
+        "sft_start": None if sft is None else {
+            "source": sft.get("source"), "sha256": sft.get("sha256"), "val_acc": sft.get("val/acc")},
     }

@@ -125,10 +125,11 @@ def train(cfg: RLConfig, out_dir: str | Path, *, device: str = "cpu", resume: bo
                              "resume it with the same settings")
     else:
         (out / "config.json").write_text(json.dumps(config, indent=2))
-        (out / "env.json").write_text(json.dumps(environment(cfg, device), indent=2))
 
     # --- the SFT warm start (shared by every method), the prompt pool and the held-out problems
     model, tokenizer, sft_info = warm_start(cfg.sft, device=device, cache_dir=sft_cache, progress=progress)
+    if not resumed:
+        (out / "env.json").write_text(json.dumps(environment(cfg, device, sft_info), indent=2))
     model.train()
     knobs, form = asdict(cfg.sft.task), cfg.sft.form
     pool = arithmetic.make_pool(cfg.pool_size, seed=cfg.sft.seed, **knobs)
@@ -144,7 +145,7 @@ def train(cfg: RLConfig, out_dir: str | Path, *, device: str = "cpu", resume: bo
     state.prompt_gen.manual_seed(cfg.seed)
     state.sample_gen.manual_seed(cfg.seed + 1)
     if cfg.method == "spo":  # a resumed run restores the tracker instead of re-estimating the offline values
-        offline = None if resumed else offline_scores(run, state.sample_gen, cache_dir=sft_info["path"])
+        offline = None if resumed else offline_scores(run, state.sample_gen, sft=sft_info, cache_dir=sft_cache)
         pool_ids = range(len(pool))
         state.tracker = spo.ValueTracker(pool_ids, offline_scores=offline,
                                          **registry.kwargs_for(spo.ValueTracker, cfg.spo))
@@ -390,31 +391,36 @@ def _select_scored(scored, rows: Tensor):
     return type(scored)(rewards=scored.rewards[rows], code_pass=scored.code_pass[rows])
 
 
-def offline_scores(run: Run, gen: torch.Generator, *, cache_dir: str | Path | None = None) -> dict[int, list[float]]:
+def offline_scores(run: Run, gen: torch.Generator, *, sft: dict | None = None,
+                   cache_dir: str | Path | None = None) -> dict[int, list[float]]:
     """SPO's offline value estimate: ``spo.offline_N`` samples per pool prompt from the SFT model.
 
-    ``cache_dir`` (a directory, or the SFT checkpoint's path: its directory): the scores and ``gen``'s state after
-    the pass are kept there, keyed by everything the pass reads — the SFT checkpoint, the pool, the sampling
-    settings and ``gen``'s state before it — so runs that share them (SPO's ablations on one seed) sample it once
-    and continue bit for bit as if they had sampled it themselves.
+    With ``sft`` (:func:`~rlkit.tiny.sft.warm_start`'s info, naming the start's weights by their SHA-256) the scores
+    and ``gen``'s state after the pass are looked up, keyed by everything the pass reads — the start's weights, the
+    pool, the sampling settings and ``gen``'s state before it — among the passes rlkit ships beside its SFT starts,
+    then in ``cache_dir`` (default: the SFT cache), where a new pass is written. Runs that share them (SPO's
+    ablations on one seed, or a user's run on any CPU from a shipped start) continue bit for bit as if they had
+    sampled the pass themselves.
     """
+    from rlkit.tiny.sft import SHIPPED_DIR, default_cache_dir
+
     n = run.cfg.spo.offline_N
     if n == 0:
         return {}
     path = None
-    if cache_dir is not None:
-        cache_dir = Path(cache_dir)
-        sft = cache_dir.stem if cache_dir.suffix == ".pt" else "?"
+    if sft is not None:
         key = hashlib.sha256(json.dumps({
-            "sft": sft, "pool": [asdict(p) for p in run.pool], "n": n, "temperature": run.cfg.temperature,
+            "sft": sft["sha256"], "pool": [asdict(p) for p in run.pool], "n": n, "temperature": run.cfg.temperature,
             "max_new": run.max_new, "form": run.form,
             "gen": hashlib.sha256(gen.get_state().numpy().tobytes()).hexdigest(),
         }, sort_keys=True, default=str).encode()).hexdigest()[:16]
-        path = (cache_dir.parent if cache_dir.suffix == ".pt" else cache_dir) / f"spo-offline-{key}.pt"
-        if path.exists():
-            saved = torch.load(path, weights_only=True)
-            gen.set_state(saved["gen_after"])
-            return {i: row.tolist() for i, row in enumerate(saved["scores"])}
+        name = f"spo-offline-{key}.pt"
+        path = Path(cache_dir or default_cache_dir()) / name
+        for found in (SHIPPED_DIR / name, path):
+            if found.exists():
+                saved = torch.load(found, weights_only=True)
+                gen.set_state(saved["gen_after"])
+                return {i: row.tolist() for i, row in enumerate(saved["scores"])}
     problems = [p for p in run.pool for _ in range(n)]
     rewards = []
     for i in range(0, len(problems), 512):
@@ -425,6 +431,7 @@ def offline_scores(run: Run, gen: torch.Generator, *, cache_dir: str | Path | No
     per_prompt = torch.cat(rewards).view(len(run.pool), n)
     if path is not None:  # written atomically: two runs of one seed side by side may both write it
         tmp = path.with_suffix(f".tmp{os.getpid()}")
+        path.parent.mkdir(parents=True, exist_ok=True)
         torch.save({"scores": per_prompt.cpu(), "gen_after": gen.get_state()}, tmp)
         os.replace(tmp, path)
     return {i: per_prompt[i].tolist() for i in range(len(run.pool))}

@@ -1,12 +1,14 @@
-"""SFT warm start: next-token training on gold solutions, cached on disk by a hash of its config.
+"""SFT warm start: next-token training on gold solutions — shipped with rlkit, cached, or trained here.
 
-Every RL method starts from the same checkpoint: :func:`warm_start` trains once per configuration and later
-calls (other methods, other seeds of the RL stage, the notebooks) load the file. The cache key hashes the SFT
-config, the model shape, the task knobs and the tokenizer, so changing any of them trains a new model.
+Every RL method starts from the same checkpoint. :func:`warm_start` loads the one rlkit ships for the config
+(:data:`SHIPPED_DIR`: the reproductions' start, the same bytes on every machine, checked against the SHA-256 in its
+manifest); otherwise it trains once per configuration and later calls load the cached file. The cache key hashes
+the SFT config, the model shape, the task knobs and the tokenizer, so changing any of them trains a new model —
+whose weights then depend on this CPU's float kernels (:mod:`rlkit.numerics`).
 
-Schedule (as measured when this engine was built): AdamW, linear warm-up then cosine decay, a batch of fresh training problems each
-step; training may stop before the schedule ends (``schedule_steps``). The model learns to copy digits in a sharp transition (≈ 300–500 steps at d = 128); stopping where
-held-out accuracy is ≈ 55–70% leaves RL room to improve.
+Schedule: AdamW, linear warm-up then cosine decay to zero over the whole run, a batch of fresh training problems
+each step, on one CPU thread. The model learns to copy digits in a sharp transition (≈ 300–500 steps at d = 128);
+the full schedule ends on a plateau, so the start does not hinge on where training stopped inside that transition.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import hashlib
 import json
 import math
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,6 +25,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from rlkit.numerics import cpu_model, fingerprint, weights_sha256
 from rlkit.tasks import arithmetic
 from rlkit.tiny.model import ARCHITECTURE, ModelConfig, TinyDecoder
 from rlkit.tiny.task import accuracy, build_tokenizer, evaluate, max_response_tokens, sft_batch
@@ -48,11 +52,10 @@ class SFTConfig:
     is the policy's choice)."""
     task: arithmetic.TaskConfig = field(default_factory=arithmetic.TaskConfig)
     """Difficulty knobs of the generated problems."""
-    steps: int = 750
-    """Optimizer steps. Measured here (d = 128, tool form): held-out accuracy 15% at 600, 48% at 700, 63% at
-    800 steps of a 1000-step schedule; 750 stops inside the copy transition. The mixed form starts near 15%: its
-    plain steps are usually miscomputed, and RL learns to call the calculator instead (reproductions/LOG.md)."""
-    schedule_steps: int | None = 1000
+    steps: int = 1000
+    """Optimizer steps: the whole cosine schedule, to a plateau (reproductions/LOG.md: the held-out accuracy of 3
+    seeds at 250/500/750/1000 steps). The start is shipped (:data:`SHIPPED_DIR`), so this is what a retrain costs."""
+    schedule_steps: int | None = None
     """Length of the cosine schedule (None: ``steps``); longer than ``steps`` stops training mid-schedule."""
     batch_size: int = 32
     """Fresh training problems per step."""
@@ -107,10 +110,37 @@ def next_token_loss(model: TinyDecoder, ids: torch.Tensor, target: torch.Tensor,
     return total / target.sum().clamp(min=1)
 
 
-def train(cfg: SFTConfig, *, device: str = "cpu", progress: bool = True) -> tuple[TinyDecoder, dict]:
-    """Train a fresh model on gold solutions; returns the model and ``info`` (loss, accuracy, minutes)."""
+def sft_step(model: TinyDecoder, opt: torch.optim.Optimizer, tokenizer: CharTokenizer,
+             problems: list[arithmetic.Problem], step: int, cfg: SFTConfig, device: str) -> float:
+    """One optimizer step of next-token training on ``problems``' gold solutions at ``step``'s learning rate; the
+    loss."""
+    ids, target = sft_batch(tokenizer, problems, cfg.form)
+    ids, target = ids.to(device), target.to(device)
+    loss = next_token_loss(model, ids, target, tokenizer.pad_id)
+    for group in opt.param_groups:
+        group["lr"] = lr_at(step, cfg)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    opt.step()
+    return loss.item()
+
+
+def train(cfg: SFTConfig, *, device: str = "cpu", progress: bool = True,
+          curve: tuple[int, ...] = ()) -> tuple[TinyDecoder, dict]:
+    """Train a fresh model on gold solutions, on one CPU thread; returns the model and ``info`` (loss, accuracy,
+    minutes)."""
     if cfg.form not in arithmetic.FORMS:
         raise ValueError(f"unknown form {cfg.form!r}; valid: {', '.join(arithmetic.FORMS)}")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # reductions split over threads round differently: one thread, one result per CPU
+    try:
+        return _train(cfg, device, progress, curve)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(cfg: SFTConfig, device: str, progress: bool, curve: tuple[int, ...]) -> tuple[TinyDecoder, dict]:
     tokenizer = build_tokenizer()
     torch.manual_seed(cfg.seed)
     model = TinyDecoder(ModelConfig(vocab_size=tokenizer.vocab_size, d_model=cfg.d_model, n_layers=cfg.n_layers,
@@ -119,45 +149,122 @@ def train(cfg: SFTConfig, *, device: str = "cpu", progress: bool = True) -> tupl
     stream = arithmetic.iter_split("train", cfg.seed, **asdict(cfg.task))
     start, loss_ema = time.perf_counter(), None
     bar = tqdm(range(cfg.steps), desc="SFT", disable=not progress, leave=False)
-    for step in bar:
-        ids, target = sft_batch(tokenizer, [next(stream) for _ in range(cfg.batch_size)], cfg.form)
-        ids, target = ids.to(device), target.to(device)
-        loss = next_token_loss(model, ids, target, tokenizer.pad_id)
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, cfg)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        opt.step()
-        loss_ema = loss.item() if loss_ema is None else 0.95 * loss_ema + 0.05 * loss.item()
-        bar.set_postfix(loss=f"{loss_ema:.3f}")
-    model.eval()
     held_out = arithmetic.make_split(cfg.eval_size, "test", seed=0, **asdict(cfg.task))
     max_new = max_response_tokens(cfg.task, cfg.form)
+    along: dict[int, float] = {}
+    for step in bar:
+        loss = sft_step(model, opt, tokenizer, [next(stream) for _ in range(cfg.batch_size)], step, cfg, device)
+        loss_ema = loss if loss_ema is None else 0.95 * loss_ema + 0.05 * loss
+        if step + 1 in curve and step + 1 < cfg.steps:  # greedy: draws no random numbers, changes no weight
+            along[step + 1] = accuracy(evaluate(model, tokenizer, held_out, max_new_tokens=max_new, form=cfg.form))
+        bar.set_postfix(loss=f"{loss_ema:.3f}")
+    model.eval()
     correct = evaluate(model, tokenizer, held_out, max_new_tokens=max_new, form=cfg.form)
+    along[cfg.steps] = accuracy(correct)
     info = {"loss": loss_ema, "val/acc": accuracy(correct), "minutes": (time.perf_counter() - start) / 60,
-            "steps": cfg.steps,
+            "steps": cfg.steps, "curve": along if curve else {},
+            "processor": cpu_model(), "fingerprint": fingerprint(),  # the machine that made these weights
             # per problem, with what produced it: an RL run's step-0 evaluation of the same problems reuses it
             "val/correct": correct.int().tolist(), "val/max_new_tokens": max_new, "val/device": str(device)}
     return model, info
 
 
-def warm_start(
-    cfg: SFTConfig, *, device: str = "cpu", cache_dir: str | Path | None = None, progress: bool = True
-) -> tuple[TinyDecoder, CharTokenizer, dict]:
-    """The SFT checkpoint for ``cfg``: loaded from the cache, or trained and cached (written atomically)."""
-    tokenizer = build_tokenizer()
-    path = Path(cache_dir or default_cache_dir()) / f"sft-{cfg.key(tokenizer)}.pt"
-    if path.exists():
-        state = torch.load(path, map_location=device, weights_only=True)
-        model = TinyDecoder(ModelConfig.from_dict(state["model_config"])).to(device)
-        model.load_state_dict(state["model"])
-        model.eval()
-        return model, tokenizer, {**state["info"], "cached": True, "path": str(path)}
-    model, info = train(cfg, device=device, progress=progress)
+SHIPPED_DIR = Path(__file__).parent / "start"
+"""The SFT starts (and SPO's offline passes from them) shipped with rlkit: ``sft-<key>.pt`` and ``MANIFEST.json``
+(each file's weights SHA-256 and the machine that made it). Every run whose SFT config has a shipped start begins
+from these exact weights, whatever the CPU."""
+
+
+def retrain_requested() -> bool:
+    """``RLKIT_RETRAIN_SFT=1`` (``rlkit train/reproduce --retrain-sft``): train the SFT start on this machine even
+    where rlkit ships one."""
+    return os.environ.get("RLKIT_RETRAIN_SFT", "").strip() not in ("", "0")
+
+
+def shipped_manifest() -> dict[str, dict]:
+    """``MANIFEST.json`` of :data:`SHIPPED_DIR`: file name → its record (``sha256`` of the weights, how it was made)."""
+    path = SHIPPED_DIR / "MANIFEST.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def load_checkpoint(path: Path, device: str, expected_sha256: str | None = None) -> tuple[TinyDecoder, dict]:
+    """An SFT checkpoint file as a model in eval mode and its ``info`` (with the weights' ``sha256``); refuses a
+    file whose weights do not hash to ``expected_sha256``."""
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    digest = weights_sha256(state["model"])
+    if expected_sha256 is not None and digest != expected_sha256:
+        raise RuntimeError(f"{path}: its weights hash to {digest[:12]}, not the {expected_sha256[:12]} that "
+                           f"{path.parent / 'MANIFEST.json'} records: the file is damaged (a Git LFS pointer or a "
+                           f"partial checkout?); restore it with `git checkout -- {path.name}` in that folder")
+    model = TinyDecoder(ModelConfig.from_dict(state["model_config"]))
+    model.load_state_dict(state["model"])
+    model.to(device).eval()
+    return model, {**state["info"], "sha256": digest, "path": str(path)}
+
+
+def save_checkpoint(path: Path, model: TinyDecoder, info: dict, cfg: SFTConfig) -> None:
+    """An SFT checkpoint (weights, model shape, ``info``, the SFT config) at ``path``, written atomically."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     torch.save({"model": model.state_dict(), "model_config": model.config.to_dict(), "info": info,
                 "sft_config": json.loads(json.dumps(asdict(cfg), default=list))}, tmp)
     os.replace(tmp, path)
-    return model, tokenizer, {**info, "cached": False, "path": str(path)}
+
+
+def warm_start(
+    cfg: SFTConfig, *, device: str = "cpu", cache_dir: str | Path | None = None, progress: bool = True,
+    retrain: bool | None = None,
+) -> tuple[TinyDecoder, CharTokenizer, dict]:
+    """The SFT checkpoint for ``cfg``: the one rlkit ships for it (:data:`SHIPPED_DIR`), else the cached one, else
+    trained here and cached (written atomically). ``retrain`` (default: :func:`retrain_requested`) skips the
+    shipped start. ``info["source"]`` says which: ``shipped``, ``cache`` or ``trained``; ``info["sha256"]`` hashes
+    the weights."""
+    tokenizer = build_tokenizer()
+    name = f"sft-{cfg.key(tokenizer)}.pt"
+    retrain = retrain_requested() if retrain is None else retrain
+    shipped = SHIPPED_DIR / name
+    if shipped.exists() and not retrain:
+        model, info = load_checkpoint(shipped, device, shipped_manifest().get(name, {}).get("sha256"))
+        return model, tokenizer, {**info, "source": "shipped", "cached": True}
+    path = Path(cache_dir or default_cache_dir()) / name
+    if path.exists():
+        model, info = load_checkpoint(path, device)
+        return model, tokenizer, {**info, "source": "cache", "cached": True}
+    if progress:
+        why = "--retrain-sft" if shipped.exists() else "rlkit ships no start for this SFT config"
+        print(f"SFT start: training it on this machine ({why}); its weights, and every number after them, depend "
+              "on this CPU's float kernels (rlkit env)", file=sys.stderr, flush=True)
+    model, info = train(cfg, device=device, progress=progress)
+    save_checkpoint(path, model, info, cfg)
+    return model, tokenizer, {**info, "source": "trained", "cached": False, "path": str(path),
+                              "sha256": weights_sha256(model.state_dict())}
+
+
+def seed_spread(cfg: SFTConfig, seeds: int = 3, *, problems: int = 1000, workers: int = 2,
+                cache_dir: str | Path | None = None, curve: tuple[int, ...] = ()) -> list[dict]:
+    """The SFT recipe ``cfg`` trained with seeds 0..``seeds``−1 on this machine (``workers`` side by side, one thread
+    each; each start cached as any other), and each start's greedy accuracy on ``problems`` held-out problems:
+    how much the start itself varies, whatever RL does after it. Seed ``cfg.seed`` is the recipe's own start."""
+    from concurrent.futures import ProcessPoolExecutor
+    import multiprocessing
+
+    configs = [SFTConfig(**{**asdict(cfg), "task": cfg.task, "seed": k}) for k in range(seeds)]
+    with ProcessPoolExecutor(max(1, min(workers, seeds)), mp_context=multiprocessing.get_context("spawn")) as pool:
+        return list(pool.map(_one_seed, configs, [problems] * seeds, [str(cache_dir or default_cache_dir())] * seeds,
+                             [tuple(curve)] * seeds))
+
+
+def _one_seed(cfg: SFTConfig, problems: int, cache_dir: str, curve: tuple[int, ...]) -> dict:
+    torch.set_num_threads(1)
+    name = f"sft-{cfg.key(build_tokenizer())}.pt"
+    path = Path(cache_dir) / name
+    if path.exists():
+        model, info = load_checkpoint(path, "cpu")
+    else:
+        model, info = train(cfg, progress=False, curve=curve)
+        save_checkpoint(path, model, info, cfg)
+    held_out = arithmetic.make_split(problems, "test", seed=0, **asdict(cfg.task))
+    correct = evaluate(model, build_tokenizer(), held_out, max_new_tokens=max_response_tokens(cfg.task, cfg.form),
+                       form=cfg.form)
+    return {"seed": cfg.seed, f"acc_{problems}": accuracy(correct), "acc": info["val/acc"], "loss": info["loss"],
+            "curve": info.get("curve", {}), "minutes": info.get("minutes"), "path": str(path)}

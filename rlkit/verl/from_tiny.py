@@ -148,11 +148,11 @@ def prepare(cfg: RLConfig, root: str | os.PathLike, *, device: str = "cpu", prog
     if cfg.method == "spo" and cfg.spo.offline_N:
         path = data_dir / f"offline_values-N{cfg.spo.offline_N}-seed{cfg.seed}.json"
         if not path.exists():
-            model, tokenizer, _ = warm_start(cfg.sft, device=device, progress=progress)
+            model, tokenizer, sft = warm_start(cfg.sft, device=device, progress=progress)
             pool = arithmetic.make_pool(cfg.pool_size, seed=cfg.sft.seed, **knobs)
             gen = torch.Generator(device=device).manual_seed(cfg.seed + 1)  # the tiny run's sampler seed
             max_new = cfg.max_new_tokens or max_response_tokens(cfg.sft.task, cfg.sft.form)
-            scores = offline_scores(Run(cfg, model, tokenizer, None, pool, max_new, cfg.sft.form), gen)
+            scores = offline_scores(Run(cfg, model, tokenizer, None, pool, max_new, cfg.sft.form), gen, sft=sft)
             values = {prompt_id(pool[i].question): s for i, s in scores.items()}
             tmp = path.with_suffix(".tmp")
             tmp.write_text(json.dumps(values))

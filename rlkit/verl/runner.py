@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from rlkit import numerics
 from rlkit.metrics import MetricsWriter, read_metrics
 
 VERL_METRICS = "verl_metrics.jsonl"
@@ -335,7 +336,8 @@ def execute(argv: Sequence[str], *, run_dir: str | os.PathLike, env: Mapping[str
     run_dir.mkdir(parents=True, exist_ok=True)
     stop_previous(run_dir)
     marker = f"{run_dir.name}-{uuid.uuid4().hex[:12]}"
-    child_env = {**os.environ, **(env or {}), MARKER: marker, "PYTHONUNBUFFERED": "1"}
+    # verl and vLLM choose their own float kernels: not the ones rlkit pins for its tiny engine (rlkit/numerics.py)
+    child_env = {**numerics.unpinned_env(dict(os.environ)), **(env or {}), MARKER: marker, "PYTHONUNBUFFERED": "1"}
     (run_dir / VERL_METRICS).unlink(missing_ok=True)
     launch_record = {"marker": marker, "argv": list(argv), "started": time.time(), "resume_after": resume_after}
     (run_dir / LAUNCH).write_text(json.dumps(launch_record, indent=2))
