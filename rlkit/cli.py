@@ -1,7 +1,8 @@
 """The ``rlkit`` command: ``methods`` (the registry), ``train`` (the tiny engine), ``export`` (its SFT start as a
-Hugging Face model), ``reproduce`` (the notebooks,
-executed with papermill), ``book`` (the Jupyter Book), ``plot`` (curves of any run), ``data`` (verl parquet, SPO's
-offline values) and ``launch`` (full-scale verl runs)."""
+Hugging Face model), ``reproduce`` (the notebooks, executed with papermill), ``reproduced`` (this machine's runs
+beside the published ones), ``start`` (the shipped SFT start), ``env`` (CPU, float kernels, fingerprint), ``book``
+(the Jupyter Book), ``plot`` (curves of any run), ``data`` (verl parquet, SPO's offline values) and ``launch``
+(full-scale verl runs)."""
 
 from __future__ import annotations
 

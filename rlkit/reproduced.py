@@ -6,6 +6,9 @@ reproduced`` prints it for any two results folders. Per run and seed:
 - **bit-identical**: every logged number except timings (``timing_s/*``, ``perf/*``) and every per-problem result
   equal the published run's. Expected when both machines have the same fingerprint (``rlkit env``): the same
   float kernels from the same shipped SFT start.
+- **the same run, last bits of logged means apart**: every per-problem result equal, every logged number within
+  1e-12 (relative): the same trajectory, with means aggregated under other rounding (Python 3.12's ``sum`` of
+  floats is compensated, 3.11's is not).
 - **within the published spread**: the final held-out accuracy (``val/acc_final``) lies inside the published
   seeds' range widened by the 95% binomial half-width of one evaluation (1.96·√(p(1−p)/n), n held-out problems,
   p their mean): as far from the publication as its own seeds are from each other, plus evaluation noise. Expected
@@ -13,8 +16,8 @@ reproduced`` prints it for any two results folders. Per run and seed:
 - **outside it**: further than that — a different result, worth a look (the fingerprints, ``env.json``, the
   curves).
 
-Per claim: the verdict judged from this machine's runs and from the published runs by the same rules
-(:func:`rlkit.claims.judge_claims`); the ones that differ are listed.
+Per claim: the verdict judged from this machine's runs and from the published runs of the same seeds, by the same
+rules (:func:`rlkit.claims.judge_claims`); the ones that differ are listed.
 """
 
 from __future__ import annotations
@@ -29,7 +32,12 @@ import pandas as pd
 
 from rlkit.metrics import read_metrics
 
-IDENTICAL, WITHIN, OUTSIDE, MISSING = ("bit-identical", "within the published spread", "outside it", "not run here")
+IDENTICAL, SAME_RUN, WITHIN, OUTSIDE, MISSING = (
+    "bit-identical", "the same run, last bits of logged means apart", "within the published spread", "outside it",
+    "not run here")
+ROUNDING = 1e-12
+"""Relative difference of a logged mean that is float rounding of its aggregation, not another run (Python 3.12's
+``sum`` of floats is compensated, 3.11's is not: the same values average to a last bit apart)."""
 IGNORED_PREFIXES = ("timing_s/", "perf/")
 """Metrics that measure the machine, not the run: left out of the bit-identical comparison."""
 
@@ -47,6 +55,25 @@ def _per_problem(run_dir: Path) -> list[Any]:
 def identical(mine: Path, published: Path) -> bool:
     """Whether two run directories logged the same numbers (timings aside) and the same per-problem results."""
     return _records(mine) == _records(published) and _per_problem(mine) == _per_problem(published)
+
+
+def same_run(mine: Path, published: Path) -> bool:
+    """The same trajectory logged with other rounding: every per-problem result equal, every logged number within
+    :data:`ROUNDING` of the published one (relative), the same steps and keys."""
+    if _per_problem(mine) != _per_problem(published):
+        return False
+    a, b = _records(mine), _records(published)
+    if [(s, sorted(d)) for s, d in a] != [(s, sorted(d)) for s, d in b]:
+        return False
+    for (_, x), (_, y) in zip(a, b):
+        for key, value in x.items():
+            other = y[key]
+            if isinstance(value, float) and isinstance(other, (int, float)):
+                if abs(value - other) > ROUNDING * max(abs(value), abs(other), 1e-30):
+                    return False
+            elif value != other:
+                return False
+    return True
 
 
 def final_accuracy(run_dir: Path) -> tuple[float, int] | None:
@@ -94,24 +121,30 @@ def compare_runs(results: str | Path, published: str | Path) -> pd.DataFrame:
                    "here": None, "status": MISSING}
             if here is not None:
                 acc = final_accuracy(here)[0]
-                status = IDENTICAL if identical(here, run_dir) else WITHIN if low <= acc <= high else OUTSIDE
+                status = (IDENTICAL if identical(here, run_dir) else SAME_RUN if same_run(here, run_dir)
+                          else WITHIN if low <= acc <= high else OUTSIDE)
                 row.update(here=acc, status=status)
             rows.append(row)
     return pd.DataFrame(rows, columns=["run", "seed", "published", "here", "band", "status"])
 
 
 def compare_claims(results: str | Path, published: str | Path, specs: Sequence[Any]) -> pd.DataFrame:
-    """Every judged claim's verdict from the published runs and from this machine's, for the specs whose runs both
-    folders hold."""
+    """Every judged claim's verdict from the published runs and from this machine's, over the seeds this machine ran
+    (of the spec's method), for the specs whose runs both folders hold."""
     from rlkit.claims import UNTESTABLE, judge_claims
 
     rows = []
     for spec in specs:
         if not spec.claims or not spec.method:
             continue
+        # the same seeds on both sides: a verdict over one seed is not comparable with one over three
+        seeds = sorted(int(d.name.removeprefix("seed")) for d in (Path(results) / spec.method).glob("seed*")
+                       if (d / "metrics.jsonl").exists())
+        if not seeds:
+            continue
         try:
-            there = judge_claims(spec, published)
-            here = judge_claims(spec, results)
+            there = judge_claims(spec, published, seeds=seeds)
+            here = judge_claims(spec, results, seeds=seeds)
         except (ValueError, FileNotFoundError, KeyError):  # runs missing on one side: nothing to compare
             continue
         for (_, a), (_, b) in zip(there.iterrows(), here.iterrows()):
@@ -162,10 +195,14 @@ def to_markdown(out: dict[str, Any]) -> str:
         f"| fingerprint (`rlkit env`) | `{here['fingerprint']}` | `{there['fingerprint']}` |",
         f"| SFT start (SHA-256) | `{str(here['sft_start'])[:12]}` | `{str(there['sft_start'])[:12]}` |",
         "",
-        ("Same fingerprint: the same float kernels, so runs should be bit-identical."
-         if same_path else "Different fingerprints: the runs part after a few steps and can agree only within the "
-                           "published seed spread."),
-        "" if same_start else "**The SFT starts differ**: this machine did not start from the shipped weights.",
+        ("The published runs record no fingerprint (made before rlkit recorded one): only the spread can be "
+         "compared." if there["fingerprint"] == "?" else
+         "Same fingerprint: the same float kernels, so runs should be bit-identical." if same_path else
+         "Different fingerprints: the runs part after a few steps and can agree only within the published seed "
+         "spread."),
+        "" if same_start or there["sft_start"] == "?" else
+        "**The SFT starts differ**: these runs did not start from the publication's weights (`rlkit start`), so "
+        "they can agree with it only statistically.",
         "",
         "Runs: " + ", ".join(f"{n} {s}" for s, n in out["counts"].items()),
         "",

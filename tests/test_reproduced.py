@@ -4,6 +4,7 @@ per claim; both machines named."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 
 import pytest
@@ -103,3 +104,18 @@ def test_claims_are_judged_on_both_sides_by_the_same_rules(tmp_path):
         (seed_dir / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
     moved = reproduced.compare_claims(mine, PUBLISHED_DIR, [spec])
     assert not moved["same"].all()
+
+
+def test_a_last_bit_apart_mean_is_the_same_run_not_another(published, tmp_path):
+    mine = tmp_path / "mine"
+    shutil.copytree(published, mine)
+    path = mine / "grpo/seed0/metrics.jsonl"
+    lines = path.read_text().splitlines()
+    rec = json.loads(lines[1])
+    key = next(k for k, v in rec["data"].items() if isinstance(v, float) and v and not k.startswith("timing"))
+    rec["data"][key] = math.nextafter(rec["data"][key], math.inf)  # one ulp: another rounding of the same mean
+    path.write_text("\n".join([lines[0], json.dumps(rec), *lines[2:]]) + "\n")
+    assert reproduced.compare_runs(mine, published).set_index("seed")["status"][0] == reproduced.SAME_RUN
+    rec["data"][key] = rec["data"][key] * (1 + 1e-6)
+    path.write_text("\n".join([lines[0], json.dumps(rec), *lines[2:]]) + "\n")
+    assert reproduced.compare_runs(mine, published).set_index("seed")["status"][0] != reproduced.SAME_RUN
