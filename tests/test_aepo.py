@@ -184,8 +184,28 @@ def test_gradient_table_clipped_above_token():
     g, m = grad(aepo_loss, entropy=entropy, variant="arlarena")
     torch.testing.assert_close(g, torch.tensor([[0.0, -1.28, -1.28]], dtype=D), rtol=1e-12, atol=1e-12)
     assert m["aepo/clipfrac_grad_kept"] == pytest.approx(2 / 3)
-    assert m["aepo/entropy_adv_scale/mean"] == pytest.approx(1.0)  # (1.2 + 1 + .8)/3
-    assert m["aepo/entropy_adv_scale/min"] == pytest.approx(0.8)
+    assert m["aepo/entropy_adv_scale/min"] == pytest.approx(0.8)  # 1 + a·H̃ over H̃ = 1, 0, −1: 1.2, 1, .8
+
+
+@pytest.mark.parametrize("eager", [False, True])
+def test_adv_reshape_metric_by_hand(eager):
+    # H = 2, 1, 0 (and a padding token): H̃ = 1, 0, −1, so |a·H̃| = .2, 0, .2 → mean .4/3 (the mean of 1 + a·H̃
+    # is 1 by construction); coef .5 doubles it. Eager: old_logp needs a gradient (the fused path then steps aside)
+    entropy = torch.tensor([[2.0, 1.0, 0.0, 7.0]], dtype=D)
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]], dtype=D)
+    adv = torch.tensor([[1.0, -2.0, 0.5, 9.0]], dtype=D)
+    for coef, want in ((0.2, 0.4 / 3), (0.5, 1.0 / 3), (-0.2, 0.4 / 3)):
+        old_logp = torch.zeros(1, 4, dtype=D, requires_grad=eager)
+        logp = torch.full((1, 4), 0.1, dtype=D, requires_grad=True)
+        _, m = aepo_loss(logp, old_logp, adv, mask, entropy=entropy, coef=coef)
+        assert m["aepo/adv_reshape/mean"] == pytest.approx(want, rel=1e-12)
+        reshaped = aepo_advantage(adv, entropy, mask, coef=coef)  # = |Ã − A|/|A| averaged over the valid tokens
+        ratio = ((reshaped - adv).abs() / adv.abs())[mask.bool()]
+        assert ratio.mean().item() == pytest.approx(want, rel=1e-12)
+        assert "aepo/entropy_adv_scale/mean" not in m
+    # constant entropy: σ_H = 0, H̃ = 0, nothing reshaped
+    _, m = aepo_loss(logp, old_logp, adv, mask, entropy=torch.ones(1, 4, dtype=D))
+    assert m["aepo/adv_reshape/mean"] == 0.0 and m["aepo/entropy_adv_scale/min"] == 1.0
 
 
 def test_no_entropy_single_token():
@@ -212,7 +232,7 @@ def test_loss_by_hand_with_dual_clip():
     (grad,) = torch.autograd.grad(loss, logp)
     torch.testing.assert_close(grad, torch.tensor([[-0.32, 0.0, 0.0, -0.55]], dtype=D))
     assert m["actor/pg_clipfrac"] == 0.5 and m["actor/pg_clipfrac_lower"] == 0.25
-    assert m["aepo/clipfrac_grad_kept"] == 0.25 and "aepo/entropy_adv_scale/mean" not in m
+    assert m["aepo/clipfrac_grad_kept"] == 0.25 and "aepo/adv_reshape/mean" not in m
 
 
 # ---------------------------------------------------------------- aepo_loss against PPO and the loop rule

@@ -63,6 +63,10 @@ def _losses(b):
                                                    variant="arlarena"),
         "aepo-noent": lambda lp, old, agg: aepo_loss(lp, old, b["adv"], b["mask"], agg=agg),
         "hapo": lambda lp, old, agg: hapo_loss(lp, old, b["adv"], b["mask"], entropy=ent, agg=agg),
+        "hapo-clip-only": lambda lp, old, agg: hapo_loss(lp, old, b["adv"], b["mask"], entropy=ent, agg=agg,
+                                                         use_redistribution=False),
+        "hapo-no-clip": lambda lp, old, agg: hapo_loss(lp, old, b["adv"], b["mask"], entropy=ent, agg=agg,
+                                                       use_adaptive_clip=False),
     }
 
 

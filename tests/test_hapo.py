@@ -315,6 +315,32 @@ def test_hapo_loss_by_hand():
     torch.testing.assert_close(grad, torch.tensor([[-1.2 / 5, 0.0, 0.5 / 5], [0.0, 0.0, 0.0]], dtype=D))
 
 
+@pytest.mark.parametrize("eager", [False, True])
+def test_clip_changed_frac_by_hand(eager):
+    # unit stats: h̃ = log H. Fixed bounds [.8, 1.28]; D's adaptive ones per token. A after C keeps its sign.
+    # token          adaptive range   A>0: r > hi / A<0: r < lo     fixed [.8, 1.28]     changed
+    # h̃=1,   r=1.4   [.8, 1.56]       A=1 (→2): 1.4 < 1.56 free     1.4 > 1.28 clipped   yes
+    # h̃=−1,  r=.7    [.6, 1.28]       A=−1: .7 > .6 free            .7 < .8 clipped      yes
+    # h̃=.5,  r=1     [.8, 1.42]       A=1: free                     free                 no
+    # h̃=−.5, r=2     [.7, 1.28]       A=1: 2 > 1.28 clipped         clipped              no
+    # (padding: r = 5, A = 1, h̃ = 0 — not counted)
+    h = torch.tensor([[1.0, -1.0, 0.5, -0.5, 0.0]], dtype=D)
+    ratio = torch.tensor([[1.4, 0.7, 1.0, 2.0, 5.0]], dtype=D)
+    adv = torch.tensor([[1.0, -1.0, 1.0, 1.0, 1.0]], dtype=D)
+    mask = torch.tensor([[1.0, 1.0, 1.0, 1.0, 0.0]], dtype=D)
+    old_logp = torch.zeros(1, 5, dtype=D, requires_grad=eager)  # eager: the fused path steps aside
+    logp = ratio.log().requires_grad_()
+    kw = {"entropy": h.exp(), "stats": unit_stats(), "clip_low": 0.2, "clip_high": 0.28}
+    for extra, want in (({}, 0.5), ({"use_redistribution": False}, 0.5), ({"use_adaptive_clip": False}, 0.0),
+                        ({"clip_alpha": 0.0}, 0.0)):
+        _, m = hapo_loss(logp, old_logp, adv, mask, **kw, **extra)
+        assert m["hapo/clip_changed_frac"] == want, extra
+    _, m = hapo_loss(logp, old_logp, adv, mask, **kw)
+    assert m["actor/pg_clipfrac"] == 0.25  # only the last valid token is clipped under HAPO's bounds …
+    _, m_ppo = ppo_clip_loss(logp, old_logp, adv, mask, clip_low=0.2, clip_high=0.28)
+    assert m_ppo["actor/pg_clipfrac"] == 0.75  # … three under the fixed ones: the two it changed
+
+
 def test_hapo_loss_equals_ppo_when_hapo_is_off(seeds):
     for seed in seeds:
         b = make_batch(seed, empty_rows=seed % 4 == 0)

@@ -84,10 +84,59 @@ def test_stale_rollouts_come_from_the_policy_of_k_steps_earlier(tmp_path, cache,
     # the overlong penalty makes rewards differ within groups, so the untrained smoke model does move
     cfg = build_config("grpo", "smoke", {"steps": 5, "staleness": 2, "overlong_buffer": 40, "lr": 1e-2})
     train(cfg, tmp_path / "stale", progress=False, sft_cache=cache)
-    assert len(sampled_by) == len(policies) == 5
+    assert len(sampled_by) == 2 * len(policies) == 10  # the training's rollout, then the current policy's own
     for t in range(1, 6):  # step t samples with the policy at the start of step max(1, t − 2)
-        assert torch.equal(sampled_by[t - 1], policies[max(1, t - 2) - 1]), t
+        assert torch.equal(sampled_by[2 * t - 2], policies[max(1, t - 2) - 1]), t
+        assert torch.equal(sampled_by[2 * t - 1], policies[t - 1]), t  # policy/* metrics: the current policy
     assert not torch.equal(policies[4], policies[2])  # the policy did move, so the check has teeth
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_stress_regime_logs_its_metrics(method, tmp_path, cache):
+    cfg = build_config(method, "smoke", regime="stress")
+    out = train(cfg, tmp_path / method, progress=False, sft_cache=cache)
+    recs = read_metrics(out / "metrics.jsonl")
+    assert set().union(*(r["data"] for r in recs)) == logged_metrics(method, regime="stress")
+    assert {"policy/entropy", "policy/score/mean"} <= set(recs[-1]["data"])
+    assert logged_metrics(method, regime="stress") - logged_metrics(method) == {
+        "policy/entropy", "policy/score/mean", "timing_s/policy_eval"}
+
+
+@pytest.mark.parametrize("method", ["hapo", "spo"])
+def test_the_current_policy_metrics_leave_the_training_untouched(method, tmp_path, cache, monkeypatch):
+    """policy/* sample with a generator of their own: every other metric is the same without them, to the bit."""
+    from rlkit.tiny import rl
+
+    # SPO: a pool twice the draw, so the uniform reference draw of spo/sampling_focus_uniform is a real draw
+    cfg = build_config(method, "smoke", {"steps": 4, "staleness": 2, "overlong_buffer": 40, "lr": 1e-2,
+                                         "pool_size": 32 if method == "spo" else 16})
+    on = train(cfg, tmp_path / "on", progress=False, sft_cache=cache)
+    part = train(cfg, tmp_path / "part", progress=False, sft_cache=cache, stop_after=2)
+    train(cfg, part, progress=False, sft_cache=cache, resume=True)  # the metrics' own draws resume exactly too
+    assert timeless(read_metrics(part / "metrics.jsonl")) == timeless(read_metrics(on / "metrics.jsonl"))
+    if method == "spo":
+        assert {d["spo/sampling_focus_uniform"] for _, d in timeless(read_metrics(on / "metrics.jsonl"))[1:]} != {1.0}
+    monkeypatch.setattr(rl, "_policy_eval", lambda *a, **k: {})
+    off = train(cfg, tmp_path / "off", progress=False, sft_cache=cache)
+    with_eval, without = timeless(read_metrics(on / "metrics.jsonl")), timeless(read_metrics(off / "metrics.jsonl"))
+    new = {"policy/entropy", "policy/score/mean"}
+    assert all(new <= set(d) for step, d in with_eval if step > 0) and not any(new & set(d) for _, d in without)
+    assert [(s, {k: v for k, v in d.items() if k not in new}) for s, d in with_eval] == without
+    assert read_metrics(on / "eval.jsonl") == read_metrics(off / "eval.jsonl")
+    assert any(d["policy/entropy"] != d["actor/entropy"] for s, d in with_eval if s > 0)  # a rollout of its own
+
+
+def test_activity_helpers_by_hand():
+    from rlkit.tiny import rl
+
+    assert rl._coefficient_of_variation(torch.full((5,), 0.3)) == 0.0  # uniform weights: nothing to prioritise
+    assert rl._coefficient_of_variation(torch.tensor([1.0, 3.0])) == 0.5  # population std 1 over mean 2
+    before = torch.random.get_rng_state()
+    a, b = rl._side_generator(0, 3, "x"), rl._side_generator(0, 3, "x")
+    assert torch.equal(torch.rand(4, generator=a), torch.rand(4, generator=b))  # the same step draws the same
+    assert not torch.equal(rl._side_generator(0, 4, "x").get_state(), rl._side_generator(0, 3, "x").get_state())
+    assert not torch.equal(rl._side_generator(1, 3, "x").get_state(), rl._side_generator(0, 3, "x").get_state())
+    assert torch.equal(torch.random.get_rng_state(), before)  # the global generator is not touched
 
 
 def test_stale_runs_resume_to_the_same_metrics(tmp_path, cache):
@@ -264,7 +313,7 @@ def test_hapo_without_tlga_uses_grpo_advantages(tmp_path, cache, monkeypatch):
         original = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, _f=original, _n=name, **k: calls.append(_n) or _f(*a, **k))
     train(build_config("hapo", "smoke", {"steps": 1}), tmp_path / "a", progress=False, sft_cache=cache)
-    assert calls == ["tlga_advantage"]
+    assert calls == ["tlga_advantage", "grpo_advantage"]  # the estimator, then hapo/tlga_shift's reference
     calls.clear()
     train(build_config("hapo", "smoke", {"steps": 1, "hapo.adv_estimator": "grpo"}), tmp_path / "b",
           progress=False, sft_cache=cache)

@@ -124,7 +124,7 @@ def test_a_failure_inside_vllm_ends_the_launch_with_its_error(workdir, capsys):
 OWN_METRICS = {  # each method's own metrics, and one that must move in a 5-step run
     "gspo": (["actor/pg_clipfrac_seq", "actor/gspo/seq_ratio/mean"], "actor/gspo/seq_ratio/max"),
     "aspo": (["aspo/first_code_pos/mean", "aspo/code_ratio", "aspo/correct_code_ratio"], "aspo/code_ratio"),
-    "aepo": (["actor/aepo/clipfrac_grad_kept", "actor/aepo/entropy_adv_scale/mean"],
+    "aepo": (["actor/aepo/clipfrac_grad_kept", "actor/aepo/adv_reshape/mean"],
              "actor/aepo/entropy_adv_scale/min"),
     "spo": (["spo/baseline/mean"], "spo/baseline/mean"),
     "hapo": (["hapo/sampler_stats/median", "actor/hapo/h_tilde/mean", "actor/hapo/redistributed_frac",

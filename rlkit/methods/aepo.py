@@ -36,6 +36,11 @@ Deviations:
   and scatter H̃ over ±1. The result is otherwise the same.
 - Neither code clamps 1 + a·H̃: a token more than 1/a = 5 std below the mean entropy has its advantage's
   sign flipped. rlkit keeps that; ``aepo/entropy_adv_scale/min`` shows when it happens.
+
+Metrics beyond verl's: ``aepo/clipfrac_grad_kept`` (the clip's activity: share of valid tokens clipped above that
+keep a gradient) and, with the entropy reshaping on, ``aepo/adv_reshape/mean``, the masked mean of |a·H̃| =
+|Ã − A|/|A| (the reshaping's activity: how much it changes the advantage; the mean of 1 + a·H̃ itself is 1 by
+construction), and ``aepo/entropy_adv_scale/min``, the smallest 1 + a·H̃.
 """
 
 from __future__ import annotations
@@ -224,7 +229,8 @@ def aepo_loss(
 
     ``logp``, ``old_logp``, ``entropy``, ``mask`` ``(B, T)``; ``adv`` ``(B,)`` or ``(B, T)``. Returns
     ``(loss, metrics)``: verl's names, plus ``aepo/clipfrac_grad_kept`` (share of valid tokens clipped above
-    that keep the (1+ε_h)·Ã gradient) and, with ``entropy``, ``aepo/entropy_adv_scale/{mean,min}`` (1 + a·H̃).
+    that keep the (1+ε_h)·Ã gradient) and, with ``entropy``, ``aepo/adv_reshape/mean`` (masked mean of |a·H̃| =
+    |Ã − A|/|A|) and ``aepo/entropy_adv_scale/min`` (the smallest 1 + a·H̃).
     """
     _check_variant(variant, use_entropy_advantage)
     if not use_entropy_advantage:
@@ -248,7 +254,7 @@ def aepo_loss(
         h_tilde = standardized_entropy(entropy, mask)
         adv = _reshape(adv, h_tilde, mask, coef)  # Ã_t = A_t·(1 + a·H̃_t)
         scale = 1.0 + coef * h_tilde
-        metrics["aepo/entropy_adv_scale/mean"] = masked_mean(scale, mask).item()
+        metrics["aepo/adv_reshape/mean"] = masked_mean((coef * h_tilde).abs(), mask).item()  # |Ã − A|/|A|
         metrics["aepo/entropy_adv_scale/min"] = scale[mask.bool()].min().item() if mask.bool().any() else 1.0
 
     log_r = log_ratio(logp, old_logp)
@@ -294,7 +300,8 @@ def _aepo_loss_fused(logp, old_logp, adv, mask, *, entropy, coef, clip_low, clip
         # 1 + a·H̃ = (a/σ)·H + (1 − a·(pivot + μ)/σ): two ops a token (masked positions: ignored by the loss)
         scale = torch.mul(h, coef / st.std).add_(1.0 - coef * (st.pivot + st.mean) / st.std)
         gate = True if variant == "paper" else fused.indicator(torch.le, _z_score(h, st), 0.0)  # arlarena: H̃ ≤ 0
-        return fused.TokenTerms(adv[blk.rows] * scale, clip_low, clip_high, (scale,), stop_grad_upper=gate)
+        reshape = (scale - 1.0).abs_()  # |a·H̃| = |Ã − A|/|A|, summed over the valid tokens (the metric)
+        return fused.TokenTerms(adv[blk.rows] * scale, clip_low, clip_high, (reshape,), stop_grad_upper=gate)
 
     def scale_min(safe: bool) -> list[Tensor]:  # 1 + a·H̃ is monotone in H: its minimum sits at an extreme d
         if entropy is None:
@@ -312,7 +319,7 @@ def _aepo_loss_fused(logp, old_logp, adv, mask, *, entropy, coef, clip_low, clip
     n = max(out.stats["tokens"], 1.0)
     metrics["aepo/clipfrac_grad_kept"] = out.stats["grad_kept"] / n
     if entropy is not None:
-        metrics["aepo/entropy_adv_scale/mean"] = out.sums[0] / n
+        metrics["aepo/adv_reshape/mean"] = out.sums[0] / n
         metrics["aepo/entropy_adv_scale/min"] = out.extras[0] if out.stats["tokens"] > 0 else 1.0
     return out.loss, metrics
 

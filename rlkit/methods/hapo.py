@@ -419,7 +419,9 @@ def hapo_loss(
 
     ``entropy`` ``(B, T)`` are the current forward pass's token entropies; h̃ uses ``stats``, or when None the
     statistics of this (micro-)batch, as the released actor does. Returns ``(loss, metrics)``: verl's names
-    plus ``hapo/...`` (mean h̃, share of h̃ > 0, mean adapted ε's, share of redistributed tokens).
+    plus ``hapo/...`` (mean h̃, share of h̃ > 0, mean adapted ε's, share of redistributed tokens, and
+    ``hapo/clip_changed_frac``: the share of valid tokens whose clip decision under the adaptive bounds differs
+    from that under the fixed ``clip_low``/``clip_high``, the same advantage and ratio — D's activity, 0 with D off).
     """
     check_shapes(mask, logp=logp, old_logp=old_logp, adv=adv, entropy=entropy, behav_logp=behav_logp)
     if (use_redistribution or use_adaptive_clip) and entropy is None:
@@ -467,12 +469,19 @@ def hapo_loss(
     redistributed = (
         _redistributed(h, ratio, eps_low, eps_high) if use_redistribution else torch.zeros_like(h)
     )
+    changed = 0.0
+    if clip_alpha != 0.0:  # D's activity: where the fixed bounds (α = 0, the same arithmetic) decide otherwise
+        with torch.no_grad():
+            base_low, base_high = adaptive_clip(h, clip_low, clip_high, clip_alpha=0.0)
+            _, fixed, _ = clipped_surrogate(ratio.detach(), adv.detach(), clip_low=base_low, clip_high=base_high)
+            changed = masked_mean((fixed != clipped).float(), mask).item()
     metrics.update({
         "hapo/h_tilde/mean": masked_mean(h, mask).item(),
         "hapo/h_tilde/pos_frac": masked_mean((h > 0).float(), mask).item(),
         "hapo/clip_low/mean": masked_mean(eps_low, mask).item(),
         "hapo/clip_high/mean": masked_mean(eps_high, mask).item(),
         "hapo/redistributed_frac": masked_mean(redistributed, mask).item(),
+        "hapo/clip_changed_frac": changed,
     })
     return loss, metrics
 
@@ -483,7 +492,9 @@ def _hapo_loss_fused(logp, old_logp, adv, mask, signed_parts, *, clip_low, clip_
     (masked positions need no zeroing: the loss ignores them, and safe mode selects the metrics' tokens).
 
     Every bound is affine in min(h̃, 0) or max(h̃, 0), one op a token each: the clip interval
-    [1 − ε_L + ε_L·α·min(h̃, 0), 1 + ε_R + ε_R·α·max(h̃, 0)] and the neutral zone, its midpoints with 1."""
+    [1 − ε_L + ε_L·α·min(h̃, 0), 1 + ε_R + ε_R·α·max(h̃, 0)] and the neutral zone, its midpoints with 1. With α ≠ 0
+    a fifth sum counts the tokens whose clip decision the fixed interval [1 − ε_L, 1 + ε_R] would flip (detached
+    comparisons on the block: the loss, its gradient and the other sums are untouched)."""
     dtype = torch.promote_types(logp.dtype, old_logp.dtype)
     const = {k: torch.tensor(v, dtype=dtype, device=logp.device) for k, v in (
         ("low", 1.0 - clip_low), ("high", 1.0 + clip_high), ("zone_low", 1.0 - clip_low / 2),
@@ -502,16 +513,23 @@ def _hapo_loss_fused(logp, old_logp, adv, mask, signed_parts, *, clip_low, clip_
                            torch.add(const["zone_high"], h_pos, alpha=clip_high * clip_alpha / 2))
             a = _rescaled(a, h, moved, adv_beta)
         # Σ h̃ = Σ min(h̃, 0) + Σ max(h̃, 0), and the mean ε's are affine in those two sums
-        return fused.TokenTerms(a, sums=(h_neg, h_pos, positive, moved), bounds=bounds)
+        sums = (h_neg, h_pos, positive, moved)
+        if adaptive:  # the clip binds where A·clip(r) < A·r (the loss's own test), under either interval
+            gain = a.detach() * blk.r
+            binds = fused.indicator(torch.lt, torch.clamp(blk.r, *bounds).mul_(a.detach()), gain)
+            fixed = fused.indicator(torch.lt, torch.clamp(blk.r, const["low"], const["high"]).mul_(a.detach()), gain)
+            sums += (torch.ne(binds, fixed, out=binds),)  # 0/1 in place
+        return fused.TokenTerms(a, sums=sums, bounds=bounds)
 
+    adaptive = clip_alpha != 0.0
     out = fused.clip_loss(
         logp, old_logp, adv, mask, clip_low=clip_low, clip_high=clip_high, clip_c=clip_c, agg=agg,
         loss_scale_factor=loss_scale_factor, behav_logp=behav_logp, behav_imp_weight_cap=behav_imp_weight_cap,
-        token_hook=terms, n_sums=4,
+        token_hook=terms, n_sums=5 if adaptive else 4,
     )
     metrics = fused.policy_metrics(out.stats, behaviour=behav_logp is not None)
     tokens = out.stats["tokens"]
-    neg, pos, positive, moved = (x / max(tokens, 1.0) for x in out.sums)
+    neg, pos, positive, moved, *changed = (x / max(tokens, 1.0) for x in out.sums)
     some = float(tokens > 0)  # masked means of an empty batch are 0
     metrics.update({
         "hapo/h_tilde/mean": neg + pos,
@@ -519,6 +537,7 @@ def _hapo_loss_fused(logp, old_logp, adv, mask, signed_parts, *, clip_low, clip_
         "hapo/clip_low/mean": some * clip_low - clip_low * clip_alpha * neg,
         "hapo/clip_high/mean": some * clip_high + clip_high * clip_alpha * pos,
         "hapo/redistributed_frac": moved,
+        "hapo/clip_changed_frac": changed[0] if changed else 0.0,
     })
     return out.loss, metrics
 

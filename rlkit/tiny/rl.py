@@ -42,7 +42,7 @@ from rlkit.tasks import arithmetic
 from rlkit.tiny.checkpoint import RunState, environment, restore_checkpoint, save_checkpoint
 # METHODS, build_config, parse_sets: re-exported for importers not moved yet (rlkit.verl.launch,
 # tests/test_reproduce.py, notebooks/07_comparison.md); new code imports them from rlkit.tiny.config
-from rlkit.tiny.config import METHODS, RLConfig, build_config, parse_sets  # noqa: F401
+from rlkit.tiny.config import METHODS, REGIMES, RLConfig, build_config, parse_sets  # noqa: F401
 from rlkit.tiny.model import token_logprobs
 from rlkit.tiny.sft import warm_start
 from rlkit.tiny.task import (
@@ -55,29 +55,37 @@ Tensor = torch.Tensor
 LOGGED_BY_EVERY_METHOD = frozenset({
     "val/acc", "val/acc_final", "sft/val_acc", "timing_s/init", "timing_s/gen", "timing_s/update", "timing_s/step",
     "perf/throughput", "rollout/response_tokens", "critic/score/mean", "critic/rewards/mean", "critic/baseline_mse",
-    "response_length/mean", "actor/entropy", "adv/zero_frac", "actor/grad_norm", "actor/pg_loss", "actor/pg_clipfrac",
-    "actor/pg_clipfrac_lower", "actor/ppo_kl", "aspo/first_code_pos/mean", "aspo/code_ratio",
-    "aspo/code_rounds/mean", "aspo/correct_code_ratio", "aspo/code_pass_ratio",
+    "response_length/mean", "actor/entropy", "adv/zero_frac", "actor/grad_norm",
+    "actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl", "aspo/first_code_pos/mean",
+    "aspo/code_ratio", "aspo/code_rounds/mean", "aspo/correct_code_ratio", "aspo/code_pass_ratio",
 })
 LOGGED_BY_METHOD = {
     "grpo": frozenset(),
     "gspo": frozenset({"actor/pg_clipfrac_seq", "gspo/seq_ratio/mean", "gspo/seq_ratio/max"}),
     "aspo": frozenset({"aspo/shaped_frac", "aspo/bias_ratio"}),
-    "aepo": frozenset({"aepo/clipfrac_grad_kept", "aepo/entropy_adv_scale/mean", "aepo/entropy_adv_scale/min"}),
+    "aepo": frozenset({"aepo/clipfrac_grad_kept", "aepo/adv_reshape/mean", "aepo/entropy_adv_scale/min"}),
     "spo": frozenset({"spo/rho/mean", "spo/D/mean", "spo/rho_clip_ratio", "spo/rho_free_frac",
-                      "spo/sampling_focus"}),
+                      "spo/sampling_focus", "spo/sampling_focus_uniform", "spo/weight_cv"}),
     "hapo": frozenset({"hapo/temperature/mean", "hapo/temperature/std", "hapo/clip_low/mean", "hapo/clip_high/mean",
-                       "hapo/h_tilde/mean", "hapo/h_tilde/pos_frac", "hapo/redistributed_frac"}),
+                       "hapo/h_tilde/mean", "hapo/h_tilde/pos_frac", "hapo/redistributed_frac",
+                       "hapo/clip_changed_frac", "hapo/tlga_shift"}),
 }
 """The metrics a tiny run of each method logs with its default options (a test checks them against runs); options
 add their own (``train/kept_groups`` with dynamic sampling, ``actor/behav_*`` with the decoupled loss)."""
+LOGGED_WHEN_STALE = frozenset({"policy/entropy", "policy/score/mean", "timing_s/policy_eval"})
+"""What a run with ``staleness`` > 0 adds: the current policy's own rollout on the step's problems
+(:func:`_policy_eval`)."""
 
 
-def logged_metrics(method: str) -> frozenset[str]:
-    """Every metric a tiny-engine run of ``method`` logs (claims are checked against this when a spec loads)."""
+def logged_metrics(method: str, *, regime: str = "standard") -> frozenset[str]:
+    """Every metric a tiny-engine run of ``method`` in ``regime`` (:data:`rlkit.tiny.config.REGIMES`) logs (claims
+    are checked against this when a spec loads)."""
     if method not in LOGGED_BY_METHOD:
         raise KeyError(f"no tiny-engine metrics for method {method!r}; valid: {', '.join(LOGGED_BY_METHOD)}")
-    return LOGGED_BY_EVERY_METHOD | LOGGED_BY_METHOD[method]
+    if regime not in REGIMES:
+        raise KeyError(f"unknown regime {regime!r}; valid: {', '.join(REGIMES)}")
+    stale = REGIMES[regime].get("staleness", 0) > 0
+    return LOGGED_BY_EVERY_METHOD | LOGGED_BY_METHOD[method] | (LOGGED_WHEN_STALE if stale else frozenset())
 
 
 @dataclass
@@ -194,6 +202,7 @@ def rl_step(run: Run, state: RunState) -> dict[str, float]:
     """One RL step of ``run`` from ``state`` (advanced in place): rollout, reward, advantage, update; its metrics."""
     cfg, model, tokenizer, opt, pool = run.cfg, run.model, run.tokenizer, run.opt, run.pool
     metrics: dict[str, float] = {}
+    step = state.step + 1  # the step being taken (seeds the metrics' own draws: resumed runs draw the same)
 
     # ---- 1. choose prompts: groups of G answers per prompt; SPO: one answer per prompt, weighted by p̂(1−p̂)
     if state.prompt_sampler is not None:
@@ -217,6 +226,8 @@ def rl_step(run: Run, state: RunState) -> dict[str, float]:
     scored = score_rollout(ro, problems)
     metrics["timing_s/gen"] = time.perf_counter() - t0
     metrics["rollout/response_tokens"] = ro.lengths.sum().item()  # all sampled, before any filtering
+    if cfg.staleness > 0:  # stale sampler: how the policy being trained does itself, on the same problems
+        metrics.update(_policy_eval(run, problems, temperature_fn, step))
 
     # ---- 3. reward: correctness (+ DAPO's overlong penalty); dynamic sampling keeps groups with signal
     if cfg.dynamic_sampling:
@@ -254,8 +265,15 @@ def rl_step(run: Run, state: RunState) -> dict[str, float]:
     metrics["critic/baseline_mse"] = _baseline_mse(rewards, group_ids, baselines)
     if cfg.method == "aspo":  # how much the shaping acted: the share of responses it changed and the bias's size
         metrics.update(aspo.shaping_metrics(adv, registry.advantage("grpo", inputs, run.configs), mask))
-    if state.tracker is not None:  # SPO's prioritised sampling: p̂(1 − p̂) of the drawn prompts over the pool's
+    if cfg.method == "hapo":  # component B's activity: Σ|A − A_GRPO| / Σ|A_GRPO| over valid tokens (0: B off)
+        metrics["hapo/tlga_shift"] = 0.0 if cfg.hapo.adv_estimator == "grpo" else aspo.shaping_metrics(
+            adv, registry.advantage("grpo", inputs, run.configs), mask)["aspo/bias_ratio"]
+    if state.tracker is not None:  # SPO's prioritised sampling: p̂(1 − p̂) of the drawn prompts over the pool's,
+        # against a uniform draw of as many prompts (its own generator), and how unequal the weights were
         metrics["spo/sampling_focus"] = _sampling_focus(state.tracker, prompt_idx, len(pool))
+        uniform = _draw(len(pool), len(prompt_idx), _side_generator(cfg.seed, step, "spo-uniform-draw"))
+        metrics["spo/sampling_focus_uniform"] = _sampling_focus(state.tracker, uniform, len(pool))
+        metrics["spo/weight_cv"] = _coefficient_of_variation(weights)
 
     # ---- 6. policy update: ppo_epochs passes of mini_batches optimizer steps on the method's loss, each pass over
     # a new shuffled split of the batch's prompts (a group's responses stay in one mini-batch, as in verl, whose
@@ -360,6 +378,38 @@ def _baseline_mse(rewards: Tensor, group_ids: Tensor, baselines: Tensor | None) 
         others = counts[idx] - 1
         b = torch.where(others > 0, (sums[idx] - r) / others.clamp(min=1), torch.full_like(r, float("nan")))
     return ((r - b) ** 2).nanmean().item()
+
+
+def _side_generator(seed: int, step: int, purpose: str, device: Any = "cpu") -> torch.Generator:
+    """A generator of its own for a metric's draws, seeded from (``seed``, ``step``, ``purpose``): the training's
+    generators are not touched (the run stays bit for bit the same) and a resumed run draws the same."""
+    digest = hashlib.sha256(f"rlkit/{purpose}/{seed}/{step}".encode()).digest()
+    return torch.Generator(device=device).manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+
+
+def _policy_eval(run: Run, problems: list, temperature_fn, step: int) -> dict[str, float]:
+    """With a stale sampler (``staleness`` > 0): one rollout of the current policy (``run.model``, before this
+    step's update) on ``problems``, at the training's temperature (and HAPO's ``temperature_fn``), with its own
+    generator (:func:`_side_generator`). ``policy/entropy`` is its masked-mean token entropy (``actor/entropy``'s
+    definition), ``policy/score/mean`` its mean correctness (``critic/score/mean``'s). No gradient is taken."""
+    t0 = time.perf_counter()
+    device = next(run.model.parameters()).device
+    with torch.no_grad():
+        ro = rollout(run.model, run.tokenizer, problems, max_new_tokens=run.max_new, form=run.form,
+                     temperature=run.cfg.temperature, temperature_fn=temperature_fn,
+                     generator=_side_generator(run.cfg.seed, step, "policy-eval", device))
+        scored = score_rollout(ro, problems)
+        out = {"policy/entropy": masked_mean(ro.entropy, ro.mask).item(),
+               "policy/score/mean": scored.rewards.mean().item()}
+    out["timing_s/policy_eval"] = time.perf_counter() - t0
+    return out
+
+
+def _coefficient_of_variation(weights: Tensor) -> float:
+    """std/mean (population std) of the sampler's weights over the pool: 0 for uniform weights."""
+    w = torch.as_tensor(weights, dtype=torch.float64).detach().cpu()
+    mean = w.mean().item()
+    return w.std(correction=0).item() / mean if mean > 0 else float("nan")
 
 
 def _sampling_focus(tracker, prompt_idx: Tensor, pool_size: int) -> float:
