@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from rlkit import claims, plots
-from rlkit.claims import judge_claims
 from rlkit.plots import Run
 from rlkit.reproduce import RESULTS_DIR, ensure_run, get_spec
 
@@ -167,9 +166,11 @@ def compare_runs(
 
 def claims_table(name: str, *, seed: int | None = None, seeds: int | None = None,
                  results: str | Path | None = None):
-    """The spec's claims judged on this notebook's runs (one ``seed``, or seeds 0..``seeds``−1), as a styled
-    table whose verdict column is coloured (the rules: :data:`rlkit.claims.RULES`)."""
+    """The spec's claims as a styled table whose verdict column is coloured (the rules: :data:`rlkit.claims.RULES`):
+    the records of ``claims.json`` beside the runs when they were judged on the same seeds (one ``seed``, or seeds
+    0..``seeds``−1), else judged now from the runs."""
     spec = get_spec(name)
-    table = judge_claims(spec, results_dir(results), seeds=[seed] if seed is not None else
-                         list(range(seeds or spec.seeds)))
-    return claims.style(table)
+    chosen = [seed] if seed is not None else list(range(seeds or spec.seeds))
+    root = results_dir(results)
+    records = claims.load(root, spec.notebook, chosen) or claims.judge_spec(spec, root, chosen)
+    return claims.style(claims.table(records))

@@ -8,7 +8,7 @@ notebook (jupytext MyST → ipynb) and executes it with papermill, once per seed
 stops everything with its cell and error.
 
 Inside a notebook, :func:`ensure_run` trains a method (or reuses a finished run, or resumes a killed one), and
-:func:`rlkit.claims.judge_claims` turns a spec's claims into a table of verdicts computed from the metrics files —
+:func:`rlkit.claims.judge_spec` turns a spec's claims into records of verdicts computed from the metrics files —
 never typed in (the rules, the null-calibrated margins and the verdicts: :mod:`rlkit.claims`).
 """
 
@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 
-from rlkit.claims import Claim, judge_claims, run_name  # noqa: F401  (judge_claims: the notebooks' entry point)
+from rlkit import claims
+from rlkit.claims import Claim, run_name
 from rlkit.plots import Run, load_run
 from rlkit.tiny.config import REGIMES, build_config
 
@@ -97,28 +98,30 @@ class Spec:
                 for name, regime, overrides in named for k in range(seeds or self.seeds)]
 
     def check(self) -> None:
-        """Fail now, not on the page, if a run's overrides do not build or a claim reads a metric no run logs."""
+        """Fail now, not on the page, if a run's overrides do not build, a claim reads a metric no run logs, or a
+        judged claim names no activity metric of its mechanism."""
         from rlkit.tiny.rl import logged_metrics
 
         configs = {p.name: build_config(p.method, self.scale, dict(p.overrides), regime=p.regime)
                    for p in self.runs(1)}
-        for claim in self.claims:
-            if claim.metric is None:
+        for k, claim in enumerate(self.claims, 1):
+            claim.id = claim.id or f"{self.name}-{k}"
+            if not claim.judged:
                 continue
             name = run_name(claim.run or self.method or "", claim.regime)
             cfg = configs.get(name)
-            if claim.run and cfg is None:
-                raise ValueError(f"claim {claim.claim!r}: run {claim.run!r} is not one of this spec's runs "
+            if cfg is None:
+                raise ValueError(f"claim {claim.claim!r}: run {name!r} is not one of this spec's runs "
                                  f"({', '.join(configs) or 'none'})")
-            compared = [] if claim.expect in ("rise", "at_least") else [claim.baseline, *claim.without]
-            needs = [(claim.metric, m) for m in ([cfg.method] if cfg is not None else []) + [n.split("-")[0]
-                                                                                          for n in compared]]
-            if claim.activity is not None and cfg is not None:
-                needs.append((claim.activity.metric, cfg.method))
+            compared = [] if claim.expect in ("rise", "at_least") or claim.baseline_metric else \
+                [claim.baseline, *claim.without]
+            needs = [(m, cfg.method) for m in claim.metrics()]
+            needs += [(claim.metric, n.split("-")[0]) for n in compared]
             for metric, method in needs:
-                if metric not in logged_metrics(method):
-                    raise ValueError(f"claim {claim.claim!r}: metric {metric!r} is not logged by {method} runs; "
-                                     f"logged: {', '.join(sorted(logged_metrics(method)))}")
+                logged = logged_metrics(method, regime=claim.regime)
+                if metric not in logged:
+                    raise ValueError(f"claim {claim.claim!r}: metric {metric!r} is not logged by {method} runs "
+                                     f"({claim.regime} regime); logged: {', '.join(sorted(logged))}")
 
     def out_dir(self, results: Path) -> Path:
         """Where the executed notebook goes (its runs: ``seed<k>/`` below the run names)."""
@@ -355,6 +358,9 @@ def reproduce(
         print(f"training {len(planned)} runs at {s} scale ({workers} at a time; finished ones are reused)", flush=True)
         train_runs(planned, scale=s, results=results, device=device, workers=workers, progress=progress)
         minutes[f"runs at {s} scale"] = (time.perf_counter() - t0) / 60
+    judged = claims.judge_all(specs, results, seeds)  # the verdicts, before the pages that render them
+    if judged:
+        print(f"claims: {len(judged)} judged -> {claims.save(judged, results)}", flush=True)
     done: list[Path] = []
     for i, spec in enumerate(specs, 1):
         params = {"scale": scale or spec.scale, "results": str(shown), "device": device, "progress": False,

@@ -131,7 +131,7 @@ def compare_runs(results: str | Path, published: str | Path) -> pd.DataFrame:
 def compare_claims(results: str | Path, published: str | Path, specs: Sequence[Any]) -> pd.DataFrame:
     """Every judged claim's verdict from the published runs and from this machine's, over the seeds this machine ran
     (of the spec's method), for the specs whose runs both folders hold."""
-    from rlkit.claims import UNTESTABLE, judge_claims
+    from rlkit.claims import judge_spec
 
     rows = []
     for spec in specs:
@@ -143,15 +143,15 @@ def compare_claims(results: str | Path, published: str | Path, specs: Sequence[A
         if not seeds:
             continue
         try:
-            there = judge_claims(spec, published, seeds=seeds)
-            here = judge_claims(spec, results, seeds=seeds)
+            there = judge_spec(spec, published, seeds=seeds)
+            here = judge_spec(spec, results, seeds=seeds)
         except (ValueError, FileNotFoundError, KeyError):  # runs missing on one side: nothing to compare
             continue
-        for (_, a), (_, b) in zip(there.iterrows(), here.iterrows()):
-            if a["verdict"] == UNTESTABLE:
+        for a, b in zip(there, here):
+            if a["interval"] is None and a["activity"] is None:  # not testable, dropped
                 continue
-            rows.append({"spec": spec.name, "claim": a["claim"], "published": a["verdict"], "here": b["verdict"],
-                         "same": a["verdict"] == b["verdict"]})
+            rows.append({"spec": spec.name, "claim": a["statement"], "published": a["verdict"],
+                         "here": b["verdict"], "same": a["verdict"] == b["verdict"]})
     return pd.DataFrame(rows, columns=["spec", "claim", "published", "here", "same"])
 
 

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from rlkit.book import BOOK_DIR, build
+from rlkit.claims import CLAIMS_FILE, DROPPED, RECORD_FIELDS, UNTESTABLE, VERDICTS
 from rlkit.reproduce import load_specs, reproduce
 
 METHOD_PAGES = ["00_overview", "01_grpo", "02_gspo", "03_aspo", "04_aepo", "05_spo", "06_hapo", "07_comparison"]
@@ -78,6 +79,20 @@ def test_every_notebook_executes_without_errors(smoke):
         if spec.method:  # each method's run sits beside its executed notebook
             run = root / "results" / spec.name / "seed0"
             assert {"metrics.jsonl", "config.json", "env.json"} <= {p.name for p in run.iterdir()}, spec.name
+
+
+def test_claims_json_has_a_complete_record_for_every_claim(smoke):
+    root, _ = smoke
+    records = json.loads((root / "results" / CLAIMS_FILE).read_text())
+    expected = [c.id for s in load_specs() if s.method for c in s.claims]
+    assert [r["id"] for r in records] == expected
+    for r in records:
+        assert set(RECORD_FIELDS) <= set(r), r["id"]
+        assert r["verdict"] in VERDICTS and r["finding"], r["id"]
+        if r["verdict"] not in (UNTESTABLE, DROPPED):
+            assert r["activity"] and r["activity"]["metric"] and r["activity"]["gate"], r["id"]
+        if r["interval"] is not None and None not in r["interval"]:
+            assert r["interval"][0] <= r["estimate"] <= r["interval"][1] and r["margin_source"], r["id"]
 
 
 def test_a_failing_cell_stops_with_the_cell_and_the_error(tmp_path):

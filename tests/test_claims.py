@@ -1,82 +1,143 @@
-"""The claim rules: hand-sized cases of every rule, the null-calibrated margin, "not exercised", the paired bootstrap
-over problems, and invariants (hypothesis)."""
+"""The claim rules: hand-sized intervals and verdicts, the margin and its source, "not exercised", findings in
+words, every spec claim able to fail (synthetic runs where it is false and where it is true), invariants
+(hypothesis), and claims.json."""
 
 from __future__ import annotations
+
+import json
+import math
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlkit import plots
-from rlkit.metrics import MetricsWriter
+from rlkit import claims, plots
 from rlkit.claims import (
-    FAILS, HOLDS, IDLE, INCONCLUSIVE, SPLIT, UNTESTABLE, Claim, judge, judge_claims, null_margin, run_name,
+    DROPPED, HOLDS, IDLE, INCONCLUSIVE, NO_EFFECT, OPPOSITE, UNTESTABLE, Claim, judge, judge_spec, null_margin,
+    run_name, seeds_problems_interval, t_interval, verdict_of,
 )
-from rlkit.reproduce import Spec
+from rlkit.metrics import MetricsWriter
+from rlkit.reproduce import Spec, load_specs
 from test_reproduce import fake_run
 
+ACTIVE = {"metric": "act", "at_least": 0.5}
 
-def runs_of(root, name, per_seed):
-    """Runs of ``name``: seed k has metric ``m`` = per_seed[k] at steps 1..3 (1.0 at step 0)."""
-    return [plots.load_run(fake_run(root, name, s, {"m": [1.0] + [v] * 3})) for s, v in enumerate(per_seed)]
+
+def runs_of(root, name, per_seed, act=1.0):
+    """Runs of ``name``: seed k has metric ``m`` = per_seed[k] at steps 1..3 (1.0 at step 0), activity ``act``."""
+    return [plots.load_run(fake_run(root, name, s, {"m": [1.0] + [v] * 3, "act": [act] * 4}))
+            for s, v in enumerate(per_seed)]
+
+
+def claim(expect, tolerance=0.0, **kw):
+    return Claim("c", "p", metric="m", expect=expect, tolerance=tolerance, window=2, activity=ACTIVE, **kw)
+
+
+# ------------------------------------------------------------------------------------------------ intervals
+
+
+def test_t_interval_by_hand():
+    mean, lo, hi = t_interval([1.0, 2.0, 3.0])  # s = 1, t(0.95; 2) = 2.919986
+    assert mean == 2.0
+    assert hi - mean == pytest.approx(2.919986 / math.sqrt(3), rel=1e-6)
+    assert lo == pytest.approx(2 * mean - hi)
+    assert t_interval([0.5]) == (0.5, -math.inf, math.inf)  # one seed: no interval
+
+
+def test_seeds_problems_interval_by_hand():
+    diff = np.array([[1.0, 0.0], [0.0, 0.0]])  # seed means .5, 0; problem means .5, 0: each variance .125
+    mean, lo, hi = seeds_problems_interval(diff)
+    t1 = 6.313752  # t(0.95; 1)
+    assert mean == 0.25
+    assert hi - mean == pytest.approx(math.sqrt(2 * t1**2 * 0.125 / 2), rel=1e-6)
+    assert seeds_problems_interval(np.zeros((3, 4))) == (0.0, 0.0, 0.0)
+
+
+# ------------------------------------------------------------------------------------------------ verdicts
+
+
+@pytest.mark.parametrize(
+    ("expect", "lo", "hi", "margin", "verdict"),
+    [
+        ("higher", 0.2, 0.5, 0.1, HOLDS),
+        ("higher", 0.05, 0.5, 0.1, INCONCLUSIVE),  # spans the margin
+        ("higher", -0.05, 0.08, 0.1, NO_EFFECT),  # any effect is below the margin
+        ("higher", -0.5, -0.1, 0.1, OPPOSITE),
+        ("not_lower", -0.02, 0.03, 0.03, HOLDS),
+        ("not_lower", -0.02, -0.001, 0.03, HOLDS),  # lower, but within the margin: non-inferior
+        ("not_lower", -0.053, -0.012, 0.03, OPPOSITE),  # the GSPO case: shown lower, not shown within the margin
+        ("not_lower", -0.06, 0.01, 0.03, INCONCLUSIVE),
+        ("equal", -0.02, 0.02, 0.03, HOLDS),
+        ("equal", 0.04, 0.09, 0.03, "does not hold: differs"),
+        ("equal", -0.01, 0.05, 0.03, INCONCLUSIVE),
+    ],
+)
+def test_verdict_from_the_interval(expect, lo, hi, margin, verdict):
+    assert verdict_of(expect, lo, hi, margin) == verdict
 
 
 @pytest.mark.parametrize(
     ("ours", "base", "expect", "tolerance", "verdict"),
     [
-        ([2, 2.5], [3, 3], "lower", 0.0, HOLDS),
-        ([2, 6], [3, 3], "lower", 0.0, f"{SPLIT} (1 of 2 hold)"),  # one seed above its baseline
-        ([4, 4], [4.5, 4.5], "lower", 1.0, FAILS),  # lower, but by less than the margin
-        ([6, 7], [5, 5], "higher", 0.0, HOLDS),
-        ([5, 7], [5, 5], "higher", 0.0, f"{SPLIT} (1 of 2 hold)"),  # equal is not higher
-        ([5, 5], [5, 5], "higher", 0.0, FAILS),
-        ([1.5, 1.5], [3, 4], "lower", 0.0, HOLDS),  # the baseline's own seeds differ by 1: the margin
-        ([2.5, 3.5], [3, 4], "lower", 0.0, FAILS),  # lower by 0.5 in each seed, inside the baseline's spread
-        ([0.9, 0.9], [0, 0], "at_least", 0.5, HOLDS),
-        ([0.9, 0.4], [0, 0], "at_least", 0.5, f"{SPLIT} (1 of 2 hold)"),
-        ([0.4, 0.4], [0, 0], "at_least", 0.5, FAILS),
+        ([2, 2.1, 1.9], [3, 3, 3], "lower", 0.0, HOLDS),
+        ([2, 6, 4], [3, 3, 3], "lower", 0.0, INCONCLUSIVE),  # one seed above its baseline: not resolved
+        ([4, 4, 4.01], [4.5, 4.5, 4.5], "lower", 1.0, NO_EFFECT),  # lower, but by less than the margin
+        ([6, 5, 5], [5, 5, 5], "higher", 0.0, INCONCLUSIVE),
+        ([4, 4.1, 3.9], [5, 5, 5], "higher", 0.0, OPPOSITE),
+        ([0.9, 0.92, 0.88], [0, 0, 0], "at_least", 0.5, HOLDS),
+        ([0.4, 0.41, 0.39], [0, 0, 0], "at_least", 0.5, NO_EFFECT),  # below a threshold: never "opposite"
     ],
 )
-def test_per_seed_rules(tmp_path, ours, base, expect, tolerance, verdict):
-    row = judge(Claim("c", "p", metric="m", expect=expect, tolerance=tolerance, window=2),
-                runs_of(tmp_path, "x", ours), runs_of(tmp_path, "grpo", base))
+def test_seed_rules(tmp_path, ours, base, expect, tolerance, verdict):
+    row = judge(claim(expect, tolerance), runs_of(tmp_path, "x", ours), runs_of(tmp_path, "grpo", base))
     assert row["verdict"] == verdict, row
+    assert "90% CI" in row["finding"]
 
 
-def test_a_split_is_settled_by_a_mean_beyond_two_standard_errors(tmp_path):
-    # five seeds, four clearly lower and one a hair above: the mean difference −1.6 has s.e. 0.4 → holds
-    row = judge(Claim("c", "p", metric="m", expect="lower", window=2),
-                runs_of(tmp_path, "x", [3, 3, 3, 3, 5.1]), runs_of(tmp_path, "grpo", [5, 5, 5, 5, 5]))
-    assert row["verdict"] == HOLDS, row
+def test_the_null_sets_the_margin_and_says_so(tmp_path):
+    # GRPO's own seeds differ by up to 0.6 and a method without the mechanism moves the metric both ways
+    base = runs_of(tmp_path, "grpo", [5, 5.6, 5.3])
+    ours = runs_of(tmp_path, "x", [3.6, 4.3, 4.0])  # 1.3–1.4 below GRPO in every seed
+    other = runs_of(tmp_path, "y", [3.5, 6.6, 3.8])  # −1.5, +1, −1.5: no systematic effect
+    row = judge(claim("lower", without=["y"]), ours, base, {"y": other})
+    assert row["margin"] > 1.4 and row["margin_source"].startswith("null") and "y against grpo" in row["margin_source"]
+    assert row["verdict"] != HOLDS
+    assert judge(claim("lower"), ours, base)["verdict"] == HOLDS  # GRPO's spread alone (0.6) is cleared
 
 
-def test_the_null_sets_the_margin(tmp_path):
-    # GRPO's own seeds differ by 0.5 and a method without the mechanism moves the metric by −1.5: a method 1 below
-    # GRPO in both seeds does not clear that null, though it clears GRPO's seed-to-seed spread alone
-    base = runs_of(tmp_path, "grpo", [5, 5.5])
-    ours = runs_of(tmp_path, "x", [4, 4.5])
-    other = runs_of(tmp_path, "y", [3.5, 4])
-    row = judge(Claim("c", "p", metric="m", expect="lower", window=2, without=["y"]), ours, base, {"y": other})
-    assert row["verdict"] == FAILS and row["margin"].endswith("(null)"), row
-    assert judge(Claim("c", "p", metric="m", expect="lower", window=2), ours, base)["verdict"] == HOLDS
+def test_a_null_method_with_a_systematic_effect_of_its_own_is_left_out(tmp_path):
+    base = {0: 1.0, 1: 1.1, 2: 0.9}
+    mover = {0: 3.0, 1: 3.1, 2: 2.95}  # +2 in every seed: an effect of its own, not the null
+    quiet = {0: 1.05, 1: 1.0, 2: 0.95}
+    margin, left_out = null_margin(base, {"mover": mover, "quiet": quiet})
+    assert left_out == ["mover"]
+    diffs = [-0.1, 0.1, 0.2, 0.05, -0.1, 0.05]
+    assert margin == pytest.approx(float(np.quantile(np.abs(diffs), 0.95)))
+    assert null_margin({0: 1.0}, {}) == (None, [])
 
 
-def test_null_margin_is_the_95th_percentile_of_absolute_null_differences():
-    base = {0: 1.0, 1: 2.0, 2: 4.0}  # pairs: 1, 3, 2
-    nulls = {"y": {0: 1.5, 1: 2.0, 3: 9.0}}  # paired by seed: 0.5, 0.0 (seed 3 has no baseline)
-    expected = float(np.quantile([1.0, 3.0, 2.0, 0.5, 0.0], 0.95))
-    assert null_margin(Claim("c", "p", metric="m", expect="lower"), base, nulls) == pytest.approx(expected)
-    assert null_margin(Claim("c", "p", metric="m", expect="lower"), {0: 1.0}, {}) is None
+def test_a_non_inferiority_margin_is_never_wider_than_the_papers_effect(tmp_path):
+    ours, base = runs_of(tmp_path, "x", [0.58, 0.58, 0.58]), runs_of(tmp_path, "grpo", [0.6, 0.6, 0.6])
+    row = judge(claim("not_lower", 0.03), ours, base)
+    assert row["verdict"] == HOLDS and row["margin"] == 0.03
+    capped = judge(claim("not_lower", 0.01, paper_effect=0.015), ours, base)
+    assert capped["margin"] == 0.01 and capped["verdict"] == OPPOSITE
+    assert "paper's effect" in judge(claim("not_lower", 0.015, paper_effect=0.015), ours, base)["margin_source"]
+    with pytest.raises(ValueError, match="wider than the effect the paper claims"):
+        claim("not_lower", 0.03, paper_effect=0.0228)
 
 
 def test_an_idle_mechanism_is_not_exercised_never_does_not_hold(tmp_path):
-    runs = [plots.load_run(fake_run(tmp_path, "x", 0, {"m": [1, 9, 9, 9], "act": [0, 1e-5, 0, 0]}))]
-    base = runs_of(tmp_path, "grpo", [1])
-    claim = Claim("c", "p", metric="m", expect="lower", window=2, activity={"metric": "act", "at_least": 1e-3})
-    assert judge(claim, runs, base)["verdict"] == IDLE
-    claim = Claim("c", "p", metric="m", expect="lower", window=2, activity={"metric": "act", "at_least": 1e-6})
-    assert judge(claim, runs, base)["verdict"] == FAILS
+    runs = runs_of(tmp_path, "x", [9, 9, 9], act=0.1)
+    base = runs_of(tmp_path, "grpo", [1, 1, 1])
+    row = judge(claim("lower"), runs, base)
+    assert row["verdict"] == IDLE and row["activity"] == {"metric": "act", "value": pytest.approx(0.1), "gate": "≥ 0.5"}
+    assert "idle" in row["finding"]
+    at_most = Claim("c", "p", metric="m", expect="lower", window=2, activity={"metric": "act", "at_most": 0.05})
+    assert judge(at_most, runs, base)["verdict"] == IDLE
+    never = Claim("c", "p", metric="m", expect="lower", window=2, activity={"metric": "nope", "at_least": 0})
+    assert judge(never, runs, base)["verdict"] == IDLE  # an activity never logged is not activity
 
 
 def write_eval(run_dir, correct):
@@ -89,13 +150,12 @@ def write_eval(run_dir, correct):
     ("ours_acc", "base_acc", "expect", "tolerance", "verdict"),
     [
         (0.60, 0.60, "not_lower", 0.03, HOLDS),
-        (0.50, 0.60, "not_lower", 0.03, FAILS),
-        (0.58, 0.60, "not_lower", 0.03, INCONCLUSIVE),  # −2 points ± ~2: the interval crosses −3
+        (0.50, 0.60, "not_lower", 0.03, OPPOSITE),
         (0.60, 0.60, "equal", 0.03, HOLDS),
-        (0.70, 0.60, "equal", 0.03, FAILS),
+        (0.70, 0.60, "equal", 0.03, "does not hold: differs"),
     ],
 )
-def test_accuracy_claims_bootstrap_over_problems(tmp_path, ours_acc, base_acc, expect, tolerance, verdict):
+def test_accuracy_claims_pair_seeds_and_problems(tmp_path, ours_acc, base_acc, expect, tolerance, verdict):
     rng = np.random.default_rng(0)
     n = 1000
     ours, base = [], []
@@ -104,49 +164,150 @@ def test_accuracy_claims_bootstrap_over_problems(tmp_path, ours_acc, base_acc, e
         for name, acc, out in (("x", ours_acc, ours), ("grpo", base_acc, base)):
             noise = rng.random(n) < 0.1
             correct = np.where(noise, rng.random(n) < acc, shared < acc).astype(int).tolist()
-            d = fake_run(tmp_path, name, seed, {"val/acc_final": [None, float(np.mean(correct))]})
+            d = fake_run(tmp_path, name, seed, {"val/acc_final": [None, float(np.mean(correct))], "act": [1, 1]})
             write_eval(d, correct)
             out.append(plots.load_run(d))
-    row = judge(Claim("c", "p", metric="val/acc_final", expect=expect, tolerance=tolerance, window=1), ours, base)
+    row = judge(Claim("c", "p", metric="val/acc_final", expect=expect, tolerance=tolerance, window=1,
+                      activity=ACTIVE), ours, base)
     assert row["verdict"] == verdict, row
-    assert "3 seeds × 1000 problems" in row["ours"]
+    assert row["over"] == "3 seeds × 1000 problems" and "points" in row["finding"]
 
 
-def test_accuracy_without_per_problem_results_bootstraps_seeds_only(tmp_path):
-    ours = runs_of(tmp_path, "x", [0.6, 0.62, 0.61])
-    base = runs_of(tmp_path, "grpo", [0.6, 0.6, 0.6])
-    row = judge(Claim("c", "p", metric="m", expect="not_lower", tolerance=0.03, window=2), ours, base)
-    assert row["verdict"] == HOLDS and "over 3 seeds" in row["ours"]
+def test_findings_say_direction_and_size_in_points(tmp_path):
+    ours = [plots.load_run(fake_run(tmp_path, "x", s, {"val/acc_final": [None, v], "act": [1, 1]}))
+            for s, v in enumerate([0.55, 0.57, 0.53])]
+    base = [plots.load_run(fake_run(tmp_path, "grpo", s, {"val/acc_final": [None, v], "act": [1, 1]}))
+            for s, v in enumerate([0.59, 0.60, 0.58])]
+    row = judge(Claim("c", "p", metric="val/acc_final", expect="not_lower", tolerance=0.03, window=1,
+                      activity=ACTIVE, run="x"), ours, base)
+    assert row["verdict"] == OPPOSITE
+    assert row["finding"].startswith("x is ") and "points below grpo" in row["finding"]
+    assert "not as good" in row["finding"]
 
 
-def test_untestable_and_bad_claims(tmp_path):
+def test_rise_over_another_metrics_start(tmp_path):
+    runs = [plots.load_run(fake_run(tmp_path, "grpo", s, {"val/acc": [0.1, 0.3], "val/acc_final": [None, v],
+                                                         "act": [0.5, 0.5]})) for s, v in enumerate([0.5, 0.52, 0.48])]
+    c = Claim("c", "p", metric="val/acc_final", baseline_metric="val/acc", expect="rise", tolerance=0.1, window=1,
+              activity={"metric": "act", "at_most": 0.95})
+    row = judge(c, runs)
+    assert row["estimate"] == pytest.approx(0.4) and row["verdict"] == HOLDS
+    assert "rises by" in row["finding"] and "val/acc at step 0" in row["finding"]
+
+
+def test_untestable_dropped_and_bad_claims(tmp_path):
     row = judge(Claim("AIME", "paper", reason="needs a 7B model"), [])
-    assert row["verdict"] == UNTESTABLE and row["ours"] == "needs a 7B model"
+    assert row["verdict"] == UNTESTABLE and row["finding"] == "needs a 7B model" and row["activity"] is None
+    row = judge(Claim("c", "p", metric="m", expect="lower", dropped="cannot fail"), [])
+    assert row["verdict"] == DROPPED and row["finding"] == "cannot fail"
     with pytest.raises(ValueError, match="reason"):
         Claim("AIME", "paper")
     with pytest.raises(ValueError, match="expect"):
-        Claim("c", "p", metric="m", expect="better")
+        Claim("c", "p", metric="m", expect="better", activity=ACTIVE)
     with pytest.raises(ValueError, match="regime"):
-        Claim("c", "p", metric="m", expect="lower", regime="gpu")
-    ours = [plots.load_run(fake_run(tmp_path, "x", 7, {"m": [1, 2]}))]
+        Claim("c", "p", metric="m", expect="lower", regime="gpu", activity=ACTIVE)
+    with pytest.raises(ValueError, match="'c': a judged claim needs an activity metric"):
+        Claim("c", "p", metric="m", expect="lower")
+    with pytest.raises(ValueError, match="exactly one"):
+        Claim("c", "p", metric="m", expect="lower", activity={"metric": "a"})
+    ours = [plots.load_run(fake_run(tmp_path, "x", 7, {"m": [1, 2], "act": [1, 1]}))]
     with pytest.raises(ValueError, match="same seed"):
-        judge(Claim("c", "p", metric="m", expect="lower"), ours, runs_of(tmp_path, "grpo", [1]))
+        judge(claim("lower"), ours, runs_of(tmp_path, "grpo", [1]))
     with pytest.raises(KeyError, match="never logged"):
-        judge(Claim("c", "p", metric="other", expect="rise"), ours)
+        judge(Claim("c", "p", metric="other", expect="rise", activity=ACTIVE), ours)
 
 
-def test_judge_claims_reads_the_runs_of_the_spec_and_its_regime(tmp_path):
-    spec = Spec(name="x", notebook="n.md", method="aspo", seeds=2, claims=[
-        Claim("earlier", "p", metric="pos", expect="lower", window=1),
-        Claim("clips", "p", metric="clip", expect="at_least", tolerance=0.05, regime="stress", window=1),
+def test_judge_spec_reads_the_runs_of_the_spec_and_its_regime(tmp_path):
+    spec = Spec(name="x", notebook="n.md", method="aspo", seeds=3, claims=[
+        Claim("earlier", "p", metric="pos", expect="lower", window=1, activity=ACTIVE),
+        Claim("clips", "p", metric="clip", expect="at_least", tolerance=0.05, regime="stress", window=1,
+              activity=ACTIVE),
         Claim("AIME", "p", reason="no AIME here")])
-    for s in (0, 1):
-        fake_run(tmp_path, "aspo", s, {"pos": [5, 2]})
-        fake_run(tmp_path, "grpo", s, {"pos": [5, 4]})
-        fake_run(tmp_path, run_name("aspo", "stress"), s, {"clip": [0, 0.1]})
-    table = judge_claims(spec, tmp_path)
-    assert list(table["verdict"]) == [HOLDS, HOLDS, UNTESTABLE]
-    assert "(2 seeds" in table["ours"][1]
+    for s in range(3):
+        fake_run(tmp_path, "aspo", s, {"pos": [5, 2 + s / 10], "act": [1, 1]})
+        fake_run(tmp_path, "grpo", s, {"pos": [5, 4], "act": [1, 1]})
+        fake_run(tmp_path, run_name("aspo", "stress"), s, {"clip": [0, 0.1 + s / 100], "act": [1, 1]})
+    records = judge_spec(spec, tmp_path)
+    assert [r["verdict"] for r in records] == [HOLDS, HOLDS, UNTESTABLE]
+    assert records[0]["seeds"] == [0, 1, 2] and records[1]["run"] == "aspo-stress"
+    path = claims.save(records, tmp_path)
+    assert json.loads(path.read_text())[0]["statement"] == "earlier"
+    assert claims.load(tmp_path, "n.md", [0, 1, 2]) == json.loads(path.read_text())
+    assert claims.load(tmp_path, "n.md", [0]) is None  # judged on other seeds: judge again
+
+
+# ------------------------------------------------------------------------------------------------ every claim can fail
+
+
+def _value(c: Claim, good: bool) -> tuple[float, float]:
+    """(run, baseline) values of the claim's metric for a case where it holds (``good``) or clearly does not."""
+    base = 0.5
+    big = max(0.2, 5 * (c.tolerance or 0.0), 2 * (c.paper_effect or 0.0))
+    if c.expect == "at_least":
+        return (c.tolerance + big if good else c.tolerance - big), 0.0
+    if c.expect == "equal":
+        return (base if good else base + 3 * big), base
+    sign = -1.0 if c.expect == "lower" else 1.0
+    if c.expect == "not_lower":
+        return (base if good else base - 3 * big), base
+    return base + sign * (3 * big if good else -3 * big), base
+
+
+def _activity(c: Claim, active: bool) -> float:
+    a = c.activity
+    if a.at_least is not None:
+        return max(2 * a.at_least, a.at_least + 0.1) if active else a.at_least / 2 - 1e-3
+    return a.at_most / 2 if active else a.at_most + (1 - a.at_most) / 2
+
+
+SPEC_CLAIMS = [(s, c) for s in load_specs() for c in s.claims if c.judged]
+
+
+@pytest.mark.parametrize(("spec", "c"), SPEC_CLAIMS, ids=[c.id for _, c in SPEC_CLAIMS])
+@pytest.mark.parametrize("case", ["true", "false", "idle"])
+def test_every_judged_claim_can_fail(tmp_path, spec, c, case):
+    """Each spec claim's rule, fed synthetic runs where the claim is true, false, or its mechanism idle."""
+    ours, base = _value(c, case != "false")
+    noise = [0.0, 0.001, -0.001]
+    act = _activity(c, case != "idle")
+    name = run_name(c.run or spec.method, c.regime)
+
+    def series(value, k, *, own_baseline):
+        out = {c.activity.metric: [act] * 4}
+        if c.expect == "rise":
+            start = c.baseline_metric or c.metric
+            out[start] = [0.1, 0.1, 0.1, 0.1] if start != c.metric else [0.1] + [0.1 + value + noise[k]] * 3
+            if start != c.metric:
+                out[c.metric] = [None, None, None, 0.1 + value + noise[k]]
+        else:
+            out[c.metric] = [value + noise[k]] * 4
+        if own_baseline:
+            out[c.baseline_metric] = [base + noise[k] / 2] * 4
+        return out
+
+    runs = [plots.load_run(fake_run(tmp_path, name, k, series(ours, k, own_baseline=bool(c.baseline_metric)
+                                                                     and c.expect != "rise")))
+            for k in range(3)]
+    baseline = [plots.load_run(fake_run(tmp_path, run_name(c.baseline, c.regime), k,
+                                        {c.metric: [base - noise[k]] * 4})) for k in range(3)]
+    nulls = {n: [plots.load_run(fake_run(tmp_path, run_name(n, c.regime), k, {c.metric: [base + noise[2 - k]] * 4}))
+                 for k in range(3)] for n in c.without}
+    row = judge(c, runs, baseline, nulls, spec=spec)
+    expected = {"true": [HOLDS], "false": list(claims.FAILS), "idle": [IDLE]}[case]
+    assert row["verdict"] in expected, (c.claim, row)
+    assert row["finding"]
+
+
+def test_no_spec_claim_rests_on_an_idle_gate_or_lacks_a_record_field():
+    judged = [c for s in load_specs() for c in s.claims if c.judged]
+    untestable = [c for s in load_specs() for c in s.claims if c.metric is None]
+    assert all(c.activity is not None for c in judged)
+    assert len(untestable) <= 5
+    ids = [c.id for s in load_specs() for c in s.claims]
+    assert len(ids) == len(set(ids)) and all(ids)
+
+
+# ------------------------------------------------------------------------------------------------ invariants
 
 
 quarters = st.lists(st.integers(-20, 20).map(lambda q: q / 4), min_size=3, max_size=3)  # exact in binary
@@ -158,8 +319,7 @@ def test_mirror_shift_and_margin_invariants(tmp_path_factory, ours, base, tol, s
     root = tmp_path_factory.mktemp("h")
 
     def verdict(expect, a, b, t=tol):
-        return judge(Claim("c", "p", metric="m", expect=expect, tolerance=t, window=2),
-                     runs_of(root, "a", a), runs_of(root, "b", b))["verdict"]
+        return judge(claim(expect, t), runs_of(root, "a", a), runs_of(root, "b", b))["verdict"]
 
     lower = verdict("lower", ours, base)
     # mirrored values: "lower" becomes "higher"

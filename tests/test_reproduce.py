@@ -52,13 +52,17 @@ def test_spec_errors_name_the_file_and_the_key(tmp_path):
     ("seeds: 0", "seeds must be an integer ≥ 1"),
     ("regimes: [standard, hot]", r"unknown regimes \['hot'\]; valid: standard, stress"),
     ("variants: {x-big: {stepz: 3}}", "RLConfig has no field 'stepz'"),
-    ("claims: [{claim: c, source: s, metric: gspo/seq_ratio/max, expect: higher}]",
+    ("claims: [{claim: c, source: s, metric: gspo/seq_ratio/max, expect: higher, activity: {metric: aspo/shaped_frac, at_least: 0.01}}]",
      "metric 'gspo/seq_ratio/max' is not logged by aspo runs"),
+    ("claims: [{claim: c, source: s, metric: val/acc, expect: higher}]",
+     "claim 'c': a judged claim needs an activity metric"),
+    ("claims: [{claim: c, source: s, metric: policy/entropy, expect: higher, activity: {metric: aspo/shaped_frac, at_least: 0.01}}]",
+     r"metric 'policy/entropy' is not logged by aspo runs \(standard regime\)"),
     ("claims: [{claim: c, source: s, metric: actor/entropy, expect: higher, without: [spo],"
      " activity: {metric: hapo/clip_low/mean, at_least: 0.1}}]", "'hapo/clip_low/mean' is not logged by aspo"),
-    ("claims: [{claim: c, source: s, run: aspo-eq9, metric: val/acc, expect: higher}]",
+    ("claims: [{claim: c, source: s, run: aspo-eq9, metric: val/acc, expect: higher, activity: {metric: aspo/shaped_frac, at_least: 0.01}}]",
      "run 'aspo-eq9' is not one of this spec's runs"),
-    ("claims: [{claim: c, source: s, metric: val/acc, expect: higher, regime: hot}]", "regime must be one of"),
+    ("claims: [{claim: c, source: s, metric: val/acc, expect: higher, regime: hot, activity: {metric: aspo/shaped_frac, at_least: 0.01}}]", "regime must be one of"),
 ])
 def test_a_spec_that_cannot_be_judged_fails_when_it_loads(tmp_path, body, error):
     bad = tmp_path / "x.yaml"
