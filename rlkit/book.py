@@ -17,6 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from rlkit.errors import NotABook
+from rlkit.files import claim_dir, lock_dir, os_errors, record_files, remove_owned
 from rlkit.reproduce import REPO, RESULTS_DIR, SPECS_DIR, load_specs
 
 BOOK_DIR = REPO / "book"
@@ -45,25 +47,39 @@ def check_results(results: Path = RESULTS_DIR, specs_dir: Path = SPECS_DIR) -> d
                             f"make them with `rlkit reproduce --only {' '.join(missing)} --results {results}`")
 
 
-def stage(book: Path = BOOK_DIR, results: Path = RESULTS_DIR, specs_dir: Path = SPECS_DIR) -> list[Path]:
+def check_book(book: Path) -> None:
+    """Refuse (:class:`~rlkit.errors.NotABook`) a ``book`` directory without ``_config.yml`` and ``_toc.yml``."""
+    missing = [name for name in ("_config.yml", "_toc.yml") if not (Path(book) / name).is_file()]
+    if missing:
+        raise NotABook(f"{book} is not a Jupyter Book (no {' or '.join(missing)}): pass --book-dir the folder that "
+                       f"holds the book's _config.yml and _toc.yml (default {BOOK_DIR})")
+
+
+def stage(book: Path = BOOK_DIR, results: Path = RESULTS_DIR, specs_dir: Path = SPECS_DIR, *,
+          force: bool = False) -> list[Path]:
     """Copy every spec's executed notebook into ``<book>/notebooks/``; missing ones are an error that names them
-    all and the command that makes them (:func:`check_results`), raised before anything is copied."""
+    all and the command that makes them (:func:`check_results`), raised before anything is copied. Only the
+    notebooks an earlier build copied there are replaced (:func:`rlkit.files.claim_dir`): a ``notebooks``
+    folder rlkit did not write is refused unless ``force``."""
+    check_book(book)
     notebooks = check_results(Path(results), Path(specs_dir))
     target = Path(book) / "notebooks"
-    if target.exists():
-        shutil.rmtree(target)
-    target.mkdir(parents=True)
-    return [Path(shutil.copy2(path, target / path.name)) for path in notebooks.values()]
+    names = [path.name for path in notebooks.values()]
+    claim_dir(target, "rlkit book", force=force, writes=names)
+    with lock_dir(target, "book"), os_errors():
+        remove_owned(target, keep=names)
+        record_files(target, names)
+        return [Path(shutil.copy2(path, target / path.name)) for path in notebooks.values()]
 
 
 def build(book: Path = BOOK_DIR, results: Path = RESULTS_DIR, *, strict: bool = True,
-          specs_dir: Path = SPECS_DIR) -> Path:
+          specs_dir: Path = SPECS_DIR, force: bool = False) -> Path:
     """Stage the notebooks and build the HTML book; returns ``<book>/_build/html/index.html``.
 
     ``strict`` turns every Sphinx warning into an error (``-W --keep-going``: all warnings are listed, then it
     fails). The build is from scratch each time (``--all``) so a stale page cannot survive."""
     book = Path(book)
-    stage(book, Path(results), Path(specs_dir))
+    stage(book, Path(results), Path(specs_dir), force=force)
     cmd = [sys.executable, "-c", "from jupyter_book.cli.main import main; main()", "build", str(book), "--all"]
     if strict:
         cmd += ["-W", "--keep-going"]

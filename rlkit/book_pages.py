@@ -31,17 +31,22 @@ BOOK_RUNS: dict[str, dict[str, tuple[str, int, int]]] = {
 }
 
 
+RAY_HEAD = "HEAD:6379"
+"""The Ray address the page's multi-node commands show (the cluster's head node)."""
+
+
 def render_command(method: str, dataset: str, model: str | None = None, *, gpus: int | None = None,
                    nodes: int | None = None, extra: Sequence[str] = ()) -> str:
     """The ``rlkit launch`` line and the ``main_ppo`` command it runs (defaults: :data:`BOOK_RUNS`)."""
     method_preset(method), dataset_spec(dataset)  # unknown names fail here, listing the valid ones
     default_model, default_gpus, default_nodes = BOOK_RUNS[dataset][method]
     model, gpus, nodes = model or default_model, gpus or default_gpus, nodes or default_nodes
-    p = plan(method, dataset, model, gpus=gpus, nodes=nodes, extra=extra)
+    ray = RAY_HEAD if nodes != 1 else None  # several nodes run on a Ray cluster started beforehand
+    p = plan(method, dataset, model, gpus=gpus, nodes=nodes, ray_address=ray, extra=extra)
     launch = ["rlkit", "launch", "--method", method, "--dataset", dataset, "--model", model,
               "--gpus", str(gpus)]
     if nodes != 1:
-        launch += ["--nodes", str(nodes)]
+        launch += ["--nodes", str(nodes), "--ray-address", ray]
     if extra:
         launch += ["--", *extra]
     return " ".join(shlex.quote(w) for w in launch) + "\n" + p.shell(multiline=True)

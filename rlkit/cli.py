@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from rlkit import __version__
+from rlkit.errors import ConflictingOptions, InvalidSetting, RlkitError, RunError, UsageError, from_os_error
 
 
 def _methods(args: argparse.Namespace) -> int:
@@ -106,7 +107,7 @@ def _reproduced(args: argparse.Namespace) -> int:
 
     for path in (args.results, args.published):
         if not Path(path).is_dir():
-            raise SystemExit(f"rlkit reproduced: {path} is not a results folder")
+            raise UsageError(f"{path} is not a results folder: pass --results/--published folders of runs")
     print(to_markdown(report(args.results, args.published)))
     return 0
 
@@ -114,10 +115,16 @@ def _reproduced(args: argparse.Namespace) -> int:
 def _overrides(items: list[str] | None) -> dict[str, str]:
     from rlkit.tiny.config import parse_sets
 
-    try:
-        return parse_sets(items)
-    except ValueError as e:
-        raise SystemExit(str(e)) from None
+    return parse_sets(items)
+
+
+def _agree(overrides: dict[str, str], **flags: object) -> None:
+    """Refuse a ``--set`` that disagrees with the flag for the same setting (``--seed 3 --set seed=5``)."""
+    from rlkit.tiny.config import _parse_scalar
+
+    for key, flag in flags.items():
+        if key in overrides and flag is not None and _parse_scalar(str(overrides[key])) != flag:
+            raise ConflictingOptions(f"--{key} {flag} and --set {key}={overrides[key]} disagree: give the {key} once")
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -125,22 +132,18 @@ def _train(args: argparse.Namespace) -> int:
     from rlkit.tiny.rl import train
 
     overrides = _overrides(args.set)
-    overrides["seed"] = args.seed
-    try:
-        cfg = build_config(args.method, args.scale, overrides, regime=args.regime)
-    except (KeyError, ValueError) as e:
-        raise SystemExit(f"rlkit train: {e.args[0] if e.args else e}") from None
+    _agree(overrides, method=args.method, scale=args.scale, seed=args.seed)
+    overrides = {k: v for k, v in overrides.items() if k not in ("method", "scale")}
+    overrides["seed"] = args.seed if args.seed is not None else overrides.get("seed", 0)
+    cfg = build_config(args.method, args.scale, overrides, regime=args.regime)
     device = args.device
     _retrain_sft(args)
     if device == "cuda":
         import torch
 
         if not torch.cuda.is_available():
-            raise SystemExit("rlkit train: --device cuda but no CUDA device is available")
-    try:
-        out = train(cfg, args.out, device=device, resume=args.resume, sft_cache=args.sft_cache)
-    except FileExistsError as e:
-        raise SystemExit(f"rlkit train: {e}") from None
+            raise UsageError("--device cuda but no CUDA device is available: use --device cpu")
+    out = train(cfg, args.out, device=device, resume=args.resume, sft_cache=args.sft_cache, force=args.force)
     print(f"metrics: {out / 'metrics.jsonl'}")
     return 0
 
@@ -157,11 +160,16 @@ def _export(args: argparse.Namespace) -> int:
     from rlkit.tiny.hf import export_sft
 
     _retrain_sft(args)
+    overrides = _overrides(args.set)
+    _agree(overrides, scale=args.scale)
+    sft = build_config("grpo", args.scale, {k: v for k, v in overrides.items() if k != "scale"}).sft
     try:
-        sft = build_config("grpo", args.scale, _overrides(args.set)).sft
-        out = export_sft(args.out, sft, scale=args.scale, sft_cache=args.sft_cache, device=args.device)
-    except (KeyError, ValueError) as e:
-        raise SystemExit(f"rlkit export: {e.args[0] if e.args else e}") from None
+        out = export_sft(args.out, sft, scale=args.scale, sft_cache=args.sft_cache, device=args.device,
+                         force=args.force)
+    except ValueError as e:  # a head size vLLM refuses
+        if isinstance(e, RlkitError):
+            raise
+        raise InvalidSetting(str(e)) from None
     print(f"model: {out} (transformers LlamaForCausalLM, tokenizer.json; rlkit launch --device cpu --model {out})")
     return 0
 
@@ -178,7 +186,7 @@ def _reproduce(args: argparse.Namespace) -> int:
         print(f"rlkit reproduce: {e}", file=sys.stderr)
         return 1
     except (KeyError, FileNotFoundError, ValueError) as e:
-        raise SystemExit(f"rlkit reproduce: {e.args[0] if e.args else e}") from None
+        raise UsageError(e.args[0] if e.args else str(e)) from None
     total = sum(done["minutes"].values())
     print(f"reproductions: {len(done['notebooks'])} notebooks in {total:.1f} min")
     if done.get("reproduced"):
@@ -195,9 +203,11 @@ def _book(args: argparse.Namespace) -> int:
     from rlkit.book import build
 
     try:
-        index = build(args.book_dir, args.results, strict=not args.no_strict)
-    except (FileNotFoundError, RuntimeError) as e:
-        raise SystemExit(f"rlkit book: {e}") from None
+        index = build(args.book_dir, args.results, strict=not args.no_strict, force=args.force)
+    except FileNotFoundError as e:
+        raise UsageError(str(e)) from None
+    except RuntimeError as e:  # jupyter-book failed: its message says why
+        raise RunError(str(e)) from None
     print(f"book: {index}")
     return 0
 
@@ -212,24 +222,21 @@ def _plot(args: argparse.Namespace) -> int:
         runs = plots.load_runs(args.runs)
         fig = plots.curves(runs, args.metric, x=args.x)
     except (FileNotFoundError, KeyError, ValueError) as e:
-        raise SystemExit(f"rlkit plot: {e.args[0] if e.args else e}") from None
+        raise UsageError(e.args[0] if e.args else str(e)) from None
     print(f"figure: {plots.save(fig, args.out)}")
     return 0
 
 
 def _launch(args: argparse.Namespace) -> int:
     from rlkit.verl import launch
-    from rlkit.verl.presets import LaunchError
 
-    try:
-        return launch.main(args)
-    except LaunchError as e:
-        raise SystemExit(f"rlkit launch: {e}") from None
+    return launch.main(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlkit", description=__doc__)
     parser.add_argument("--version", action="version", version=f"rlkit {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("methods", help="list the registered advantage estimators and policy losses")
     p.add_argument("--json", action="store_true", help="print the names as JSON")
@@ -242,8 +249,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scale", default="cpu", choices=list(SCALES), help="smoke (seconds), cpu (default), gpu")
     p.add_argument("--regime", default="standard", choices=list(REGIMES),
                    help="standard (default) or stress: stale rollouts and many updates per batch, so clipping binds")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None, help="seed of the RL stage (default 0)")
     p.add_argument("--out", required=True, help="run directory: metrics.jsonl, config.json, env.json, checkpoint")
+    p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--sft-cache", default=None, help="SFT checkpoint cache (default $RLKIT_CACHE/sft)")
@@ -256,6 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("export", help="the tiny engine's SFT start as a Hugging Face model directory (verl, vLLM)")
     p.add_argument("--out", required=True, help="model directory to write")
+    p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.add_argument("--scale", default="cpu", choices=list(SCALES), help="whose SFT start (default cpu)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where SFT trains if not cached")
     p.add_argument("--sft-cache", default=None, help="SFT checkpoint cache (default $RLKIT_CACHE/sft)")
@@ -305,6 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--results", default=str(RESULTS_DIR), help="results directory (default %(default)s)")
     p.add_argument("--book-dir", default=str(BOOK_DIR), help="book sources; HTML goes to BOOK_DIR/_build/html")
     p.add_argument("--no-strict", action="store_true", help="do not turn Sphinx warnings into errors")
+    p.add_argument("--force", action="store_true", help="replace a BOOK_DIR/notebooks folder rlkit did not write "
+                                                        "(only the notebooks it copies there are replaced)")
     p.set_defaults(func=_book)
 
     p = sub.add_parser("plot", help="curves of any runs (tiny or verl metrics.jsonl) into a PNG")
@@ -340,6 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=None, help="stop the launch after this many seconds")
     p.add_argument("--verbose", action="store_true", help="print main_ppo's own output (always in launch.log)")
     p.add_argument("--dry-run", action="store_true", help="validate and print the command, do not run it")
+    p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.add_argument("overrides", nargs=argparse.REMAINDER, help="-- then Hydra overrides (key=value ...)")
     p.set_defaults(func=_launch)
 
@@ -349,9 +361,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+FORCE_HELP = "write into a non-empty directory rlkit did not write (only rlkit's own files there are replaced)"
+
+
+class Refused(SystemExit):
+    """How :func:`main` ends on a refusal: the exit code (2 usage, 1 run time), the message already printed."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(code)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
 def main(argv: list[str] | None = None) -> int:
+    """``rlkit``: run the sub-command; a refusal (:mod:`rlkit.errors`) is printed as one message and exits 2
+    (usage) or 1 (run time), with its traceback only under ``--debug``."""
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except (RlkitError, OSError) as e:
+        error = e if isinstance(e, RlkitError) else from_os_error(e)
+        if error is None or args.debug:
+            raise
+        message = f"rlkit {args.command}: {error}"
+        print(message, file=sys.stderr)
+        raise Refused(error.exit_code, message) from None
 
 
 if __name__ == "__main__":

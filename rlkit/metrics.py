@@ -77,12 +77,10 @@ class MetricsWriter:
             return cls(path, path.open("w", encoding="utf-8"))
         with path.open(encoding="utf-8") as f:
             kept = [r for r in _parse(f.read().split("\n"), path) if r["step"] <= resume_after]
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        with tmp.open("w", encoding="utf-8") as f:
+        from rlkit.files import atomic_write
+
+        with atomic_write(path) as f:
             f.writelines(_dumps(r["step"], r["data"]) for r in kept)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
         return cls(path, path.open("a", encoding="utf-8"))
 
     def log(self, data: Mapping[str, Any], step: int) -> None:

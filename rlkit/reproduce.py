@@ -188,7 +188,6 @@ def ensure_run(
 
     cfg = build_config(method, scale, {"seed": seed, **(overrides or {})}, regime=regime)
     run_dir = Path(results) / (name or run_name(method, regime)) / f"seed{seed}"
-    ckpt = run_dir / "checkpoint.pt"
     if run_complete(run_dir):
         saved = json.loads((run_dir / "config.json").read_text())
         wanted = json.loads(json.dumps(_asdict(cfg), default=list))
@@ -197,7 +196,7 @@ def ensure_run(
             raise ValueError(f"{run_dir} holds a finished run with another config ({', '.join(changed)} differ); "
                              "delete it or choose another name")
     else:
-        train(cfg, run_dir, device=device, resume=ckpt.exists(), progress=progress)
+        train(cfg, run_dir, device=device, resume=True, progress=progress)  # starts afresh when there is nothing
     return load_run(run_dir)
 
 

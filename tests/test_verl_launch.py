@@ -44,7 +44,7 @@ def checked(method: str, dataset: str):
     """``(plan, composed config)`` of the book's run of ``method`` on ``dataset``, validated once."""
     if (method, dataset) not in _CHECKED:
         model, gpus, nodes = book_pages.BOOK_RUNS[dataset][method]
-        p = L.plan(method, dataset, model, gpus=gpus, nodes=nodes)
+        p = L.plan(method, dataset, model, gpus=gpus, nodes=nodes, ray_address="HEAD:6379" if nodes > 1 else None)
         _CHECKED[method, dataset] = p, L.check(p)
     return _CHECKED[method, dataset]
 
@@ -129,7 +129,11 @@ def test_cli_reports_a_bad_key_without_a_traceback():
 
 
 # ------------------------------------------------------------------------------------------------ the command
-def test_dry_run_prints_the_composed_overrides(capsys):
+def test_dry_run_prints_the_composed_overrides(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a dry run checks the data a launch would read
+    (tmp_path / "data" / "gsm8k").mkdir(parents=True)
+    for name in ("train.parquet", "test.parquet"):
+        (tmp_path / "data" / "gsm8k" / name).write_bytes(b"")
     extra = ["trainer.total_epochs=2", "+algorithm.gspo.variant=token"]
     assert cli.main(_launch_args("gspo", "gsm8k", "--dry-run", "--", *extra)) == 0
     words = shlex.split(capsys.readouterr().out.replace("\\\n", " "))
@@ -167,7 +171,7 @@ def _dotlist_config(p: L.Plan):
 @pytest.mark.parametrize("method", P.METHODS)
 @pytest.mark.parametrize("gpus, nodes", [(1, 1), (2, 1), (8, 1), (8, 2), (16, 1)])
 def test_batches_split_as_verl_requires(method, dataset, gpus, nodes):
-    p = L.plan(method, dataset, MODEL, gpus=gpus, nodes=nodes)
+    p = L.plan(method, dataset, MODEL, gpus=gpus, nodes=nodes, ray_address="HEAD:6379" if nodes > 1 else None)
     cfg = _dotlist_config(p)
     world = gpus * nodes
     arr = cfg.actor_rollout_ref
@@ -184,7 +188,8 @@ def test_batches_split_as_verl_requires(method, dataset, gpus, nodes):
 
 
 def test_a_gpu_count_that_cannot_split_the_papers_batch_is_refused():
-    cfg = _dotlist_config(L.plan("aspo", "dapo", MODEL, gpus=8, nodes=4))  # 6 prompts × 8 over 32 GPUs
+    # 6 prompts × 8 over 32 GPUs
+    cfg = _dotlist_config(L.plan("aspo", "dapo", MODEL, gpus=8, nodes=4, ray_address="HEAD:6379"))
     with pytest.raises(P.LaunchError, match=r"6 × 8 = 48 samples do not split over 32"):
         C.check_batch(cfg)
     with pytest.raises(P.LaunchError, match="do not split over 3 GPUs"):

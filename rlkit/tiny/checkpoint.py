@@ -15,6 +15,8 @@ import torch
 
 import rlkit
 from rlkit import numerics
+from rlkit.errors import CannotResume
+from rlkit.files import atomic_write
 from rlkit.methods import hapo, spo
 from rlkit.tiny.config import RLConfig
 
@@ -39,8 +41,10 @@ class RunState:
     first — the oldest samples the rollouts."""
 
 
-def save_checkpoint(path: Path, model, opt, state: RunState) -> None:
-    """Write model, optimizer and ``state`` to ``path`` (``checkpoint.pt``), atomically."""
+def save_checkpoint(path: Path, model, opt, state: RunState, *, logged: dict[str, Any] | None = None,
+                    config: dict[str, Any] | None = None) -> None:
+    """Write model, optimizer and ``state`` to ``path`` (``checkpoint.pt``), atomically, with the step's ``logged``
+    lines (``{"metrics": ..., "eval": ...}``: a resume re-logs a torn one) and the run's ``config``."""
     blob = {
         "model": model.state_dict(), "optimizer": opt.state_dict(), "step": state.step,
         "prompt_gen": state.prompt_gen.get_state(), "sample_gen": state.sample_gen.get_state(),
@@ -48,17 +52,31 @@ def save_checkpoint(path: Path, model, opt, state: RunState) -> None:
         "prompt_sampler": state.prompt_sampler.state_dict() if state.prompt_sampler else None,
         "spo_memory": state.spo_memory,
         "hapo_stats": tuple(state.hapo_stats) if state.hapo_stats is not None else None,
-        "policies": state.policies,
+        "policies": state.policies, "logged": logged, "config": config,
     }
-    tmp = path.with_suffix(".tmp")
-    torch.save(blob, tmp)
-    os.replace(tmp, path)  # atomic: a kill leaves the previous checkpoint or this one, never half of one
+    with atomic_write(path, "wb", fsync=False) as f:  # a kill leaves the previous checkpoint or this one
+        torch.save(blob, f)
 
 
-def restore_checkpoint(path: Path, model, opt, state: RunState) -> None:
-    """Load :func:`save_checkpoint`'s ``path`` into ``model``, ``opt`` and ``state`` (which holds SPO's tracker and
-    sampler already when the run is SPO's)."""
-    blob = torch.load(path, map_location="cpu", weights_only=False)
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """The contents of :func:`save_checkpoint`'s ``path``; :class:`~rlkit.errors.CannotResume` if it is damaged."""
+    try:
+        blob = torch.load(path, map_location="cpu", weights_only=False)
+    except OSError:
+        raise
+    except Exception as e:  # torch reports a damaged zip or pickle in several exception types
+        raise CannotResume(f"{path} is damaged ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}): "
+                           "the run cannot resume; start it again in another --out") from e
+    if not isinstance(blob, dict) or not {"model", "optimizer", "step"} <= blob.keys():
+        raise CannotResume(f"{path} is not an rlkit checkpoint: the run cannot resume; start it again in another "
+                           "--out")
+    return blob
+
+
+def restore_checkpoint(path: Path | dict, model, opt, state: RunState) -> None:
+    """Load :func:`save_checkpoint`'s ``path`` (or its :func:`load_checkpoint` contents) into ``model``, ``opt`` and
+    ``state`` (which holds SPO's tracker and sampler already when the run is SPO's)."""
+    blob = path if isinstance(path, dict) else load_checkpoint(path)
     model.load_state_dict(blob["model"])
     opt.load_state_dict(blob["optimizer"])
     state.step = blob["step"]

@@ -9,10 +9,13 @@ hapo.adv_beta=0.5``); the field names are the keyword names of the method's func
 from __future__ import annotations
 
 import json
+import types
+import typing
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any
 
 from rlkit import registry
+from rlkit.errors import InvalidSetting, UnknownSetting
 from rlkit.methods import aepo, aspo, grpo, gspo, hapo, spo
 from rlkit.tiny.sft import SFTConfig
 
@@ -102,29 +105,34 @@ class RLConfig:
     """HAPO's adaptive temperature, TLGA, redistribution and adaptive clip."""
 
     def __post_init__(self) -> None:
+        check_settings(self)
         known = registry.list_methods()["method"]
         if self.method not in known:
-            raise ValueError(f"unknown method {self.method!r}; valid: {', '.join(known)}")
+            raise InvalidSetting(f"unknown method {self.method!r}; valid: {', '.join(known)}")
         if self.method == "spo" and self.dynamic_sampling:
-            raise ValueError("dynamic sampling filters groups; SPO has one response per prompt and no groups")
+            raise InvalidSetting("dynamic sampling filters groups; SPO has one response per prompt and no groups")
         if self.method == "aspo" and self.aspo.base_advantage != "grpo":
-            raise ValueError(f"aspo.base_advantage: the tiny engine shapes GRPO's advantage ('grpo'), "
+            raise InvalidSetting(f"aspo.base_advantage: the tiny engine shapes GRPO's advantage ('grpo'), "
                              f"got {self.aspo.base_advantage!r}")
         if self.method == "hapo":  # fields of hapo.Config that the tiny engine takes from elsewhere must agree
             if self.hapo.adv_estimator not in ("hapo_tlga", "grpo"):
-                raise ValueError(f"hapo.adv_estimator must be 'hapo_tlga' (component B) or 'grpo' (B off), "
+                raise InvalidSetting(f"hapo.adv_estimator must be 'hapo_tlga' (component B) or 'grpo' (B off), "
                                  f"got {self.hapo.adv_estimator!r}")
             if self.hapo.temperature != self.temperature:
-                raise ValueError(f"hapo.temperature ({self.hapo.temperature}) differs from temperature "
+                raise InvalidSetting(f"hapo.temperature ({self.hapo.temperature}) differs from temperature "
                                  f"({self.temperature}): the tiny engine samples at `temperature`; set that one")
         for name in ("steps", "prompts_per_step", "group_size", "pool_size", "mini_batches", "ppo_epochs",
                      "eval_every", "eval_size", "final_eval_size"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
+                raise InvalidSetting(f"{name} must be ≥ 1, got {getattr(self, name)}")
+        if self.method != "spo" and self.group_size < 2:
+            raise InvalidSetting(f"group_size must be ≥ 2 (a group of one has no baseline: every advantage is 0), "
+                                 f"got {self.group_size}")
         if self.staleness < 0:
-            raise ValueError(f"staleness must be ≥ 0, got {self.staleness}")
+            raise InvalidSetting(f"staleness must be ≥ 0, got {self.staleness}")
         if self.behav_imp_weight_cap is not None and not self.decoupled_loss:
-            raise ValueError("behav_imp_weight_cap caps the decoupled loss's behaviour weights: set decoupled_loss=true")
+            raise InvalidSetting("behav_imp_weight_cap caps the decoupled loss's behaviour weights: "
+                                 "set decoupled_loss=true")
 
     @property
     def samples_per_step(self) -> int:
@@ -173,9 +181,9 @@ def build_config(method: str, scale: str = "cpu", overrides: dict[str, Any] | No
     """RLConfig for ``method`` at ``scale`` in ``regime`` with dotted-key ``overrides`` (e.g.
     ``{"gspo.clip_low": 3e-3}``)."""
     if scale not in SCALES:
-        raise ValueError(f"unknown scale {scale!r}; valid: {', '.join(SCALES)}")
+        raise InvalidSetting(f"unknown scale {scale!r}; valid: {', '.join(SCALES)}")
     if regime not in REGIMES:
-        raise ValueError(f"unknown regime {regime!r}; valid: {', '.join(REGIMES)}")
+        raise InvalidSetting(f"unknown regime {regime!r}; valid: {', '.join(REGIMES)}")
     cfg = RLConfig(method=method, scale=scale)
     _apply(cfg, REGIMES[regime])
     _apply(cfg, SCALES[scale])
@@ -201,7 +209,7 @@ def parse_sets(items: list[str] | None) -> dict[str, str]:
     for item in items or []:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
+            raise InvalidSetting(f"--set expects KEY=VALUE, got {item!r}")
         out[key.strip()] = value
     return out
 
@@ -211,14 +219,17 @@ def set_field(obj: Any, dotted: str, value: Any) -> None:
     head, _, rest = dotted.partition(".")
     names = {f.name for f in fields(obj)}
     if head not in names:
-        raise KeyError(f"{type(obj).__name__} has no field {head!r}; valid: {', '.join(sorted(names))}")
+        raise UnknownSetting(f"{type(obj).__name__} has no field {head!r}; valid: {', '.join(sorted(names))}")
     if rest:
         child = getattr(obj, head)
         if not is_dataclass(child):
-            raise KeyError(f"{head!r} is not a group of settings, so {dotted!r} cannot be set")
+            raise UnknownSetting(f"{head!r} is not a group of settings, so {dotted!r} cannot be set")
         set_field(child, rest, value)
         if getattr(type(child), "__dataclass_params__").frozen:  # frozen configs (TaskConfig) are rebuilt
-            object.__setattr__(obj, head, type(child)(**asdict(child)))
+            try:
+                object.__setattr__(obj, head, type(child)(**asdict(child)))
+            except (TypeError, ValueError) as e:
+                raise InvalidSetting(f"{dotted}: {e}") from None
         return
     if isinstance(value, str):
         value = _parse_scalar(value)
@@ -238,3 +249,106 @@ def _parse_scalar(text: str) -> Any:
         import yaml
 
         return yaml.safe_load(text)
+
+
+# ------------------------------------------------------------------------------------------------ checks
+def _agg_modes() -> tuple[str, ...]:
+    from rlkit.core.aggregation import AGG_MODES
+
+    return AGG_MODES
+
+
+def _choices() -> dict[str, tuple]:
+    """Field name (any group) → the values it may take."""
+    from rlkit.methods import aepo as aepo_m, gspo as gspo_m, spo as spo_m
+    from rlkit.tasks import arithmetic
+
+    return {"agg": _agg_modes(), "gspo.variant": gspo_m.VARIANTS, "aepo.variant": aepo_m.VARIANTS,
+            "spo.rho_type": spo_m.RHO_TYPES, "aspo.shaping": ("advantage", "reward"), "sft.form": arithmetic.FORMS,
+            "scale": tuple(SCALES)}
+
+
+_POSITIVE = {"lr", "temperature", "grad_clip", "sft.lr", "sft.grad_clip", "sft.d_model", "sft.n_layers", "sft.n_heads",
+             "sft.max_len", "sft.steps", "sft.batch_size", "sft.eval_size", "max_new_tokens", "sft.n_kv_heads",
+             "dynamic_oversample", "hapo.temperature_tau", "spo.d_half"}
+"""Fields that must be > 0 (when set: None stays allowed where the type allows it)."""
+_NON_NEGATIVE = {"warmup_steps", "overlong_buffer", "overlong_penalty", "staleness", "sft.warmup", "sft.weight_decay",
+                 "spo.offline_N", "behav_imp_weight_cap"}
+"""Fields that must be ≥ 0."""
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    """Whether ``value`` has the annotated type ``hint`` (ints pass as floats; bools are not numbers)."""
+    origin = typing.get_origin(hint)
+    if hint is Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, h) for h in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if origin in (tuple, list):
+        args = [a for a in typing.get_args(hint) if a is not Ellipsis]
+        return isinstance(value, (tuple, list)) and all(_matches(v, args[0]) for v in value) if args else True
+    if isinstance(hint, type):
+        return isinstance(value, hint)
+    return True
+
+
+_TYPE_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def _describe(hint: Any) -> str:
+    args = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    words = [_TYPE_WORDS.get(a, "null" if a is type(None) else getattr(a, "__name__", str(a))) for a in args]
+    return " or ".join(words)
+
+
+def check_settings(obj: Any, prefix: str = "") -> None:
+    """Type- and range-check every field of ``obj`` (an :class:`RLConfig`, nested groups too), naming the dotted
+    key: :class:`~rlkit.errors.InvalidSetting` before any work is done."""
+    hints = typing.get_type_hints(type(obj))
+    choices = _choices() if not prefix else None
+    for f in fields(obj):
+        key, value = prefix + f.name, getattr(obj, f.name)
+        if is_dataclass(value):
+            check_settings(value, key + ".")
+            continue
+        hint = hints.get(f.name, Any)
+        if not _matches(value, hint):
+            raise InvalidSetting(f"{key}: expected {_describe(hint)}, got {value!r} (--set {key}=VALUE)")
+        _check_range(key, value)
+    if choices is not None:  # the whole tree, once, from the top
+        flat = _flat_settings(obj)
+        for key, value in flat.items():
+            allowed = choices.get(key, choices.get(key.rsplit(".", 1)[-1]) if key.endswith(".agg") else None)
+            if allowed is not None and value not in allowed:
+                raise InvalidSetting(f"{key}: {value!r} is not one of {', '.join(map(str, allowed))}")
+
+
+def _check_range(key: str, value: Any) -> None:
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    name = key.rsplit(".", 1)[-1]
+    if key in _POSITIVE and not value > 0:
+        raise InvalidSetting(f"{key} must be > 0, got {value}")
+    if (key in _NON_NEGATIVE or name in ("clip_low", "clip_high", "eps", "adv_eps")) and not value >= 0:
+        raise InvalidSetting(f"{key} must be ≥ 0, got {value}")
+    if name == "clip_c" and not value > 1:
+        raise InvalidSetting(f"{key} (the dual clip's c) must be > 1, or null to switch it off; got {value}")
+    if value != value or value in (float("inf"), float("-inf")):
+        raise InvalidSetting(f"{key} must be a finite number, got {value}")
+
+
+def _flat_settings(obj: Any, prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        if is_dataclass(value):
+            out.update(_flat_settings(value, f"{prefix}{f.name}."))
+        else:
+            out[prefix + f.name] = value
+    return out

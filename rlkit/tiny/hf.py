@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from rlkit.files import claim_dir, lock_dir, os_errors, record_files, remove_owned
 from rlkit.tiny.model import ModelConfig, TinyDecoder
 from rlkit.tiny.tokenizer import BOS, EOS, PAD, CharTokenizer
 
@@ -107,10 +108,11 @@ def check_vllm_shape(config: ModelConfig) -> None:
 
 
 def export(model: TinyDecoder, tokenizer: CharTokenizer, path: str | os.PathLike, *, record: dict | None = None,
-           check_vllm: bool = True) -> Path:
+           check_vllm: bool = True, force: bool = False) -> Path:
     """Write ``model`` as a Llama model directory (config, safetensors, tokenizer.json, chat template) to ``path``,
     atomically, with ``record`` (how it was made) as ``rlkit_model.json``. ``check_vllm``: refuse head sizes
-    vLLM's CPU attention cannot serve (:func:`check_vllm_shape`)."""
+    vLLM's CPU attention cannot serve (:func:`check_vllm_shape`). A non-empty ``path`` rlkit did not write is
+    refused unless ``force``; even then only rlkit's files in it are replaced."""
     from transformers import LlamaForCausalLM
 
     if check_vllm:
@@ -121,33 +123,33 @@ def export(model: TinyDecoder, tokenizer: CharTokenizer, path: str | os.PathLike
         hf = LlamaForCausalLM(llama_config(model.config, tokenizer))
     hf.load_state_dict(llama_state_dict(model), strict=False, assign=True)
     hf.tie_weights()
-    return _save(path, hf, hf_tokenizer(tokenizer), record)
+    return _save(path, hf, hf_tokenizer(tokenizer), record, force=force)
 
 
-def _save(path: str | os.PathLike, model: Any, tokenizer: Any, record: dict | None) -> Path:
-    """``model`` and ``tokenizer`` (and ``record``) into ``path`` via a temporary sibling that replaces it."""
+def _save(path: str | os.PathLike, model: Any, tokenizer: Any, record: dict | None, *, force: bool = False) -> Path:
+    """``model`` and ``tokenizer`` (and ``record``) into ``path``: written into a temporary sibling, then moved in
+    file by file, replacing only the files an earlier export wrote (:func:`rlkit.files.claim_dir`)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
-        model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        if record is not None:
-            (tmp / "rlkit_model.json").write_text(json.dumps(record, indent=2, default=str))
-        if path.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old.", dir=path.parent))
-            os.replace(path, old / path.name)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    claim_dir(path, "rlkit export", force=force, signature="rlkit_model.json")
+    with lock_dir(path, "export"), os_errors():
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+        try:
+            model.save_pretrained(tmp, safe_serialization=True)
+            tokenizer.save_pretrained(tmp)
+            if record is not None:
+                (tmp / "rlkit_model.json").write_text(json.dumps(record, indent=2, default=str))
+            new = sorted(os.listdir(tmp))
+            remove_owned(path, keep=new)
+            record_files(path, new)
+            for name in new:
+                os.replace(tmp / name, path / name)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return path
 
 
 def export_sft(path: str | os.PathLike, sft: Any, *, scale: str | None = None, sft_cache: str | os.PathLike | None = None,
-               device: str = "cpu", progress: bool = True) -> Path:
+               device: str = "cpu", progress: bool = True, force: bool = False) -> Path:
     """``rlkit export``: the SFT start of ``sft`` (an :class:`~rlkit.tiny.sft.SFTConfig`: the checkpoint every tiny
     run with that config starts from, trained and cached on first use) as a model directory."""
     from dataclasses import asdict
@@ -156,10 +158,11 @@ def export_sft(path: str | os.PathLike, sft: Any, *, scale: str | None = None, s
 
     check_vllm_shape(ModelConfig(vocab_size=1, d_model=sft.d_model, n_layers=sft.n_layers, n_heads=sft.n_heads,
                                  n_kv_heads=sft.n_kv_heads))  # before minutes of SFT
+    claim_dir(path, "rlkit export", force=force, signature="rlkit_model.json")  # so is a directory not rlkit's
     model, tokenizer, info = warm_start(sft, device=device, cache_dir=sft_cache, progress=progress)
     record = {"kind": "sft", "scale": scale, "sft_config": asdict(sft), "sft": info,
               "model_config": model.config.to_dict()}
-    return export(model, tokenizer, path, record=record)
+    return export(model, tokenizer, path, record=record, force=force)
 
 
 def save_random_model(path: str | os.PathLike, tokenizer: CharTokenizer, *, d_model: int = 64, n_layers: int = 2,

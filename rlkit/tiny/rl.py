@@ -24,7 +24,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import os
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass
@@ -37,9 +36,11 @@ from tqdm.auto import tqdm
 from rlkit import registry
 from rlkit.core.masked import masked_mean
 from rlkit.methods import aspo, hapo, spo
-from rlkit.metrics import MetricsWriter
+from rlkit.errors import CannotResume, ResumeMismatch, RunExists
+from rlkit.files import atomic_write, claim_dir, lock_dir, os_errors, write_text
+from rlkit.metrics import MetricsWriter, read_metrics
 from rlkit.tasks import arithmetic
-from rlkit.tiny.checkpoint import RunState, environment, restore_checkpoint, save_checkpoint
+from rlkit.tiny.checkpoint import RunState, environment, load_checkpoint, restore_checkpoint, save_checkpoint
 # METHODS, build_config, parse_sets: re-exported for importers not moved yet (rlkit.verl.launch,
 # tests/test_reproduce.py, notebooks/07_comparison.md); new code imports them from rlkit.tiny.config
 from rlkit.tiny.config import METHODS, REGIMES, RLConfig, build_config, parse_sets  # noqa: F401
@@ -111,33 +112,48 @@ class Run:
 
 
 # ------------------------------------------------------------------------------------------------ the loop
+RUN_FILES = ("metrics.jsonl", "eval.jsonl", "config.json", "env.json", "checkpoint.pt")
+"""What :func:`train` writes into a run directory (besides :data:`rlkit.files.MARKER`)."""
+_OLD_TEMPORARY = ("checkpoint.tmp", "metrics.jsonl.tmp", "eval.jsonl.tmp")
+"""Temporary files an older rlkit could leave in a run directory (removed when the run is next opened)."""
+
+
 def train(cfg: RLConfig, out_dir: str | Path, *, device: str = "cpu", resume: bool = False,
-          progress: bool = True, sft_cache: str | Path | None = None, stop_after: int | None = None) -> Path:
+          progress: bool = True, sft_cache: str | Path | None = None, stop_after: int | None = None,
+          force: bool = False) -> Path:
     """Run ``cfg`` into ``out_dir`` (``metrics.jsonl``, ``config.json``, ``env.json``, ``checkpoint.pt``).
 
-    ``resume`` continues the run in ``out_dir`` from its checkpoint; ``stop_after`` returns after that step
-    (a run in stages: resume it later), as if the run had been killed there.
+    ``resume`` continues the run in ``out_dir`` from its checkpoint, exactly or not at all
+    (:func:`_resume_point`); ``stop_after`` returns after that step (a run in stages: resume it later), as if the
+    run had been killed there. The directory is locked for the whole run, SFT included (one writer:
+    :func:`rlkit.files.lock_dir`); one rlkit did not write is refused unless ``force``
+    (:func:`rlkit.files.claim_dir`).
     """
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    claim_dir(out, "rlkit train", force=force, writes=RUN_FILES + _OLD_TEMPORARY)
+    with lock_dir(out, "run"), os_errors():
+        for name in _OLD_TEMPORARY:
+            (out / name).unlink(missing_ok=True)
+        return _train(cfg, out, device=device, resume=resume, progress=progress, sft_cache=sft_cache,
+                      stop_after=stop_after)
+
+
+def _train(cfg: RLConfig, out: Path, *, device: str, resume: bool, progress: bool, sft_cache: str | Path | None,
+           stop_after: int | None) -> Path:
     ckpt_path, metrics_path = out / "checkpoint.pt", out / "metrics.jsonl"
-    if not resume and ckpt_path.exists():
-        raise FileExistsError(f"{out} already holds a run; pass resume=True (--resume) or choose another --out")
-    resumed = resume and ckpt_path.exists()
     config = json.loads(json.dumps(asdict(cfg), default=list))
-    if resumed:  # a resumed run must be the same run
-        saved = json.loads((out / "config.json").read_text())
-        changed = sorted(k for k in set(saved) | set(config) if saved.get(k) != config.get(k))
-        if changed:
-            raise ValueError(f"{out} was started with a different config ({', '.join(changed)} differ); "
-                             "resume it with the same settings")
-    else:
-        (out / "config.json").write_text(json.dumps(config, indent=2))
+    blob, relog = _resume_point(out, config) if resume else (None, {})
+    if not resume and (ckpt_path.exists() or _steps(metrics_path)):
+        raise RunExists(f"{out} already holds a run: pass --resume (resume=True) to continue it, or choose another "
+                        "--out")
+    resumed = blob is not None
+    if not resumed:
+        write_text(out / "config.json", json.dumps(config, indent=2))
 
     # --- the SFT warm start (shared by every method), the prompt pool and the held-out problems
     model, tokenizer, sft_info = warm_start(cfg.sft, device=device, cache_dir=sft_cache, progress=progress)
     if not resumed:
-        (out / "env.json").write_text(json.dumps(environment(cfg, device, sft_info), indent=2))
+        write_text(out / "env.json", json.dumps(environment(cfg, device, sft_info), indent=2))
     model.train()
     knobs, form = asdict(cfg.sft.task), cfg.sft.form
     pool = arithmetic.make_pool(cfg.pool_size, seed=cfg.sft.seed, **knobs)
@@ -160,9 +176,13 @@ def train(cfg: RLConfig, out_dir: str | Path, *, device: str = "cpu", resume: bo
         state.prompt_sampler = spo.PromptSampler(pool_ids, seed=cfg.seed)
 
     if resumed:
-        restore_checkpoint(ckpt_path, model, opt, state)
+        restore_checkpoint(blob, model, opt, state)
+        del blob
     writer = MetricsWriter.open(metrics_path, resume_after=state.step if resumed else None)
     per_problem = MetricsWriter.open(out / "eval.jsonl", resume_after=state.step if resumed else None)
+    for log, name in ((writer, "metrics"), (per_problem, "eval")):  # a torn line of the checkpoint's step
+        if name in relog:
+            log.log(relog[name], state.step)
     if not resumed:  # step 0: the SFT start (its own evaluation, when it was of these problems)
         start_correct = _sft_correct(sft_info, len(held_out), max_new, device)
         if start_correct is None:
@@ -179,23 +199,95 @@ def train(cfg: RLConfig, out_dir: str | Path, *, device: str = "cpu", resume: bo
         if step % cfg.eval_every == 0 or step == cfg.steps:
             val = evaluate(model, tokenizer, held_out, max_new_tokens=max_new, form=form)
             metrics["val/acc"] = accuracy(val)
+        final = None
         if step == cfg.steps:  # the larger final evaluation, per problem: what accuracy claims are judged on
             # its first problems are the held-out ones (make_split extends a smaller split), just evaluated
             shared = min(len(held_out), len(final_held_out))
             rest = evaluate(model, tokenizer, final_held_out[shared:], max_new_tokens=max_new, form=form)
             correct = torch.cat([val[:shared], rest])
             metrics["val/acc_final"] = accuracy(correct)
-            per_problem.log({"correct": correct.int().tolist()}, step)
+            final = {"correct": correct.int().tolist()}
+            per_problem.log(final, step)
         metrics["timing_s/step"] = time.perf_counter() - t0
         metrics["perf/throughput"] = metrics.pop("_tokens") / metrics["timing_s/step"]
         state.step = step
         writer.log(metrics, step)  # the lines first, then the checkpoint: a kill in between redoes the step
-        save_checkpoint(ckpt_path, model, opt, state)
+        save_checkpoint(ckpt_path, model, opt, state, logged={"metrics": metrics, "eval": final}, config=config)
         bar.set_postfix(score=f"{metrics['critic/score/mean']:.2f}",
                         acc=f"{metrics['val/acc']:.2f}" if "val/acc" in metrics else "")
     writer.close()
     per_problem.close()
     return out
+
+
+def _steps(path: Path) -> list[int]:
+    """The steps of ``path``'s whole lines (none when it is missing)."""
+    if not path.exists():
+        return []
+    try:
+        return [r["step"] for r in read_metrics(path)]
+    except ValueError as e:
+        raise CannotResume(f"{e}: the run's metrics are damaged; start it again in another --out") from None
+
+
+def _flat(config: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested config as dotted keys (``grpo.clip_high``)."""
+    if not isinstance(config, dict):
+        return {prefix.rstrip("."): config}
+    return {k: v for key, value in config.items() for k, v in _flat(value, f"{prefix}{key}.").items()}
+
+
+def _differing(a: dict, b: dict) -> list[str]:
+    fa, fb = _flat(a), _flat(b)
+    return sorted(k for k in fa.keys() | fb.keys() if fa.get(k, "<unset>") != fb.get(k, "<unset>"))
+
+
+def _resume_point(out: Path, config: dict) -> tuple[dict | None, dict[str, Any]]:
+    """What ``train(resume=True)`` continues from: the checkpoint's contents (None: nothing to continue, the run
+    starts over) and the lines of its step to re-log (``{"metrics": ..., "eval": ...}``, those torn by a kill).
+
+    Refuses (:class:`~rlkit.errors.ResumeMismatch`) settings that differ from ``config.json`` or from those the
+    checkpoint was trained with, naming each nested key; and (:class:`~rlkit.errors.CannotResume`) a run that
+    cannot continue exactly: metrics without a checkpoint, a damaged checkpoint or config, or metrics lacking a
+    step the checkpoint took that it cannot re-log."""
+    ckpt_path, metrics_path, config_path = out / "checkpoint.pt", out / "metrics.jsonl", out / "config.json"
+    steps = _steps(metrics_path)
+    if config_path.exists():
+        try:
+            saved = json.loads(config_path.read_text())
+        except ValueError as e:
+            raise CannotResume(f"{config_path} is not valid JSON ({e}): restore it, or start the run again in "
+                               "another --out") from None
+        if changed := _differing(saved, config):
+            raise ResumeMismatch(f"{out} was started with other settings ({', '.join(changed)} differ from "
+                                 f"{config_path}): resume it with the same --method/--scale/--regime/--seed/--set")
+    elif ckpt_path.exists():
+        raise CannotResume(f"{out} has a checkpoint but no config.json: the run's settings are unknown; start it "
+                           "again in another --out")
+    if not ckpt_path.exists():
+        if any(s > 0 for s in steps):
+            raise CannotResume(f"{metrics_path} holds steps up to {max(steps)} but {out} has no checkpoint.pt: it "
+                               "cannot resume exactly; start again in another --out (or delete metrics.jsonl)")
+        return None, {}  # killed before its first step finished: start over
+    blob = load_checkpoint(ckpt_path)
+    if blob.get("config") is not None and (changed := _differing(blob["config"], config)):
+        raise ResumeMismatch(f"{ckpt_path} was trained with other settings than these ({', '.join(changed)} "
+                             f"differ; was config.json edited?): resume with the settings the run was started with")
+    k = blob["step"]
+    done = [s for s in steps if s <= k]
+    logged = blob.get("logged") or {}
+    if done == list(range(k + 1)):
+        relog = {}
+    elif done == list(range(k)) and logged.get("metrics") is not None:
+        relog = {"metrics": logged["metrics"]}  # the checkpoint's own line was torn by a kill: write it again
+    else:
+        missing = sorted(set(range(k + 1)) - set(done))
+        raise CannotResume(f"{metrics_path} lacks step(s) {missing[:5]} that {ckpt_path.name} (step {k}) has taken, "
+                           "and the checkpoint cannot re-log them: start the run again in another --out")
+    eval_path = out / "eval.jsonl"
+    if logged.get("eval") is not None and k not in _steps(eval_path):
+        relog["eval"] = logged["eval"]
+    return blob, relog
 
 
 def rl_step(run: Run, state: RunState) -> dict[str, float]:
@@ -480,10 +572,9 @@ def offline_scores(run: Run, gen: torch.Generator, *, sft: dict | None = None,
         rewards.append(score_rollout(ro, chunk).rewards)
     per_prompt = torch.cat(rewards).view(len(run.pool), n)
     if path is not None:  # written atomically: two runs of one seed side by side may both write it
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
         path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"scores": per_prompt.cpu(), "gen_after": gen.get_state()}, tmp)
-        os.replace(tmp, path)
+        with atomic_write(path, "wb") as f:
+            torch.save({"scores": per_prompt.cpu(), "gen_after": gen.get_state()}, f)
     return {i: per_prompt[i].tolist() for i in range(len(run.pool))}
 
 

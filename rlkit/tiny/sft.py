@@ -204,11 +204,13 @@ def load_checkpoint(path: Path, device: str, expected_sha256: str | None = None)
 
 def save_checkpoint(path: Path, model: TinyDecoder, info: dict, cfg: SFTConfig) -> None:
     """An SFT checkpoint (weights, model shape, ``info``, the SFT config) at ``path``, written atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    torch.save({"model": model.state_dict(), "model_config": model.config.to_dict(), "info": info,
-                "sft_config": json.loads(json.dumps(asdict(cfg), default=list))}, tmp)
-    os.replace(tmp, path)
+    from rlkit.files import atomic_write, os_errors
+
+    with os_errors():
+        path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_write(path, "wb") as f:  # two runs side by side may both write it
+        torch.save({"model": model.state_dict(), "model_config": model.config.to_dict(), "info": info,
+                    "sft_config": json.loads(json.dumps(asdict(cfg), default=list))}, f)
 
 
 def warm_start(

@@ -238,16 +238,47 @@ def check_tool_tags(model: str) -> None:
                           f"needs {', '.join(TOOL_TAGS)} as single tokens (models from `rlkit export` have them)")
 
 
+WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "*.safetensors.index.json", "pytorch_model.bin.index.json")
+"""Files that hold a Hugging Face model's weights."""
+
+
+def is_local_model(model: str) -> bool:
+    """Whether ``--model`` names a local directory (not a hub id ``owner/name``)."""
+    return Path(model).expanduser().exists() or model.startswith((".", "/", "~")) or model.count("/") != 1
+
+
+def check_model_dir(model: str) -> dict[str, Any]:
+    """A local ``--model`` directory's ``config.json`` (parsed), refusing a directory without one, with a malformed
+    one, or without weights; a hub id is not checked (nothing is downloaded) and gives ``{}``."""
+    if not is_local_model(model):
+        return {}
+    path = Path(model).expanduser()
+    if not path.is_dir():
+        raise LaunchError(f"--model {model}: no such directory (a local Hugging Face model directory, or a hub id "
+                          "such as Qwen/Qwen2.5-0.5B-Instruct)")
+    config_file = path / "config.json"
+    if not config_file.exists():
+        raise LaunchError(f"--model {model}: no config.json, so not a Hugging Face model directory")
+    try:
+        config = json.loads(config_file.read_text())
+    except ValueError as e:
+        raise LaunchError(f"--model {model}: config.json is not valid JSON ({e}); re-export or re-download the "
+                          "model") from None
+    if not isinstance(config, dict):
+        raise LaunchError(f"--model {model}: config.json is not a JSON object")
+    if not any(next(path.glob(pattern), None) for pattern in WEIGHT_PATTERNS):
+        raise LaunchError(f"--model {model}: no weights (*.safetensors or pytorch_model*.bin); re-export or "
+                          "re-download the model")
+    return config
+
+
 def check_cpu_model(model: str) -> None:
     """A CPU run's ``--model``: a local HF model directory whose attention heads vLLM's CPU build takes."""
     path = Path(model).expanduser()
     if not path.is_dir():
         raise LaunchError(f"--model {model}: not a directory. CPU runs load local HF model directories only "
                           "(config.json, weights, tokenizer); nothing is downloaded")
-    config_file = path / "config.json"
-    if not config_file.exists():
-        raise LaunchError(f"--model {model}: no config.json, so not a Hugging Face model directory")
-    config = json.loads(config_file.read_text())
+    config = check_model_dir(model)
     heads, hidden = config.get("num_attention_heads"), config.get("hidden_size")
     head = config.get("head_dim") or (hidden // heads if heads and hidden else None)
     if head is None:

@@ -48,6 +48,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from rlkit.errors import BadSource
 from rlkit.tasks import arithmetic, dapo_math, gsm8k
 
 GSM8K_SOURCE = "openai/gsm8k"
@@ -122,9 +123,13 @@ def write_rows(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> Pa
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from rlkit.files import atomic_write
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(list(rows), schema=row_schema()), path)
+    table = pa.Table.from_pylist(list(rows), schema=row_schema())
+    with atomic_write(path, "wb") as f:
+        pq.write_table(table, f)
     return path
 
 
@@ -142,12 +147,87 @@ def prompt_ids(path: str | os.PathLike) -> list[str]:
     return [info["prompt_id"] for info in pq.read_table(path, columns=["extra_info"]).column(0).to_pylist()]
 
 
-def prepare_gsm8k(out: str | os.PathLike, source: str | os.PathLike = GSM8K_SOURCE) -> dict[str, Any]:
-    """``out/train.parquet`` and ``out/test.parquet`` from a HF id or local GSM8K files; returns row counts."""
-    summary = {}
-    for split in ("train", "test"):
-        rows = gsm8k_rows(gsm8k.load(source, split), split)
+DATA_FILES = ("train.parquet", "test.parquet", DAPO_TRAIN_FILE, DAPO_VAL_FILE)
+"""What ``rlkit data gsm8k|arithmetic|dapo`` write into ``--out``."""
+TEST_FRACTION = 0.1
+"""Share of a single ``--source`` file's problems that :func:`prepare_gsm8k` holds out for testing."""
+
+
+def claim_data_dir(out: str | os.PathLike, command: str, *, force: bool = False) -> Path:
+    """``out`` made a data directory rlkit may write (:func:`rlkit.files.claim_dir`)."""
+    from rlkit.files import claim_dir
+
+    claim_dir(out, f"rlkit data {command}", force=force, writes=DATA_FILES)
+    return Path(out)
+
+
+def split_by_hash(examples: Sequence[Mapping[str, str]], test_fraction: float = TEST_FRACTION,
+                  ) -> tuple[list, list]:
+    """``examples`` split into (train, test) by a hash of each question (:func:`prompt_id`): the same question
+    always lands in the same split, whatever the file's order, and a repeated question never lands in both."""
+    if not 0 < test_fraction < 1:
+        raise BadSource(f"--test-fraction must be between 0 and 1, got {test_fraction}")
+    train, test = [], []
+    for ex in examples:
+        h = int(prompt_id(ex["question"]), 16) / 16 ** 16
+        (test if h < test_fraction else train).append(ex)
+    return train, test
+
+
+def load_gsm8k(source: str | os.PathLike, split: str) -> list[dict[str, str]]:
+    """:func:`rlkit.tasks.gsm8k.load`, with a missing, empty or malformed source refused
+    (:class:`~rlkit.errors.BadSource`) naming it."""
+    local = Path(source).exists() or str(source).startswith((".", "/", "~")) or str(source).endswith(
+        (".jsonl", ".parquet")) or str(source).count("/") != 1
+    if local and not Path(source).expanduser().exists():
+        raise BadSource(f"--source {source}: no such file or directory (give a local .jsonl/.parquet file or "
+                        "folder, or a Hugging Face dataset id such as openai/gsm8k)")
+    try:
+        examples = gsm8k.load(Path(source).expanduser() if local else source, split)
+    except FileNotFoundError as e:
+        raise BadSource(f"--source {source}: {e}") from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise BadSource(f"--source {source} ({split}): {e}; each row needs 'question' and 'answer' "
+                        "(ending '#### <number>')") from None
+    if not examples:
+        raise BadSource(f"--source {source} has no {split} problems: give a file with GSM8K rows")
+    for i, ex in enumerate(examples):
+        if not isinstance(ex["question"], str) or not isinstance(ex["answer"], str) or "####" not in ex["answer"]:
+            raise BadSource(f"--source {source} ({split}) row {i}: 'answer' must be a string ending '#### <number>'")
+    return examples
+
+
+def prepare_gsm8k(out: str | os.PathLike, source: str | os.PathLike = GSM8K_SOURCE,
+                  test_source: str | os.PathLike | None = None, *, test_fraction: float = TEST_FRACTION,
+                  force: bool = False) -> dict[str, Any]:
+    """``out/train.parquet`` and ``out/test.parquet`` from a HF id or local GSM8K files; returns row counts.
+
+    ``source`` a directory (``train``/``test`` files) or HF id gives both splits; a single file is the training
+    set with ``test_source``, else split by :func:`split_by_hash` (``test_fraction`` held out), so train and test
+    never share a problem."""
+    single = Path(source).expanduser().is_file()
+    if test_source is not None:
+        splits = {"train": load_gsm8k(source, "train"), "test": load_gsm8k(test_source, "test")}
+    elif single:
+        splits = dict(zip(("train", "test"), split_by_hash(load_gsm8k(source, "train"), test_fraction)))
+        for split, rows in splits.items():
+            if not rows:
+                raise BadSource(f"--source {source}: too few problems to hold some out for {split}; pass the test "
+                                f"set with --test-source FILE (or a folder holding train.jsonl and test.jsonl)")
+    else:
+        splits = {split: load_gsm8k(source, split) for split in ("train", "test")}
+    ids = {split: {prompt_id(ex["question"]) for ex in examples} for split, examples in splits.items()}
+    overlap = ids["train"] & ids["test"]
+    if overlap:
+        raise BadSource(f"train and test share {len(overlap)} problem(s): pass disjoint sources (--source for train, "
+                        "--test-source for test)")
+    claim_data_dir(out, "gsm8k", force=force)
+    summary: dict[str, Any] = {}
+    for split, examples in splits.items():
+        rows = gsm8k_rows(examples, split)
         summary[split] = {"rows": len(rows), "path": str(write_rows(rows, Path(out) / f"{split}.parquet"))}
+    if single and test_source is None:
+        summary["test"]["held_out_of"] = str(source)
     return summary
 
 
@@ -165,9 +245,10 @@ def arithmetic_rows(problems: Sequence[arithmetic.Problem], split: str) -> list[
 
 
 def prepare_arithmetic(out: str | os.PathLike, *, n_train: int = 2000, n_test: int = 200, seed: int = 0,
-                       **knobs: Any) -> dict[str, Any]:
+                       force: bool = False, **knobs: Any) -> dict[str, Any]:
     """``out/train.parquet`` and ``out/test.parquet``: :func:`rlkit.tasks.arithmetic.make_split` problems
     (``knobs``: :class:`~rlkit.tasks.arithmetic.TaskConfig` fields), hash-disjoint splits as in the tiny engine."""
+    claim_data_dir(out, "arithmetic", force=force)
     summary = {}
     for split, n in (("train", n_train), ("test", n_test)):
         rows = arithmetic_rows(arithmetic.make_split(n, split, seed, **knobs), split)
@@ -177,13 +258,16 @@ def prepare_arithmetic(out: str | os.PathLike, *, n_train: int = 2000, n_test: i
 
 def prepare_dapo(out: str | os.PathLike, source: str | os.PathLike = dapo_math.TRAIN_SOURCE,
                  val_source: str | os.PathLike | None = dapo_math.VAL_SOURCE, *, max_train: int | None = None,
-                 seed: int = 0) -> dict[str, Any]:
+                 seed: int = 0, force: bool = False) -> dict[str, Any]:
     """``out/train.parquet`` (DAPO-Math) and ``out/aime2024.parquet`` (``val_source``; None: none).
 
     ``max_train``: a seeded random subset of that many problems (ASPO trains on 10,000), kept in source order.
     Returns the counts of :func:`dapo_rows` per file.
     """
     train, info = dapo_rows(dapo_math.load(source), "train", "math_dapo")
+    if not train:
+        raise BadSource(f"--source {source} has no problems")
+    claim_data_dir(out, "dapo", force=force)
     if max_train is not None and max_train < len(train):
         keep = sorted(random.Random(seed).sample(range(len(train)), max_train))
         train = [{**train[i], "extra_info": {**train[i]["extra_info"], "index": j}} for j, i in enumerate(keep)]
@@ -367,25 +451,36 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     data = p.add_subparsers(dest="data_command", required=True)
     source_help = "HF dataset id, or a local .jsonl/.parquet file or directory"
 
+    force_help = "write into a non-empty directory rlkit did not write (only its own files are replaced)"
     p = data.add_parser("gsm8k", help="train.parquet + test.parquet in verl's GSM8K schema")
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--source", default=GSM8K_SOURCE, help=f"{source_help} (default %(default)s)")
-    p.set_defaults(func=lambda a: _print(prepare_gsm8k(a.out, a.source)))
+    p.add_argument("--source", default=GSM8K_SOURCE,
+                   help=f"{source_help} (default %(default)s); a single file is split into train and test unless "
+                        "--test-source is given")
+    p.add_argument("--test-source", default=None, help="a local file of test problems (with a single --source file)")
+    p.add_argument("--test-fraction", type=float, default=TEST_FRACTION,
+                   help="share of a single --source file held out for test (default %(default)s)")
+    p.add_argument("--force", action="store_true", help=force_help)
+    p.set_defaults(func=lambda a: _print(prepare_gsm8k(a.out, a.source, a.test_source, test_fraction=a.test_fraction,
+                                                       force=a.force)))
 
     p = data.add_parser("arithmetic", help="train.parquet + test.parquet of the tiny engine's word problems")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--train", type=int, default=2000, help="training problems (default %(default)s)")
     p.add_argument("--test", type=int, default=200, help="held-out problems (default %(default)s)")
     p.add_argument("--seed", type=int, default=0)
-    p.set_defaults(func=lambda a: _print(prepare_arithmetic(a.out, n_train=a.train, n_test=a.test, seed=a.seed)))
+    p.add_argument("--force", action="store_true", help=force_help)
+    p.set_defaults(func=lambda a: _print(prepare_arithmetic(a.out, n_train=a.train, n_test=a.test, seed=a.seed,
+                                                            force=a.force)))
     p = data.add_parser("dapo", help=f"{DAPO_TRAIN_FILE} (DAPO-Math-17k) + {DAPO_VAL_FILE} (AIME 2024)")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--source", default=dapo_math.TRAIN_SOURCE, help=f"{source_help} (default %(default)s)")
     p.add_argument("--val-source", default=dapo_math.VAL_SOURCE, help=f"{source_help}, or 'none' (default %(default)s)")
     p.add_argument("--max-train", type=int, default=None, help="a seeded random subset of this many problems")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--force", action="store_true", help=force_help)
     p.set_defaults(func=lambda a: _print(prepare_dapo(a.out, a.source, None if a.val_source == "none" else a.val_source,
-                                                      max_train=a.max_train, seed=a.seed)))
+                                                      max_train=a.max_train, seed=a.seed, force=a.force)))
 
     p = data.add_parser("spo-split", help="SPO offline values, 1/3: the training parquet in parts")
     p.add_argument("--input", required=True, help="training parquet (rlkit data gsm8k|dapo)")

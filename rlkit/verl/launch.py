@@ -39,9 +39,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlkit.files import claim_dir
 from rlkit.verl import cpu, runner
 from rlkit.verl.compose import (
     check_cpu_model,
+    check_model_dir,
     check_tool_tags,
     compose,
     hydra_value,
@@ -142,6 +144,9 @@ def plan(method: str, dataset: str | None, model: str | None, *, gpus: int | Non
     on_cpu = device == "cpu"
     if tiny is not None:
         dataset = dataset or "arithmetic"
+    if (nodes or 1) > 1 and not ray_address:
+        raise LaunchError(f"--nodes {nodes} needs --ray-address (the Ray cluster whose nodes run it); one node "
+                          "starts Ray locally")
     if on_cpu:
         if (gpus or 1) != 1 or (nodes or 1) != 1 or ray_address:
             raise LaunchError("--device cpu runs on this machine alone: leave out --gpus, --nodes and --ray-address")
@@ -223,6 +228,8 @@ def check(p: Plan):
         if p.model == str(default_cpu_model_path()):
             default_cpu_model()
         check_cpu_model(p.model)
+    else:
+        check_model_dir(p.model)
     if p.tool == "calculator":
         check_tool_tags(p.model)
     cfg = compose(p.overrides)
@@ -287,25 +294,46 @@ def resume_overrides(p: Plan) -> tuple[int | None, list[str]]:
                   "trainer.val_before_train=false"]
 
 
-def prepare_inputs(p: Plan, cfg) -> None:
-    """The run's data files (CPU runs on the word problems write them if missing) and SPO's offline values."""
+RUN_FILES = ("config.json", "env.json", TOOL_CONFIG_NAME, runner.LOG, runner.LAUNCH, runner.METRICS,
+             runner.VERL_METRICS, "checkpoints", "hydra")
+"""What a launch writes into its run directory (besides :data:`rlkit.files.MARKER`)."""
+
+
+def missing_inputs(p: Plan, cfg) -> list[tuple[str, str]]:
+    """``(key, path)`` of each input file the run reads that is not there (and that the launch will not write:
+    CPU runs on the word problems write their data if missing)."""
     inputs = {f"data.{key}": cfg.data[key] for key in ("train_files", "val_files")}
     if cfg.algorithm.get("spo") is not None and cfg.algorithm.spo.get("offline_values"):
         inputs["algorithm.spo.offline_values"] = cfg.algorithm.spo.offline_values
     files = [(key, path) for key, paths in inputs.items() for path in ([paths] if isinstance(paths, str) else paths)]
     missing = [(key, path) for key, path in files if not Path(path).expanduser().exists()]
-    if missing and p.dataset == "arithmetic" and all(key.startswith("data.") for key, _ in missing):
-        from rlkit.verl.data import prepare_arithmetic
+    if p.dataset == "arithmetic" and all(key.startswith("data.") for key, _ in missing):
+        return []
+    return missing
 
-        print(f"writing the word problems to {p.data_dir} (rlkit data arithmetic)", flush=True)
-        prepare_arithmetic(p.data_dir)
-        missing = [(key, path) for key, path in missing if not Path(path).expanduser().exists()]
+
+def _refuse_missing(p: Plan, missing: list[tuple[str, str]]) -> None:
     for key, path in missing:
         raise LaunchError(f"{key}: {path} not found; `rlkit data {p.dataset}` writes the data (and SPO's offline "
                           f"values) into {p.data_dir}, or pass {key}=... after --")
 
 
-def run(p: Plan, cfg, *, resume: bool = False, limits: runner.Limits | None = None, echo: bool = False) -> int:
+def prepare_inputs(p: Plan, cfg, *, force: bool = False) -> None:
+    """The run's data files (CPU runs on the word problems write them if missing) and SPO's offline values."""
+    _refuse_missing(p, missing_inputs(p, cfg))
+    absent = [path for key in ("train_files", "val_files")
+              for path in ([cfg.data[key]] if isinstance(cfg.data[key], str) else cfg.data[key])
+              if not Path(path).expanduser().exists()]
+    if absent:
+        from rlkit.verl.data import prepare_arithmetic
+
+        print(f"writing the word problems to {p.data_dir} (rlkit data arithmetic)", flush=True)
+        prepare_arithmetic(p.data_dir, force=force)
+        _refuse_missing(p, [("data", path) for path in absent if not Path(path).expanduser().exists()])
+
+
+def run(p: Plan, cfg, *, resume: bool = False, limits: runner.Limits | None = None, echo: bool = False,
+        force: bool = False) -> int:
     """Start ``p`` (after :func:`check`) under the watchdog; its exit status (124: stopped by the watchdog).
 
     A run directory with metrics or checkpoints is refused unless ``resume``, which continues it from its newest
@@ -315,7 +343,8 @@ def run(p: Plan, cfg, *, resume: bool = False, limits: runner.Limits | None = No
     if state and not resume:
         raise LaunchError(f"{state} exist(s) from an earlier launch: --resume continues that run from its newest "
                           "checkpoint, or pick another --experiment")
-    prepare_inputs(p, cfg)
+    prepare_inputs(p, cfg, force=force)
+    claim_dir(p.run_dir, "rlkit launch", force=force, writes=RUN_FILES)
     if runner.stop_previous(p.run_dir):  # an earlier launch's processes must not write beside this one
         print("stopped processes an earlier launch of this run left running", flush=True)
     step, extra = resume_overrides(p) if resume else (None, [])
@@ -378,12 +407,15 @@ def main(args) -> int:
              experiment=args.experiment, runs_dir=args.runs_dir, data_dir=data, device=args.device,
              steps=args.steps, tiny=tiny, extra=extra)
     cfg = check(p)
-    print(p.shell(multiline=True), flush=True)
     if args.dry_run:
+        if not p.remote:  # a cluster reads its own storage: what is missing here may be there
+            _refuse_missing(p, missing_inputs(p, cfg))
+        print(p.shell(multiline=True), flush=True)
         return 0
+    print(p.shell(multiline=True), flush=True)
     limits = None
     if args.timeout is not None:
         base = CPU_LIMITS if p.device == "cpu" else GPU_LIMITS
         limits = runner.Limits(startup_s=base.startup_s, step_s=base.step_s, error_grace_s=base.error_grace_s,
                                total_s=args.timeout)
-    return run(p, cfg, resume=args.resume, limits=limits, echo=args.verbose)
+    return run(p, cfg, resume=args.resume, limits=limits, echo=args.verbose, force=getattr(args, "force", False))

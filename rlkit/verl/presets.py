@@ -37,11 +37,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlkit.errors import UsageError
 from rlkit.verl import TRAINER
 from rlkit.verl.data import DAPO_TRAIN_FILE, DAPO_VAL_FILE
 
 
-class LaunchError(ValueError):
+class LaunchError(UsageError, ValueError):
     """A launch that would fail: the message names the bad key or value and what would be valid."""
 
 
