@@ -322,7 +322,7 @@ def check_settings(obj: Any, prefix: str = "") -> None:
             raise InvalidSetting(f"{key}: expected {_describe(hint)}, got {value!r} (--set {key}=VALUE)")
         _check_range(key, value)
     if choices is not None:  # the whole tree, once, from the top
-        flat = _flat_settings(obj)
+        flat = flat_settings(obj)
         for key, value in flat.items():
             allowed = choices.get(key, choices.get(key.rsplit(".", 1)[-1]) if key.endswith(".agg") else None)
             if allowed is not None and value not in allowed:
@@ -343,12 +343,10 @@ def _check_range(key: str, value: Any) -> None:
         raise InvalidSetting(f"{key} must be a finite number, got {value}")
 
 
-def _flat_settings(obj: Any, prefix: str = "") -> dict[str, Any]:
-    out = {}
-    for f in fields(obj):
-        value = getattr(obj, f.name)
-        if is_dataclass(value):
-            out.update(_flat_settings(value, f"{prefix}{f.name}."))
-        else:
-            out[prefix + f.name] = value
-    return out
+def flat_settings(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """A config (dataclass or its JSON dict, nested groups too) as dotted keys: ``{"grpo.clip_high": 0.28, ...}``."""
+    if is_dataclass(tree):
+        tree = {f.name: getattr(tree, f.name) for f in fields(tree)}
+    if not isinstance(tree, dict):
+        return {prefix.rstrip("."): tree}
+    return {k: v for key, value in tree.items() for k, v in flat_settings(value, f"{prefix}{key}.").items()}

@@ -43,7 +43,7 @@ from rlkit.tasks import arithmetic
 from rlkit.tiny.checkpoint import RunState, environment, load_checkpoint, restore_checkpoint, save_checkpoint
 # METHODS, build_config, parse_sets: re-exported for importers not moved yet (rlkit.verl.launch,
 # tests/test_reproduce.py, notebooks/07_comparison.md); new code imports them from rlkit.tiny.config
-from rlkit.tiny.config import METHODS, REGIMES, RLConfig, build_config, parse_sets  # noqa: F401
+from rlkit.tiny.config import METHODS, REGIMES, RLConfig, build_config, flat_settings, parse_sets  # noqa: F401
 from rlkit.tiny.model import token_logprobs
 from rlkit.tiny.sft import warm_start
 from rlkit.tiny.task import (
@@ -230,15 +230,8 @@ def _steps(path: Path) -> list[int]:
         raise CannotResume(f"{e}: the run's metrics are damaged; start it again in another --out") from None
 
 
-def _flat(config: Any, prefix: str = "") -> dict[str, Any]:
-    """A nested config as dotted keys (``grpo.clip_high``)."""
-    if not isinstance(config, dict):
-        return {prefix.rstrip("."): config}
-    return {k: v for key, value in config.items() for k, v in _flat(value, f"{prefix}{key}.").items()}
-
-
 def _differing(a: dict, b: dict) -> list[str]:
-    fa, fb = _flat(a), _flat(b)
+    fa, fb = flat_settings(a), flat_settings(b)
     return sorted(k for k in fa.keys() | fb.keys() if fa.get(k, "<unset>") != fb.get(k, "<unset>"))
 
 
