@@ -81,7 +81,7 @@ from rlkit import registry
 from rlkit.methods import aspo, hapo, spo
 from rlkit.tasks.tools import CodeDetection, count_code_calls, first_code_char
 from rlkit.verl import ADV_ESTIMATORS, POLICY_LOSSES, TRAINER
-from rlkit.verl.plugin import estimator_inputs, loss_inputs, method_config
+from rlkit.verl.inputs import estimator_inputs, loss_inputs, method_config
 from rlkit.verl.sampling import APPLIED, CONFIG_KEY, applied_metrics, read_applied, save_stats
 
 Tensor = torch.Tensor

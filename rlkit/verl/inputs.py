@@ -1,0 +1,154 @@
+"""What the rlkit trainer hands to rlkit's verl losses and estimators beyond verl's own signatures.
+
+Shared by :mod:`rlkit.verl.plugin` (the registered losses and estimators read it) and :mod:`rlkit.verl.trainer`
+(which sets it), so that neither imports the other for it:
+
+- :func:`method_config`: a method's ``Config`` (and verl-only extras) from ``+algorithm.<method>.*`` in verl's
+  config (the keys are listed in :mod:`rlkit.verl.plugin`'s docstring); :func:`verl_owned` puts verl's own keys
+  into it;
+- :func:`loss_inputs` / :func:`estimator_inputs`: contexts the trainer opens around verl's ``ppo_loss`` and
+  ``compute_advantage``, carrying the entropies, method options and per-response inputs verl does not pass.
+
+Importable without verl.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from rlkit import registry
+from rlkit.tasks.tools import CodeDetection
+from rlkit.verl import VERL_OWNED
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+CONFIGS = {name: registry.get_method(name).config for name in registry.list_methods()["method"]}
+"""rlkit method → the ``Config`` dataclass whose field names ``+algorithm.<method>.*`` uses."""
+
+VERL_EXTRAS = {"hapo": {"stats_path": None}, "spo": {"offline_values": None}, "aspo": {"code_detection": None}}
+"""Keys only a verl run has, per method, with their defaults."""
+
+ASPO_BASES = ("grpo", "hapo_tlga")
+"""Estimators ``algorithm.aspo.base_advantage`` may name in verl runs."""
+
+
+# --------------------------------------------------------------------------- +algorithm.<method>.* overrides
+
+
+def _section(config: Any, key: str) -> dict:
+    """``config[key]`` as a plain dict ({} when absent); ``config`` a DictConfig, dict, verl BaseConfig or None."""
+    if config is None:
+        return {}
+    value = config.get(key, None)
+    if value is None:
+        return {}
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(value, DictConfig):
+            value = OmegaConf.to_container(value, resolve=True)
+    except ImportError:  # pragma: no cover - omegaconf comes with verl
+        pass
+    if not isinstance(value, Mapping):
+        raise ValueError(f"algorithm.{key} must be a mapping of option names, got {value!r}")
+    return dict(value)
+
+
+def _code_detection(value: Any) -> CodeDetection:
+    if isinstance(value, CodeDetection):
+        return value
+    if not isinstance(value, Mapping):
+        raise ValueError(f"algorithm.aspo.code_detection must be a mapping, got {value!r}")
+    valid = [f.name for f in dataclasses.fields(CodeDetection)]
+    unknown = sorted(set(value) - set(valid))
+    if unknown:
+        raise ValueError(f"unknown key(s) algorithm.aspo.code_detection.{', '.join(unknown)}; valid: {', '.join(valid)}")
+    value = dict(value)
+    if "result_fences" in value:
+        value["result_fences"] = tuple(value["result_fences"])
+    return CodeDetection(**value)
+
+
+def method_config(algorithm: Any, method: str) -> tuple[Any, dict[str, Any]]:
+    """``(Config, extras)`` for ``method`` from the ``algorithm.<method>`` section of a verl config.
+
+    ``algorithm`` is verl's ``config.algorithm`` (DictConfig, dict, ``AlgoConfig``) or None (all defaults).
+    Unknown keys fail naming the valid ones; keys verl owns fail naming the verl key (module doc). ``extras``
+    holds the verl-only keys of :data:`VERL_EXTRAS` with their defaults filled in (ASPO's ``code_detection`` as a
+    :class:`~rlkit.tasks.tools.CodeDetection`, None for the default detectors).
+    """
+    if method not in CONFIGS:
+        raise KeyError(f"unknown rlkit method {method!r}; valid: {', '.join(sorted(CONFIGS))}")
+    cls = CONFIGS[method]
+    section = _section(algorithm, method)
+    extras = dict(VERL_EXTRAS.get(method, {}))
+    fields = {f.name for f in dataclasses.fields(cls)}
+    valid = sorted((fields - set(VERL_OWNED)) | set(extras))
+    for key in sorted(section):
+        if key in VERL_OWNED and key in fields:
+            raise ValueError(f"algorithm.{method}.{key} is set with verl's own key {VERL_OWNED[key]} in verl runs")
+        if key not in fields and key not in extras:
+            raise ValueError(f"unknown key algorithm.{method}.{key}; valid: {', '.join(valid)}")
+    for key in list(section):
+        if key in extras:
+            extras[key] = section.pop(key)
+    if extras.get("code_detection") is not None:
+        extras["code_detection"] = _code_detection(extras["code_detection"])
+    config = cls(**section)
+    base = getattr(config, "base_advantage", None)
+    if base is not None and base not in ASPO_BASES:
+        raise ValueError(f"algorithm.{method}.base_advantage {base!r}; valid: {', '.join(ASPO_BASES)}")
+    return config, extras
+
+
+def verl_owned(config: Any, **values: Any) -> Any:
+    """``config`` with the fields verl sets with its own keys (:data:`rlkit.verl.VERL_OWNED`) replaced by
+    ``values`` (``clip_low=...``); values for fields the Config does not have, or None, are left out."""
+    names = {f.name for f in dataclasses.fields(config)}
+    return dataclasses.replace(config, **{k: v for k, v in values.items() if k in names and v is not None})
+
+
+# --------------------------------------------------------------------------- per-call inputs
+
+
+class LossInputs(NamedTuple):
+    """What the rlkit trainer's actor loss hands to the registered losses for one micro-batch."""
+
+    entropy: Tensor | None
+    """The actor's token entropies ``(B, T)`` of this forward pass (padded like the log-probs)."""
+    options: Mapping[str, Any]
+    """rlkit method → its ``Config`` (:func:`method_config`)."""
+
+
+LOSS_INPUTS: ContextVar[LossInputs | None] = ContextVar("rlkit_loss_inputs", default=None)
+
+
+@contextmanager
+def loss_inputs(entropy: Tensor | None = None, options: Mapping[str, Any] | None = None) -> Iterator[None]:
+    """Within the block, ``rlkit_*`` losses read ``entropy`` and method ``options`` (see :class:`LossInputs`)."""
+    token = LOSS_INPUTS.set(LossInputs(entropy, dict(options or {})))
+    try:
+        yield
+    finally:
+        LOSS_INPUTS.reset(token)
+
+
+ESTIMATOR_INPUTS: ContextVar[Mapping[str, Any] | None] = ContextVar("rlkit_estimator_inputs", default=None)
+
+
+@contextmanager
+def estimator_inputs(**per_response: Any) -> Iterator[None]:
+    """Within the block, ``rlkit_*`` estimators read these per-response inputs, which verl's ``compute_advantage``
+    does not pass: fields of :class:`rlkit.registry.AdvantageInputs` (``correct``, ``first_code_pos``,
+    ``lengths``, ``code_pass``, ``baselines``) and ``real_rows`` ``(B,)`` bool, the rows that are not verl's
+    padding (the others get advantage 0 and stay out of the estimate)."""
+    token = ESTIMATOR_INPUTS.set(per_response)
+    try:
+        yield
+    finally:
+        ESTIMATOR_INPUTS.reset(token)
