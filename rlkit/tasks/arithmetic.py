@@ -41,6 +41,7 @@ from dataclasses import dataclass, fields
 
 from rlkit.tasks.calculator import run_tool
 from rlkit.tasks.gsm8k import score
+from rlkit.tasks.protocol import tool_call
 
 ALPHABET = "\n !#$%'()*+,-./0123456789:<=>?" + string.ascii_uppercase + string.ascii_lowercase
 """Every character a question, prompt, solution or calculator output may contain (82 characters)."""
@@ -125,7 +126,7 @@ class Problem:
     @property
     def tool(self) -> str:
         """``<code>48-18</code><output>30</output>… #### 15``: outputs are the calculator's answers."""
-        calls = "".join(f"<code>{expr}</code><output>{run_tool(expr)}</output>" for expr, _ in self.steps)
+        calls = "".join(tool_call(expr, run_tool(expr)) for expr, _ in self.steps)
         return f"{calls} #### {self.answer}"
 
     @property
@@ -150,7 +151,7 @@ class Problem:
         parts = [f"{self.plan} "] if random.Random(f"plan:{q}").random() < PLAN_SHARE else []
         for expr, value in self.steps:
             plain = rng.random() >= MIXED_TOOL_SHARE
-            parts.append(f"{expr}={value}. " if plain else f"<code>{expr}</code><output>{run_tool(expr)}</output>")
+            parts.append(f"{expr}={value}. " if plain else tool_call(expr, run_tool(expr)))
         return "".join(parts).rstrip() + f" #### {self.answer}"
 
     def solution(self, form: str = "tool") -> str:

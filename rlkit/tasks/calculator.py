@@ -27,6 +27,8 @@ import operator
 import re
 from collections.abc import Callable
 
+from rlkit.tasks.protocol import TOOL_ERROR
+
 MAX_CHARS = 64
 """Longest accepted expression, in characters (surrounding spaces not counted)."""
 MAX_ABS = 10**12
@@ -136,6 +138,6 @@ def run_tool(expr: str) -> str:
     try:
         return format_number(evaluate(expr))
     except CalculatorError as e:
-        return f"error: {e}"
+        return f"{TOOL_ERROR}: {e}"
     except (ArithmeticError, RecursionError, MemoryError):  # unreachable within the limits: a backstop
-        return "error: cannot compute"
+        return f"{TOOL_ERROR}: cannot compute"

@@ -31,11 +31,13 @@ from typing import Any
 import torch
 
 from rlkit.files import claim_dir, lock_dir, os_errors, record_files, remove_owned
+from rlkit.tasks.protocol import END_OUTPUT, OUTPUT
 from rlkit.tiny.model import ModelConfig, TinyDecoder
 from rlkit.tiny.tokenizer import BOS, EOS, PAD, CharTokenizer
 
 CHAT_TEMPLATE = ("{{ bos_token }}{% for message in messages %}{% if message['role'] == 'tool' %}"
-                 "<output>{{ message['content'] }}</output>{% else %}{{ message['content'] }}{% endif %}{% endfor %}")
+                 + OUTPUT + "{{ message['content'] }}" + END_OUTPUT
+                 + "{% else %}{{ message['content'] }}{% endif %}{% endfor %}")
 """The tiny engine's text as a chat template: ``<bos>``, then each message's content as it is — a tool's answer
 inside ``<output>…</output>``, as the tiny sampler writes it — and nothing added for the reply."""
 

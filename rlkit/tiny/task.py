@@ -10,6 +10,7 @@ import torch
 
 from rlkit.tasks import arithmetic
 from rlkit.tasks.calculator import run_tool
+from rlkit.tasks.protocol import OUTPUT, TOOL_ERROR
 from rlkit.tiny.model import TinyDecoder, token_logprobs
 from rlkit.tiny.sampler import Rollout, sample
 from rlkit.tiny.tokenizer import CharTokenizer
@@ -71,7 +72,7 @@ def score_rollout(rollout: Rollout, problems: Sequence[arithmetic.Problem]) -> S
     device = rollout.tokens.device
     rewards = torch.tensor([arithmetic.reward(p, t) for p, t in zip(problems, rollout.texts)], dtype=torch.float32,
                            device=device)
-    failed = torch.tensor(["<output>error" in t for t in rollout.texts], device=device)
+    failed = torch.tensor([OUTPUT + TOOL_ERROR in t for t in rollout.texts], device=device)
     return Scored(rewards=rewards, code_pass=(rollout.tool_calls > 0) & ~failed)
 
 
@@ -131,8 +132,8 @@ def response_logprobs(
     responses: Sequence[Tensor],
     temperatures: Sequence[Tensor],
 ) -> Tensor:
-    """Log-probs ``(n, T)`` of stored responses (1-D token tensors) under ``model`` — e.g. SPO's divergence between
-    the policy that sampled a prompt's last response and the current one. Padding positions are 0."""
+    """Log-probs ``(n, T)`` of stored responses (1-D token tensors) under ``model`` — e.g. to compare the policy that
+    sampled a prompt's last response with the current one. Padding positions are 0."""
     prompt_ids, prompt_mask = tokenizer.encode_batch(list(prompts), bos=True, pad_left=True)
     lengths = torch.tensor([len(r) for r in responses])
     T = int(lengths.max())

@@ -18,11 +18,12 @@ from typing import Any
 
 import torch
 
+from rlkit.tasks.protocol import CODE, END_CODE, END_OUTPUT, OUTPUT
+
 PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
-CODE, END_CODE, OUTPUT, END_OUTPUT = "<code>", "</code>", "<output>", "</output>"
 SPECIALS: tuple[str, ...] = (PAD, BOS, EOS, CODE, END_CODE, OUTPUT, END_OUTPUT)
-TOOL_TAGS: tuple[str, ...] = (CODE, END_CODE, OUTPUT, END_OUTPUT)
-"""The calculator protocol's tags: single tokens in every tokenizer that speaks it (here, and exported)."""
+"""The default specials, in id order from 0 (trained checkpoints depend on it); the tool tags are the
+calculator protocol's (:mod:`rlkit.tasks.protocol`)."""
 ERRORS = ("strict", "ignore")
 
 

@@ -225,7 +225,7 @@ def check_tool_tags(model: str) -> None:
     """The calculator protocol needs the tool tags as single tokens of the model's tokenizer."""
     from transformers import AutoTokenizer
 
-    from rlkit.tiny.tokenizer import TOOL_TAGS
+    from rlkit.tasks.protocol import TOOL_TAGS
 
     try:
         with quiet():

@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from rlkit.tiny.hf import VLLM_HEAD_SIZES  # noqa: F401  (the sizes vLLM's CPU attention takes; checked at launch)
+from rlkit.verl.from_tiny import VLLM_HEAD_SIZES  # noqa: F401  (vLLM CPU attention's head sizes; checked at launch)
 
 PLATFORM = "cpu"
 """verl's name of the platform (``VERL_PLATFORM``)."""

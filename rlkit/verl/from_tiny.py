@@ -20,6 +20,11 @@ model on the same problems with the same hyperparameters:
 What cannot be matched is listed with the comparison (the book's *Two engines* page): verl's AdamW runs a warm-up
 from 0 where the tiny engine's starts at lr/warmup, its sampler is vLLM (so the old log-probs are recomputed by the
 trainer, not the sampler's), its loss runs in micro-batches, and a stray ``</code>`` ends a verl response.
+
+This module is also the bridge: the only one of :mod:`rlkit.verl` that imports :mod:`rlkit.tiny`
+(``tests/test_layering.py`` holds the rest to it). What they need of the tiny engine is here —
+:data:`VLLM_HEAD_SIZES` and :func:`parse_sets` — and importing it loads only :mod:`rlkit.tiny.hf` (it runs in
+every verl and vLLM process through :mod:`rlkit.verl.cpu`); the rest of the tiny engine is imported where used.
 """
 
 from __future__ import annotations
@@ -30,10 +35,12 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rlkit import registry
-from rlkit.tiny.config import RLConfig, build_config
+from rlkit.tiny.hf import VLLM_HEAD_SIZES
+
+if TYPE_CHECKING:
+    from rlkit.tiny.config import RLConfig
 
 DATA_FORM = "mixed"
 """Reference solutions kept in the rows (the tiny engine's default form)."""
@@ -41,7 +48,16 @@ DATA_FORM = "mixed"
 
 def run_config(method: str, scale: str, overrides: dict[str, Any] | None = None) -> RLConfig:
     """The tiny engine's configuration of ``method`` at ``scale`` (``rlkit train --set`` style ``overrides``)."""
+    from rlkit.tiny.config import build_config
+
     return build_config(method, scale, overrides)
+
+
+def parse_sets(items: list[str] | None) -> dict[str, str]:
+    """``--set KEY=VALUE`` items as :func:`run_config`'s ``overrides`` (:func:`rlkit.tiny.config.parse_sets`)."""
+    from rlkit.tiny.config import parse_sets
+
+    return parse_sets(items)
 
 
 def cache_key(cfg: RLConfig) -> str:
@@ -68,6 +84,7 @@ def _method_options(name: str, config: Any) -> dict[str, Any]:
 
 def overrides(cfg: RLConfig) -> dict[str, Any]:
     """verl keys reproducing ``cfg`` (module doc), applied after the method's preset and the CPU preset."""
+    from rlkit import registry
     from rlkit.tasks import arithmetic
     from rlkit.tiny.task import max_response_tokens
 
@@ -161,4 +178,4 @@ def prepare(cfg: RLConfig, root: str | os.PathLike, *, device: str = "cpu", prog
     return out
 
 
-__all__ = ["DATA_FORM", "cache_key", "overrides", "prepare", "run_config"]
+__all__ = ["DATA_FORM", "VLLM_HEAD_SIZES", "cache_key", "overrides", "parse_sets", "prepare", "run_config"]

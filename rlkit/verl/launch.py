@@ -385,11 +385,10 @@ def main(args) -> int:
         extra = extra[1:]
     model, data, tiny = args.model, args.data, None
     if args.tiny_scale is not None:
-        from rlkit.tiny.rl import parse_sets
         from rlkit.verl import from_tiny
 
         try:
-            tiny = from_tiny.run_config(args.method, args.tiny_scale, parse_sets(args.set))
+            tiny = from_tiny.run_config(args.method, args.tiny_scale, from_tiny.parse_sets(args.set))
         except (KeyError, ValueError) as e:
             raise LaunchError(f"--tiny-scale/--set: {e.args[0] if e.args else e}") from None
         print(f"preparing the tiny engine's {args.tiny_scale} run for verl (SFT start, pool, held-out problems)",

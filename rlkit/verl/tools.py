@@ -59,8 +59,8 @@ from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 from verl.utils.rollout_trace import rollout_trace_op
 
 from rlkit.tasks.calculator import run_tool
+from rlkit.tasks.protocol import CODE, END_CODE, TOOL_ERROR, TOOL_TAGS
 from rlkit.tasks.sandbox import Limits, SandboxResult, run_code
-from rlkit.tiny.tokenizer import CODE, END_CODE, TOOL_TAGS
 
 TOOL_CONFIG = Path(__file__).with_name("sandbox_tool.yaml")
 """verl tool config (``multi_turn.tool_config_path``) declaring :class:`SandboxTool` as ``code_interpreter``."""
@@ -82,7 +82,7 @@ class CalculatorTool(BaseTool):
     async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs) -> tuple[ToolResponse, float, dict]:
         expression = parameters.get("expression", "")
         answer = run_tool(expression if isinstance(expression, str) else "")
-        ok = not answer.startswith("error")
+        ok = not answer.startswith(TOOL_ERROR)
         return ToolResponse(text=answer), float(ok), {"status": "ok" if ok else "error"}
 
 
