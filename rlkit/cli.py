@@ -73,10 +73,14 @@ def _torch_version() -> str:
 
 
 def _published_machine() -> dict | None:
-    from rlkit.reproduced import machine
-    from rlkit.reproduce import PUBLISHED_DIR
+    from rlkit.lab.paths import ProjectNotFound, published_dir
+    from rlkit.lab.reproduced import machine
 
-    return machine(PUBLISHED_DIR) if PUBLISHED_DIR.exists() else None
+    try:
+        published = published_dir()
+    except ProjectNotFound:  # a wheel outside a checkout: nothing published to compare with
+        return None
+    return machine(published) if published.exists() else None
 
 
 def _start(args: argparse.Namespace) -> int:
@@ -84,7 +88,7 @@ def _start(args: argparse.Namespace) -> int:
     from rlkit.tiny.sft import SHIPPED_DIR, shipped_manifest, warm_start
 
     if args.ship:
-        from rlkit.reproduce import ship_start
+        from rlkit.lab.reproduce import ship_start
 
         entry = ship_start(args.scale)
         print(f"shipped: {SHIPPED_DIR} (weights {entry['sha256'][:12]}, held-out accuracy {entry['val_acc']:.3f}, "
@@ -103,8 +107,10 @@ def _start(args: argparse.Namespace) -> int:
 
 
 def _reproduced(args: argparse.Namespace) -> int:
-    from rlkit.reproduced import report, to_markdown
+    from rlkit.lab import paths
+    from rlkit.lab.reproduced import report, to_markdown
 
+    args.results, args.published = args.results or paths.results_dir(), args.published or paths.published_dir()
     for path in (args.results, args.published):
         if not Path(path).is_dir():
             raise UsageError(f"{path} is not a results folder: pass --results/--published folders of runs")
@@ -175,10 +181,12 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _reproduce(args: argparse.Namespace) -> int:
-    from rlkit.book import build
-    from rlkit.reproduce import NotebookFailed, reproduce
+    from rlkit.lab import paths
+    from rlkit.lab.book import build
+    from rlkit.lab.reproduce import NotebookFailed, reproduce
 
     _retrain_sft(args)
+    args.results = args.results or paths.results_dir()  # no project: the one-line refusal, before anything runs
     try:
         done = reproduce(only=args.only, scale=args.scale, seeds=args.seeds, results=args.results, device=args.device,
                          workers=args.workers)
@@ -190,7 +198,7 @@ def _reproduce(args: argparse.Namespace) -> int:
     total = sum(done["minutes"].values())
     print(f"reproductions: {len(done['notebooks'])} notebooks in {total:.1f} min")
     if done.get("reproduced"):
-        from rlkit.reproduced import to_markdown
+        from rlkit.lab.reproduced import to_markdown
 
         print(to_markdown(done["reproduced"]))
         print(f"(also in {Path(args.results) / 'reproduced.md'})")
@@ -200,7 +208,7 @@ def _reproduce(args: argparse.Namespace) -> int:
 
 
 def _book(args: argparse.Namespace) -> int:
-    from rlkit.book import build
+    from rlkit.lab.book import build
 
     try:
         index = build(args.book_dir, args.results, strict=not args.no_strict, force=args.force)
@@ -216,7 +224,7 @@ def _plot(args: argparse.Namespace) -> int:
     import matplotlib
 
     matplotlib.use("Agg")
-    from rlkit import plots
+    from rlkit.lab import plots
 
     try:
         runs = plots.load_runs(args.runs)
@@ -274,15 +282,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "numbers then depend on this CPU: rlkit env)")
     p.set_defaults(func=_export)
 
-    from rlkit.book import BOOK_DIR
-    from rlkit.reproduce import RESULTS_DIR
-
+    results_help = "results directory (default: the project's reproductions/results; the project: a checkout, " \
+                   "or $RLKIT_PROJECT)"
     p = sub.add_parser("reproduce", help="execute the reproduction notebooks with papermill, then build the book")
     p.add_argument("--only", nargs="+", metavar="NAME", help="these specs only (reproductions/specs/NAME.yaml)")
     p.add_argument("--scale", default=None, choices=list(SCALES), help="override every spec's scale")
     p.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 per run (default: each spec's, 3)")
     p.add_argument("--workers", type=int, default=2, help="runs trained side by side, one CPU thread each (default 2)")
-    p.add_argument("--results", default=str(RESULTS_DIR), help="results directory (default %(default)s)")
+    p.add_argument("--results", default=None, help=results_help)
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--book", action="store_true", help="build the book afterwards (rlkit book)")
     p.add_argument("--retrain-sft", action="store_true",
@@ -290,12 +297,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "numbers then depend on this CPU: rlkit env)")
     p.set_defaults(func=_reproduce)
 
-    from rlkit.reproduce import PUBLISHED_DIR
-
     p = sub.add_parser("reproduced", help="did I reproduce? these results beside the published ones, run by run and "
                                           "claim by claim")
-    p.add_argument("--results", default=str(RESULTS_DIR), help="this machine's results (default %(default)s)")
-    p.add_argument("--published", default=str(PUBLISHED_DIR), help="the published results (default %(default)s)")
+    p.add_argument("--results", default=None, help="this machine's " + results_help)
+    p.add_argument("--published", default=None,
+                   help="the published results (default: the project's reproductions/results-cpu)")
     p.set_defaults(func=_reproduced)
 
     p = sub.add_parser("start", help="the SFT start every run begins from: shipped with rlkit, or trained here")
@@ -311,8 +317,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_env)
 
     p = sub.add_parser("book", help="build the Jupyter Book from the executed notebooks (no execution)")
-    p.add_argument("--results", default=str(RESULTS_DIR), help="results directory (default %(default)s)")
-    p.add_argument("--book-dir", default=str(BOOK_DIR), help="book sources; HTML goes to BOOK_DIR/_build/html")
+    p.add_argument("--results", default=None, help=results_help)
+    p.add_argument("--book-dir", default=None,
+                   help="book sources (default: the project's book/); HTML goes to BOOK_DIR/_build/html")
     p.add_argument("--no-strict", action="store_true", help="do not turn Sphinx warnings into errors")
     p.add_argument("--force", action="store_true", help="replace a BOOK_DIR/notebooks folder rlkit did not write "
                                                         "(only the notebooks it copies there are replaced)")

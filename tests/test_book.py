@@ -16,10 +16,12 @@ from urllib.parse import urldefrag, urljoin, urlparse
 import pytest
 import yaml
 
-from rlkit.book import BOOK_DIR, build
-from rlkit.claims import CLAIMS_FILE, DROPPED, RECORD_FIELDS, UNTESTABLE, VERDICTS
-from rlkit.reproduce import load_specs, reproduce
+from rlkit.lab import paths
+from rlkit.lab.book import build
+from rlkit.lab.claims import CLAIMS_FILE, DROPPED, RECORD_FIELDS, UNTESTABLE, VERDICTS
+from rlkit.lab.reproduce import load_specs, reproduce
 
+BOOK_DIR = paths.book_dir()
 METHOD_PAGES = ["00_overview", "01_grpo", "02_gspo", "03_aspo", "04_aepo", "05_spo", "06_hapo", "07_comparison"]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
@@ -96,7 +98,7 @@ def test_claims_json_has_a_complete_record_for_every_claim(smoke):
 
 
 def test_a_failing_cell_stops_with_the_cell_and_the_error(tmp_path):
-    from rlkit.reproduce import NotebookFailed, Spec, execute
+    from rlkit.lab.reproduce import NotebookFailed, Spec, execute
 
     nb = tmp_path / "bad.md"
     nb.write_text("---\njupytext:\n  text_representation:\n    format_name: myst\nkernelspec:\n  name: python3\n"

@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from rlkit.book import BOOK_DIR, executed_notebooks
 from rlkit.cli import main
-from rlkit.notebook import fold_checks, tail
-from rlkit.reproduce import REPO
+from rlkit.lab import paths
+from rlkit.lab.book import executed_notebooks
+from rlkit.lab.notebook import fold_checks, tail
+
+REPO, BOOK_DIR = paths.project_root(), paths.book_dir()
 
 # Files that exist only in the developers' workspace: a published page must not send a reader to them.
 DEVELOPER_FILES = ("METHODS.md", "METHODS §", "NOTES-", "DESIGN.md", "STYLE.md", "../shared")
@@ -40,7 +42,7 @@ def test_no_page_or_docstring_cites_a_developer_file():
 
 def test_the_scan_covers_the_pages_it_guards():
     names = {p.relative_to(REPO).as_posix() for p in _sources()}
-    assert {"README.md", "book/method_notes.md", "notebooks/06_hapo.md", "rlkit/notebook.py"} <= names
+    assert {"README.md", "book/method_notes.md", "notebooks/06_hapo.md", "rlkit/lab/notebook.py"} <= names
 
 
 def test_method_notes_have_one_labelled_section_per_method_and_are_in_the_toc():
@@ -73,7 +75,7 @@ def test_method_page_anatomy(name):
     assert "{admonition} Pseudocode: one training step" in text[:first_section], f"{name}: no pseudocode"
     assert re.findall(r"^## (.+)$", text, re.M) == SECTIONS
     assert "remove-cell" not in text, f"{name}: a hidden cell (imports must stay visible: hide-input)"
-    assert "def tail(" not in text, f"{name}: a copy of rlkit.notebook.tail"
+    assert "def tail(" not in text, f"{name}: a copy of rlkit.lab.notebook.tail"
     implementation = text[text.index("## Implementation"):text.index("## Checks on toy tensors")]
     assert "show_source(" in implementation, f"{name}: Implementation does not show rlkit's source"
     if name != "01_grpo":

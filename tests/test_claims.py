@@ -12,13 +12,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlkit import claims, plots
-from rlkit.claims import (
+from rlkit.lab import claims, plots
+from rlkit.lab.claims import (
     DROPPED, HOLDS, IDLE, INCONCLUSIVE, NO_EFFECT, OPPOSITE, UNTESTABLE, Claim, judge, judge_spec, null_margin,
     run_name, seeds_problems_interval, t_interval, verdict_of,
 )
 from rlkit.metrics import MetricsWriter
-from rlkit.reproduce import Spec, load_specs
+from rlkit.lab.reproduce import Spec, load_specs
 from test_reproduce import fake_run
 
 ACTIVE = {"metric": "act", "at_least": 0.5}

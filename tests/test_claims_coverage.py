@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
-from rlkit.claims import LEVEL, seeds_problems_interval, t_interval
+from rlkit.lab.claims import LEVEL, seeds_problems_interval, t_interval
 
 REPS = 20_000  # Monte Carlo s.e. of a 90% coverage: 0.2 points
 
@@ -32,7 +32,7 @@ def test_the_replaced_three_seed_percentile_bootstrap_undercovers():
     means = d[:, picks].mean(-1)  # (reps, 27)
     lo, hi = np.quantile(means, [0.05, 0.95], axis=1)
     cov = coverage(np.stack([lo, hi], 1), 0.0)
-    assert cov < 0.75, cov  # about 0.64: why rlkit.claims uses t-intervals
+    assert cov < 0.75, cov  # about 0.64: why rlkit.lab.claims uses t-intervals
 
 
 @pytest.mark.parametrize("seed_sd", [0.0, 0.015, 0.04])

@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from rlkit.reproduce import REPO
+from rlkit.lab.paths import project_root
 from test_book import VIEWPORT, launch_chromium
+
+REPO = project_root()
 
 NOTEBOOK = "01_grpo.md"
 START_TIMEOUT = 180  # s: JupyterLab's start on a busy 2-core machine

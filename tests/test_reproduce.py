@@ -9,9 +9,9 @@ import matplotlib
 import pytest
 import torch
 
-from rlkit import plots
+from rlkit.lab import plots
 from rlkit.metrics import MetricsWriter, read_metrics
-from rlkit.reproduce import Spec, ensure_run, load_specs, run_complete
+from rlkit.lab.reproduce import Spec, ensure_run, load_specs, run_complete
 
 matplotlib.use("Agg")
 
@@ -83,7 +83,7 @@ def test_a_spec_plans_every_run_of_every_regime_variant_and_seed():
 
 
 def test_train_runs_side_by_side_then_reuses_them(tmp_path, monkeypatch):
-    from rlkit.reproduce import PlannedRun, train_runs
+    from rlkit.lab.reproduce import PlannedRun, train_runs
 
     monkeypatch.setenv("RLKIT_CACHE", str(tmp_path / "cache"))
     plan = [PlannedRun("grpo", "grpo", "standard", 0), PlannedRun("gspo-stress", "gspo", "stress", 1),
@@ -104,7 +104,7 @@ def test_train_runs_progress_moves_as_each_run_ends(tmp_path, monkeypatch):
     """Three runs on two workers: the first to end is counted before the third (started after it) ends."""
     import time
 
-    import rlkit.reproduce as reproduce
+    import rlkit.lab.reproduce as reproduce
 
     updates = []
 
@@ -185,7 +185,7 @@ def test_variants_of_one_method_are_told_apart_by_line_style_and_marker(tmp_path
 
 
 def test_a_published_run_without_its_checkpoint_says_why_and_what_to_run(tmp_path):
-    from rlkit.notebook import final_state
+    from rlkit.lab.notebook import final_state
 
     run = plots.load_run(fake_run(tmp_path, "spo", 0, {"val/acc": [0.1, 0.2]}))
     with pytest.raises(FileNotFoundError, match="checkpoints are not committed.*rlkit reproduce --only"):

@@ -1,4 +1,4 @@
-"""Did I reproduce? (rlkit/reproduced.py): bit-identical, within the published spread, outside it, per run; verdicts
+"""Did I reproduce? (rlkit/lab/reproduced.py): bit-identical, within the published spread, outside it, per run; verdicts
 per claim; both machines named."""
 
 from __future__ import annotations
@@ -9,10 +9,12 @@ import shutil
 
 import pytest
 
-from rlkit import reproduced
-from rlkit.reproduce import PUBLISHED_DIR, get_spec
+from rlkit.lab import paths, reproduced
+from rlkit.lab.reproduce import get_spec
 from rlkit.tiny.config import build_config
 from rlkit.tiny.rl import train
+
+PUBLISHED_DIR = paths.published_dir()
 
 
 @pytest.fixture(scope="module")

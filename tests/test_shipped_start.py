@@ -98,7 +98,7 @@ def test_the_shipped_cpu_scale_start_matches_its_manifest():
 
 
 def test_ship_start_writes_the_start_its_manifest_and_spos_offline_passes(tmp_path, monkeypatch):
-    from rlkit.reproduce import ship_start
+    from rlkit.lab.reproduce import ship_start
 
     monkeypatch.setattr(sft_mod, "SHIPPED_DIR", tmp_path / "start")
     entry = ship_start("smoke", progress=False, cache_dir=tmp_path / "trained")

@@ -1,4 +1,4 @@
-"""rlkit.two_engines: the metric pairs, the agreement rule on hand-sized runs, and the figure."""
+"""rlkit.lab.two_engines: the metric pairs, the agreement rule on hand-sized runs, and the figure."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rlkit import two_engines
-from rlkit.plots import Run
+from rlkit.lab import two_engines
+from rlkit.lab.plots import Run
 
 
 def run(columns: dict[str, list[float]], steps=None, **config) -> Run:

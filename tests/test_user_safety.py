@@ -231,7 +231,7 @@ def test_book_checks_it_is_a_book_before_touching_anything(tmp_path, capsys):
 
 
 def test_book_stage_refuses_a_notebooks_folder_it_did_not_write(tmp_path, monkeypatch):
-    from rlkit import book
+    from rlkit.lab import book
 
     results = tmp_path / "results"
     executed = {"a": results / "a.ipynb"}

@@ -17,7 +17,8 @@ pytest.importorskip("hydra")
 
 from omegaconf import OmegaConf  # noqa: E402
 
-from rlkit import book_pages, cli  # noqa: E402
+from rlkit import cli  # noqa: E402
+from rlkit.lab import book_pages  # noqa: E402
 from rlkit.metrics import metrics_frame  # noqa: E402
 from rlkit.verl import compose as C  # noqa: E402
 from rlkit.verl import launch as L  # noqa: E402

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from rlkit.plots import COLORS, Run
+from rlkit.lab.plots import Run, method_color, methods
 
 
 @dataclass(frozen=True)
@@ -50,8 +50,7 @@ QUANTITIES: tuple[Quantity, ...] = (
 )
 """What every method's page compares."""
 
-OWN: dict[str, Quantity | None] = {
-    "grpo": None,  # the baseline: no mechanism of its own
+OWN: dict[str, Quantity] = {
     "gspo": Quantity("clipped sequences (%)", ("actor/pg_clipfrac_seq",), ("actor/pg_clipfrac_seq",), True),
     "aspo": Quantity("first call at token (mean)", ("aspo/first_code_pos/mean",),
                      ("aspo/first_code_pos/mean", "actor/aspo/first_code_pos/mean")),
@@ -61,16 +60,18 @@ OWN: dict[str, Quantity | None] = {
     "hapo": Quantity("sampling temperature (mean)", ("hapo/temperature/mean",),
                      ("hapo/sampler/temperature_mean", "hapo/temperature/mean")),
 }
-"""Each method's own metric: what its mechanism does (ASPO's first-call position, SPO's ρ, HAPO's temperature)."""
+"""Each method's own metric: what its mechanism does (ASPO's first-call position, SPO's ρ, HAPO's temperature).
+A registered method it does not name (GRPO, the baseline; a method added later) is compared on :data:`QUANTITIES`."""
 
 ENGINES = ("tiny engine", "verl")
 
 
 def quantities(method: str) -> tuple[Quantity, ...]:
-    """The quantities of ``method``'s comparison: :data:`QUANTITIES` and its own metric."""
-    if method not in OWN:
-        raise KeyError(f"unknown method {method!r}; valid: {', '.join(OWN)}")
-    return QUANTITIES if OWN[method] is None else (*QUANTITIES, OWN[method])
+    """The quantities of ``method``'s comparison (a registered method): :data:`QUANTITIES` and its own metric."""
+    valid = methods()
+    if method not in valid:
+        raise KeyError(f"unknown method {method!r}; valid: {', '.join(valid)}")
+    return (*QUANTITIES, OWN[method]) if method in OWN else QUANTITIES
 
 
 def series(run: Run, names: Sequence[str], *, percent: bool = False, last_step: int | None = None) -> pd.Series:
@@ -95,11 +96,11 @@ def pair(tiny: Run, verl: Run, quantity: Quantity) -> tuple[pd.Series, pd.Series
 def figure(tiny: Run, verl: Run, method: str, *, caption: str | None = None):
     """One panel per quantity (three per row, the book's page width), the tiny engine's curve beside verl's; one
     legend outside the data (in the last row's empty slot, or above the panels)."""
-    from rlkit.plots import add_caption, legend_outside, panels
+    from rlkit.lab.plots import add_caption, legend_outside, panels
 
     qs = quantities(method)
     fig, axes, spare = panels(len(qs), ncols=3, height=2.7)
-    color = COLORS.get(method, "#333333")
+    color = method_color(method)
     for ax, q in zip(axes, qs):
         t, v = pair(tiny, verl, q)
         ax.plot(t.index, t.values, color=color, lw=1.8, marker="o" if len(t) <= 12 else None, ms=4,

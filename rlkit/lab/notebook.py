@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rlkit import claims, plots
-from rlkit.plots import Run
-from rlkit.reproduce import RESULTS_DIR, ensure_run, get_spec
+from rlkit.lab import claims, paths, plots
+from rlkit.lab.plots import Run
+from rlkit.lab.reproduce import ensure_run, get_spec
 
 
 def show_source(*objects: Any, checks: bool = False) -> None:
@@ -116,14 +116,14 @@ def final_state(run: Run, map_location: str = "cpu") -> dict[str, Any]:
 
 
 def results_dir(results: str | Path | None) -> Path:
-    """The notebooks' ``results`` parameter: None means this checkout's ``reproductions/results``."""
-    return Path(results) if results else RESULTS_DIR
+    """The notebooks' ``results`` parameter: None means the project's ``reproductions/results``."""
+    return Path(results) if results else paths.results_dir()
 
 
 def spec_runs(name: str, *, scale: str, seeds: int, results: str | Path | None, device: str = "cpu",
               progress: bool = True, regime: str = "standard", variant: str | None = None) -> list[Run]:
     """Seeds 0..``seeds``−1 of a reproduction's run — its method in ``regime``, or one of its ``variant`` runs
-    (``reproductions/specs/<name>.yaml``) — trained, resumed or reused (:func:`rlkit.reproduce.ensure_run`)."""
+    (``reproductions/specs/<name>.yaml``) — trained, resumed or reused (:func:`rlkit.lab.reproduce.ensure_run`)."""
     spec = get_spec(name)
     if spec.method is None:
         raise ValueError(f"spec {name!r} trains no method")
@@ -166,7 +166,7 @@ def compare_runs(
 
 def claims_table(name: str, *, seed: int | None = None, seeds: int | None = None,
                  results: str | Path | None = None):
-    """The spec's claims as a styled table whose verdict column is coloured (the rules: :data:`rlkit.claims.RULES`):
+    """The spec's claims as a styled table whose verdict column is coloured (the rules: :data:`rlkit.lab.claims.RULES`):
     the records of ``claims.json`` beside the runs when they were judged on the same seeds (one ``seed``, or seeds
     0..``seeds``−1), else judged now from the runs."""
     spec = get_spec(name)

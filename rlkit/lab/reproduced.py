@@ -17,7 +17,7 @@ reproduced`` prints it for any two results folders. Per run and seed:
   curves).
 
 Per claim: the verdict judged from this machine's runs and from the published runs of the same seeds, by the same
-rules (:func:`rlkit.claims.judge_claims`); the ones that differ are listed.
+rules (:func:`rlkit.lab.claims.judge_claims`); the ones that differ are listed.
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def compare_runs(results: str | Path, published: str | Path) -> pd.DataFrame:
 def compare_claims(results: str | Path, published: str | Path, specs: Sequence[Any]) -> pd.DataFrame:
     """Every judged claim's verdict from the published runs and from this machine's, over the seeds this machine ran
     (of the spec's method), for the specs whose runs both folders hold."""
-    from rlkit.claims import judge_spec
+    from rlkit.lab.claims import judge_spec
 
     rows = []
     for spec in specs:
@@ -167,7 +167,7 @@ def machine(root: str | Path) -> dict[str, Any]:
 def report(results: str | Path, published: str | Path, specs: Sequence[Any] | None = None) -> dict[str, Any]:
     """Both comparisons and both machines; written to ``<results>/reproduced.json`` and ``reproduced.md``."""
     if specs is None:
-        from rlkit.reproduce import load_specs
+        from rlkit.lab.reproduce import load_specs
 
         specs = load_specs()
     runs, claims = compare_runs(results, published), compare_claims(results, published, specs)

@@ -4,7 +4,8 @@
 ``references.bib``. :func:`build` copies each spec's executed notebook from the results into
 ``<book>/notebooks/`` and runs ``jupyter-book build`` with warnings as errors; nothing is executed during the build
 (``execute_notebooks: off``), so the pages show exactly what ``rlkit reproduce`` computed. The generated blocks
-of the hand-written *Full-scale runs* page (presets table, launch commands) come from :mod:`rlkit.book_pages`.
+of the hand-written *Full-scale runs* page (presets table, launch commands) come from
+:mod:`rlkit.lab.book_pages`. Every default folder is the project's (:mod:`rlkit.lab.paths`).
 
     rlkit book                                  # reproductions/results -> book/_build/html
     rlkit book --results /tmp/smoke --book /tmp/book-copy
@@ -19,20 +20,19 @@ from pathlib import Path
 
 from rlkit.errors import NotABook
 from rlkit.files import claim_dir, lock_dir, os_errors, record_files, remove_owned
-from rlkit.reproduce import REPO, RESULTS_DIR, SPECS_DIR, load_specs
-
-BOOK_DIR = REPO / "book"
-
-
-def executed_notebooks(results: Path = RESULTS_DIR, specs_dir: Path = SPECS_DIR) -> dict[str, Path]:
-    """Where each spec's executed notebook lies under ``results``, by spec name."""
-    return {spec.name: spec.out_dir(Path(results)) / f"{Path(spec.notebook).stem}.ipynb"
-            for spec in load_specs(specs_dir)}
+from rlkit.lab import paths
+from rlkit.lab.reproduce import load_specs
 
 
-def check_results(results: Path = RESULTS_DIR, specs_dir: Path = SPECS_DIR) -> dict[str, Path]:
+def executed_notebooks(results: Path | None = None, specs_dir: Path | None = None) -> dict[str, Path]:
+    """Where each spec's executed notebook lies under ``results`` (default: the project's), by spec name."""
+    results = Path(results or paths.results_dir())
+    return {spec.name: spec.out_dir(results) / f"{Path(spec.notebook).stem}.ipynb" for spec in load_specs(specs_dir)}
+
+
+def check_results(results: Path | None = None, specs_dir: Path | None = None) -> dict[str, Path]:
     """:func:`executed_notebooks`, or FileNotFoundError naming every missing one and the command that makes them."""
-    results = Path(results)
+    results = Path(results or paths.results_dir())
     notebooks = executed_notebooks(results, specs_dir)
     missing = {name: path for name, path in notebooks.items() if not path.exists()}
     if not missing:
@@ -52,18 +52,19 @@ def check_book(book: Path) -> None:
     missing = [name for name in ("_config.yml", "_toc.yml") if not (Path(book) / name).is_file()]
     if missing:
         raise NotABook(f"{book} is not a Jupyter Book (no {' or '.join(missing)}): pass --book-dir the folder that "
-                       f"holds the book's _config.yml and _toc.yml (default {BOOK_DIR})")
+                       "holds the book's _config.yml and _toc.yml (default: the project's book/)")
 
 
-def stage(book: Path = BOOK_DIR, results: Path = RESULTS_DIR, specs_dir: Path = SPECS_DIR, *,
+def stage(book: Path | None = None, results: Path | None = None, specs_dir: Path | None = None, *,
           force: bool = False) -> list[Path]:
     """Copy every spec's executed notebook into ``<book>/notebooks/``; missing ones are an error that names them
     all and the command that makes them (:func:`check_results`), raised before anything is copied. Only the
     notebooks an earlier build copied there are replaced (:func:`rlkit.files.claim_dir`): a ``notebooks``
     folder rlkit did not write is refused unless ``force``."""
+    book = Path(book or paths.book_dir())
     check_book(book)
-    notebooks = check_results(Path(results), Path(specs_dir))
-    target = Path(book) / "notebooks"
+    notebooks = check_results(results, specs_dir)
+    target = book / "notebooks"
     names = [path.name for path in notebooks.values()]
     claim_dir(target, "rlkit book", force=force, writes=names)
     with lock_dir(target, "book"), os_errors():
@@ -72,14 +73,14 @@ def stage(book: Path = BOOK_DIR, results: Path = RESULTS_DIR, specs_dir: Path = 
         return [Path(shutil.copy2(path, target / path.name)) for path in notebooks.values()]
 
 
-def build(book: Path = BOOK_DIR, results: Path = RESULTS_DIR, *, strict: bool = True,
-          specs_dir: Path = SPECS_DIR, force: bool = False) -> Path:
+def build(book: Path | None = None, results: Path | None = None, *, strict: bool = True,
+          specs_dir: Path | None = None, force: bool = False) -> Path:
     """Stage the notebooks and build the HTML book; returns ``<book>/_build/html/index.html``.
 
     ``strict`` turns every Sphinx warning into an error (``-W --keep-going``: all warnings are listed, then it
     fails). The build is from scratch each time (``--all``) so a stale page cannot survive."""
-    book = Path(book)
-    stage(book, Path(results), Path(specs_dir), force=force)
+    book = Path(book or paths.book_dir())
+    stage(book, results, specs_dir, force=force)
     cmd = [sys.executable, "-c", "from jupyter_book.cli.main import main; main()", "build", str(book), "--all"]
     if strict:
         cmd += ["-W", "--keep-going"]

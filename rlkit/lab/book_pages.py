@@ -5,7 +5,8 @@ holds :func:`presets_table`, and each ``<!-- rlkit launch METHOD DATASET -->`` t
 run (:data:`BOOK_RUNS`) and the ``main_ppo`` command it validates and runs (:func:`book_block`), each block
 ending at ``<!-- end -->``. :func:`update_book_page` re-renders them all from today's presets
 (:mod:`rlkit.verl.presets`) and plan (:func:`rlkit.verl.launch.plan`); a test fails when the page differs from
-it. Nothing here imports verl.
+it. The methods are the registry's that have a verl preset, in the figures' order (:func:`rlkit.lab.plots.methods`).
+Nothing here imports verl.
 """
 
 from __future__ import annotations
@@ -14,20 +15,27 @@ import re
 import shlex
 from collections.abc import Sequence
 
+from rlkit.lab.plots import methods
 from rlkit.verl.launch import plan
-from rlkit.verl.presets import METHODS, PRESETS, dataset_spec, method_preset
+from rlkit.verl.presets import PRESETS, dataset_spec, method_preset
+
+BOOK_METHODS = [m for m in methods() if m in PRESETS]
+"""The methods the page shows: every registered method verl has a preset for, in the figures' order."""
+DAPO_RUNS: dict[str, tuple[str, int, int]] = {
+    "grpo": ("Qwen/Qwen3-8B", 8, 1),  # SPO's GRPO baseline (method notes: SPO)
+    "gspo": ("Qwen/Qwen3-8B-Base", 8, 1),  # the paper's Qwen3-30B-A3B-Base is MoE: Megatron territory
+    "aspo": ("Qwen/Qwen3-8B", 8, 1),  # ASPO §4.1
+    "aepo": ("Qwen/Qwen3-4B", 8, 1),  # ARLArena's math trainer, 4B (method notes: AEPO)
+    "spo": ("Qwen/Qwen3-8B", 8, 1),  # SPO (method notes: SPO)
+    "hapo": ("Qwen/Qwen3-8B-Base", 8, 4),  # v1 Table 1's Qwen3 row, 32×A100 (method notes: HAPO)
+}
+"""Each method's DAPO-Math run as its paper ran it: (model, GPUs per node, nodes); a method it does not name runs as
+GRPO's (Qwen3-8B on one node of 8 GPUs)."""
 
 #: The runs the book's "Full-scale runs" page shows: dataset → method → (model, GPUs per node, nodes).
 BOOK_RUNS: dict[str, dict[str, tuple[str, int, int]]] = {
-    "gsm8k": {m: ("Qwen/Qwen2.5-0.5B-Instruct", 1, 1) for m in METHODS},  # one 80 GB GPU
-    "dapo": {
-        "grpo": ("Qwen/Qwen3-8B", 8, 1),  # SPO's GRPO baseline (method notes: SPO)
-        "gspo": ("Qwen/Qwen3-8B-Base", 8, 1),  # the paper's Qwen3-30B-A3B-Base is MoE: Megatron territory
-        "aspo": ("Qwen/Qwen3-8B", 8, 1),  # ASPO §4.1
-        "aepo": ("Qwen/Qwen3-4B", 8, 1),  # ARLArena's math trainer, 4B (method notes: AEPO)
-        "spo": ("Qwen/Qwen3-8B", 8, 1),  # SPO (method notes: SPO)
-        "hapo": ("Qwen/Qwen3-8B-Base", 8, 4),  # v1 Table 1's Qwen3 row, 32×A100 (method notes: HAPO)
-    },
+    "gsm8k": {m: ("Qwen/Qwen2.5-0.5B-Instruct", 1, 1) for m in BOOK_METHODS},  # one 80 GB GPU
+    "dapo": {m: DAPO_RUNS.get(m, DAPO_RUNS["grpo"]) for m in BOOK_METHODS},
 }
 
 
@@ -62,7 +70,8 @@ def presets_table() -> str:
               "DAPO-Math max response", "DAPO mechanics", "tools"]
     rows = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     actor = "actor_rollout_ref.actor."
-    for method, preset in PRESETS.items():
+    for method in BOOK_METHODS:
+        preset = PRESETS[method]
         keys = {**preset.keys, **preset.dapo}
         clip = " / ".join(f"{keys[actor + 'clip_ratio_' + k]:g}" for k in ("low", "high", "c"))
         mechanics = [name for name, on in (
@@ -88,7 +97,7 @@ def update_book_page(text: str) -> str:
     """``text`` with its ``<!-- rlkit presets -->`` table and every ``<!-- rlkit launch METHOD DATASET -->``
     block re-rendered from today's presets (the tests check that the book's page is up to date)::
 
-        python -c "from pathlib import Path; from rlkit.book_pages import update_book_page as u; \\
+        python -c "from pathlib import Path; from rlkit.lab.book_pages import update_book_page as u; \\
                    p = Path('book/full_scale_runs.md'); p.write_text(u(p.read_text()))"
     """
     def render(match: re.Match) -> str:

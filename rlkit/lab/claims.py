@@ -50,7 +50,7 @@ import pandas as pd
 from scipy import stats
 
 from rlkit.metrics import read_metrics
-from rlkit.plots import Run, load_run
+from rlkit.lab.plots import Run, load_run
 from rlkit.tiny.config import REGIMES
 
 EXPECT = ("lower", "higher", "not_lower", "equal", "rise", "at_least")
@@ -465,7 +465,7 @@ def _fmt(x: float | None, signed: bool = False) -> str:
 
 
 def judge_spec(spec, results: str | Path, seeds: Sequence[int] | None = None) -> list[dict[str, Any]]:
-    """The records of every claim of ``spec`` (a :class:`rlkit.reproduce.Spec`), from the runs of ``seeds``
+    """The records of every claim of ``spec`` (a :class:`rlkit.lab.reproduce.Spec`), from the runs of ``seeds``
     (default: the spec's) under ``results``. Seeds without a run are left out."""
     results = Path(results)
     seeds = list(range(spec.seeds)) if seeds is None else list(seeds)

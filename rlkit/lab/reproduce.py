@@ -8,8 +8,9 @@ notebook (jupytext MyST → ipynb) and executes it with papermill, once per seed
 stops everything with its cell and error.
 
 Inside a notebook, :func:`ensure_run` trains a method (or reuses a finished run, or resumes a killed one), and
-:func:`rlkit.claims.judge_spec` turns a spec's claims into records of verdicts computed from the metrics files —
-never typed in (the rules, the null-calibrated margins and the verdicts: :mod:`rlkit.claims`).
+:func:`rlkit.lab.claims.judge_spec` turns a spec's claims into records of verdicts computed from the metrics files —
+never typed in (the rules, the null-calibrated margins and the verdicts: :mod:`rlkit.lab.claims`). The specs,
+notebooks and results are the project's (:mod:`rlkit.lab.paths`): a checkout, or ``$RLKIT_PROJECT``.
 """
 
 from __future__ import annotations
@@ -22,23 +23,19 @@ from pathlib import Path
 from typing import Any
 
 
-from rlkit import claims
-from rlkit.claims import Claim, run_name
-from rlkit.plots import Run, load_run
+from rlkit.lab import claims, paths
+from rlkit.lab.claims import Claim, run_name
+from rlkit.lab.plots import Run, load_run
 from rlkit.tiny.config import REGIMES, build_config
 
-REPO = Path(__file__).resolve().parent.parent
-SPECS_DIR = REPO / "reproductions" / "specs"
-RESULTS_DIR = REPO / "reproductions" / "results"
-PUBLISHED_DIR = REPO / "reproductions" / "results-cpu"
-"""The published cpu-scale results, which :mod:`rlkit.reproduced` sets a reproduction beside."""
+
 @dataclass
 class Spec:
     """One reproduction: ``reproductions/specs/<name>.yaml``."""
 
     name: str
     notebook: str
-    """Path of the MyST notebook, relative to the repository root."""
+    """Path of the MyST notebook, relative to the project root (:func:`rlkit.lab.paths.project_root`)."""
     title: str = ""
     method: str | None = None
     """The method the notebook trains (None: overview / comparison, which read the method reproductions' runs)."""
@@ -139,15 +136,17 @@ class PlannedRun:
     overrides: tuple[tuple[str, Any], ...] = ()
 
 
-def load_specs(specs_dir: str | Path = SPECS_DIR) -> list[Spec]:
-    """Every spec, in notebook order (00_overview first, 07_comparison last)."""
-    specs = [Spec.load(p) for p in sorted(Path(specs_dir).glob("*.yaml"))]
+def load_specs(specs_dir: str | Path | None = None) -> list[Spec]:
+    """Every spec in ``specs_dir`` (default: the project's), in notebook order (00_overview first, 07_comparison
+    last)."""
+    specs_dir = Path(specs_dir) if specs_dir else paths.specs_dir()
+    specs = [Spec.load(p) for p in sorted(specs_dir.glob("*.yaml"))]
     if not specs:
         raise FileNotFoundError(f"no specs in {specs_dir}")
     return sorted(specs, key=lambda s: Path(s.notebook).name)
 
 
-def get_spec(name: str, specs_dir: str | Path = SPECS_DIR) -> Spec:
+def get_spec(name: str, specs_dir: str | Path | None = None) -> Spec:
     specs = {s.name: s for s in load_specs(specs_dir)}
     if name not in specs:
         raise KeyError(f"no spec {name!r}; valid: {', '.join(specs)}")
@@ -173,21 +172,22 @@ def ensure_run(
     *,
     scale: str = "cpu",
     seed: int = 0,
-    results: str | Path = RESULTS_DIR,
+    results: str | Path | None = None,
     device: str = "cpu",
     overrides: dict[str, Any] | None = None,
     name: str | None = None,
     regime: str = "standard",
     progress: bool = True,
 ) -> Run:
-    """The tiny-engine run of ``method`` in ``regime`` at ``<results>/<name>/seed<seed>`` (default name: the method,
+    """The tiny-engine run of ``method`` in ``regime`` at ``<results>/<name>/seed<seed>`` (default results: the
+    project's, :func:`rlkit.lab.paths.results_dir`; default name: the method,
     ``<method>-stress`` in the stress regime): reused when finished with the same config, resumed when killed
     part-way, trained otherwise. A finished run with another config is an error (delete it, or pass another
     ``name``)."""
     from rlkit.tiny.rl import train
 
     cfg = build_config(method, scale, {"seed": seed, **(overrides or {})}, regime=regime)
-    run_dir = Path(results) / (name or run_name(method, regime)) / f"seed{seed}"
+    run_dir = Path(results or paths.results_dir()) / (name or run_name(method, regime)) / f"seed{seed}"
     if run_complete(run_dir):
         saved = json.loads((run_dir / "config.json").read_text())
         wanted = json.loads(json.dumps(_asdict(cfg), default=list))
@@ -222,13 +222,14 @@ def execute(spec: Spec, out_dir: Path, parameters: dict[str, Any], *, progress: 
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
-    if not (REPO / spec.notebook).exists():
-        raise FileNotFoundError(f"spec {spec.name!r}: notebook {spec.notebook} does not exist")
+    root = paths.project_root()
+    if not (root / spec.notebook).exists():
+        raise FileNotFoundError(f"spec {spec.name!r}: notebook {spec.notebook} does not exist in {root}")
     out_dir.mkdir(parents=True, exist_ok=True)
     output = out_dir / f"{Path(spec.notebook).stem}.ipynb"
     try:
         papermill.execute_notebook(
-            notebook_node(REPO / spec.notebook), str(output), parameters=parameters, cwd=str(REPO),
+            notebook_node(root / spec.notebook), str(output), parameters=parameters, cwd=str(root),
             kernel_name="python3", progress_bar=progress, request_save_on_cell_execute=True,
         )
     except PapermillExecutionError as e:
@@ -251,7 +252,7 @@ def train_runs(
     runs: Sequence[PlannedRun],
     *,
     scale: str,
-    results: str | Path = RESULTS_DIR,
+    results: str | Path | None = None,
     device: str = "cpu",
     workers: int = 2,
     progress: bool = True,
@@ -263,7 +264,7 @@ def train_runs(
 
     from tqdm.auto import tqdm
 
-    results = Path(results)
+    results = Path(results or paths.results_dir())
     todo = [p for p in runs if not run_complete(results / p.name / f"seed{p.seed}")]
     if not todo:
         return {}
@@ -324,29 +325,30 @@ def reproduce(
     only: Sequence[str] | None = None,
     scale: str | None = None,
     seeds: int | None = None,
-    results: str | Path = RESULTS_DIR,
+    results: str | Path | None = None,
     device: str = "cpu",
-    specs_dir: str | Path = SPECS_DIR,
+    specs_dir: str | Path | None = None,
     workers: int = 2,
     progress: bool = True,
 ) -> dict[str, Any]:
     """Train every run the specs (``only``: these names) need at ``scale`` (default: each spec's) with ``seeds``
     seeds, ``workers`` side by side (:func:`train_runs`), then execute each spec's notebook once on them, and set
-    the runs beside the published ones (:func:`rlkit.reproduced.report`, unless ``results`` is the published
+    the runs beside the published ones (:func:`rlkit.lab.reproduced.report`, unless ``results`` is the published
     folder); returns ``{"notebooks": [paths], "minutes": {what: m}, "reproduced": the report or None}``. A failing
     notebook raises :class:`NotebookFailed`."""
     if seeds is not None and (not isinstance(seeds, int) or seeds < 1):
         raise ValueError(f"seeds must be an integer ≥ 1, got {seeds!r}")
-    specs = load_specs(specs_dir)
+    specs = load_specs(specs_dir)  # no project: ProjectNotFound, before anything is trained
+    root, published = paths.project_root(), paths.published_dir()
     if only:
         names = {s.name for s in specs}
         unknown = sorted(set(only) - names)
         if unknown:
             raise KeyError(f"unknown reproductions {unknown}; valid: {', '.join(sorted(names))}")
         specs = [s for s in specs if s.name in only]
-    results = Path(results).resolve()
-    # notebooks run with the repository as working directory: a path inside it is shown relative, as on the CLI
-    shown = results.relative_to(REPO) if results.is_relative_to(REPO) else results
+    results = Path(results or paths.results_dir()).resolve()
+    # notebooks run with the project as working directory: a path inside it is shown relative, as on the CLI
+    shown = results.relative_to(root) if results.is_relative_to(root) else results
     minutes: dict[str, float] = {}
     by_scale: dict[str, list[PlannedRun]] = {}
     for spec in specs:
@@ -370,17 +372,17 @@ def reproduce(
         minutes[spec.name] = (time.perf_counter() - t0) / 60
         print(f"[{i}/{len(specs)}] {spec.name}: done in {minutes[spec.name]:.1f} min -> {done[-1]}", flush=True)
     compared = None
-    if PUBLISHED_DIR.is_dir() and results != PUBLISHED_DIR.resolve():  # did I reproduce? (rlkit/reproduced.py)
-        from rlkit.reproduced import report
+    if published.is_dir() and results != published.resolve():  # did I reproduce? (rlkit/lab/reproduced.py)
+        from rlkit.lab.reproduced import report
 
-        compared = report(results, PUBLISHED_DIR, specs)
+        compared = report(results, published, specs)
     return {"notebooks": done, "minutes": minutes, "reproduced": compared}
 
 
 # ------------------------------------------------------------------------------------------------ the shipped start
 
 
-def ship_start(scale: str = "cpu", *, specs_dir: str | Path = SPECS_DIR, cache_dir: str | Path | None = None,
+def ship_start(scale: str = "cpu", *, specs_dir: str | Path | None = None, cache_dir: str | Path | None = None,
                progress: bool = True) -> dict[str, Any]:
     """Maintainers: train the SFT start of ``scale`` on this machine (one thread; one already trained here and
     cached in ``cache_dir``, default the SFT cache, is taken as it is) and ship it — the checkpoint into

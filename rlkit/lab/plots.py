@@ -12,6 +12,7 @@ model, data and seeds, so a figure can never pass for a paper's.
 from __future__ import annotations
 
 import json
+import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,9 +28,33 @@ X_AXES = {
     "tokens": "response tokens sampled (thousands)",
     "minutes": "wall time of the RL stage (minutes)",
 }
+ORDER = ("grpo", "gspo", "aspo", "aepo", "spo", "hapo")
+"""The methods every figure and table shows first, in this order: GRPO, the baseline, then the book's chapters
+(notebooks 01–06); every other registered method follows by name (:func:`methods`)."""
 COLORS = {"grpo": "#4c4c4c", "gspo": "#1f77b4", "aspo": "#2ca02c", "aepo": "#d62728", "spo": "#9467bd",
           "hapo": "#ff7f0e"}
-"""One colour per method in every figure of the book (GRPO, the baseline, in grey)."""
+"""One colour per method in every figure of the book (GRPO, the baseline, in grey); others: :func:`method_color`."""
+PALETTE = ("#8c564b", "#e377c2", "#17becf", "#bcbd22", "#393b79", "#637939", "#843c39", "#7b4173")
+"""The colours of the methods :data:`COLORS` does not name (none of them is one of its colours)."""
+
+
+def methods() -> list[str]:
+    """Every registered method (:func:`rlkit.registry.list_methods`) in display order: :data:`ORDER`, then the
+    others by name. A method registered later (a plugin, DAPO) appears on the pages without a change here."""
+    from rlkit.registry import list_methods
+
+    registered = list_methods()["method"]
+    return [m for m in ORDER if m in registered] + sorted(set(registered) - set(ORDER))
+
+
+def method_color(method: str) -> str:
+    """``method``'s colour: :data:`COLORS`, else one of :data:`PALETTE` by its place in :func:`methods` (a name
+    the registry does not know, such as a run folder's: one chosen from the name, the same every time)."""
+    if method in COLORS:
+        return COLORS[method]
+    others = [m for m in methods() if m not in COLORS]
+    k = others.index(method) if method in others else zlib.crc32(method.encode())
+    return PALETTE[k % len(PALETTE)]
 
 
 @dataclass
@@ -265,7 +290,7 @@ def curves(
             if not all(metric in r.frame for r in group):
                 continue
             band = seed_band(group, metric, xi)
-            color = COLORS.get(group[0].method)  # a variant (grpo-stress, aspo-eq1): its method's colour, dashed
+            color = method_color(group[0].method)  # a variant (grpo-stress, aspo-eq1): its method's colour, dashed
             label = f"{method} ({len(group)} seed{'s' if len(group) > 1 else ''})"
             ls, marker = styles[method]
             ax.plot(band.index, band["mean"], label=label, color=color, lw=1.8, ls=ls,
@@ -292,7 +317,7 @@ def line_styles(groups: dict[str, list[Run]]) -> dict[str, tuple]:
     seen: dict[str, int] = {}
     styles = {}
     for label, group in groups.items():
-        if label in COLORS:
+        if label == group[0].method:
             styles[label] = ("-", "o")
             continue
         k = seen.get(group[0].method, 0)

@@ -1,0 +1,99 @@
+"""Where the reproduction app finds its project: the one place its paths are resolved.
+
+The *project* is the folder that holds ``reproductions/specs/`` (the experiment specs) and ``notebooks/`` (the
+MyST notebooks they execute) — a checkout of rlkit. It is, in this order:
+
+1. ``$RLKIT_PROJECT`` when set (and nothing else: a wrong value is an error, not a reason to look elsewhere);
+2. the current directory or the nearest folder above it that is one;
+3. the checkout this package was imported from (an editable install or ``PYTHONPATH``).
+
+A wheel installed into a virtual environment has no project of its own (the specs, notebooks and results are not
+package data): run from a checkout, or point ``RLKIT_PROJECT`` at one. Without a project the app refuses with
+:class:`ProjectNotFound`, one line saying what is missing, where it looked and what to do. The library (the tiny
+engine, the methods, ``rlkit train``) needs none of this.
+
+Everything is resolved when asked, not at import: ``rlkit reproduce --help`` works anywhere, and a test that sets
+``RLKIT_PROJECT`` or changes directory is seen at once.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from rlkit.errors import UsageError
+
+ENV = "RLKIT_PROJECT"
+"""The environment variable that names the project folder."""
+MARKERS = ("reproductions/specs", "notebooks")
+"""The folders a project holds (relative to its root)."""
+
+
+class ProjectNotFound(UsageError):
+    """No rlkit project (``reproductions/specs/`` and ``notebooks/``) where the app looked (exit 2)."""
+
+
+def is_project(folder: str | Path) -> bool:
+    """Whether ``folder`` holds every one of :data:`MARKERS`."""
+    return all((Path(folder) / marker).is_dir() for marker in MARKERS)
+
+
+def _checkout() -> Path:
+    """The folder above the ``rlkit`` package this module was imported from (a checkout when installed editable)."""
+    return Path(__file__).resolve().parents[2]
+
+
+def _candidates() -> list[Path]:
+    """Where the project is looked for without ``$RLKIT_PROJECT``, in order."""
+    here = Path.cwd().resolve()
+    return [here, *here.parents, _checkout()]
+
+
+def find_project() -> Path | None:
+    """The project root (see the module's order), or None where there is none; ``$RLKIT_PROJECT`` naming a folder
+    that is not one is an error (:class:`ProjectNotFound`)."""
+    named = os.environ.get(ENV)
+    if named:
+        root = Path(named).expanduser().resolve()
+        if not is_project(root):
+            missing = [m + "/" for m in MARKERS if not (root / m).is_dir()]
+            raise ProjectNotFound(f"{ENV}={named} is not an rlkit project (no {' or '.join(missing)} in {root}): "
+                                  f"point {ENV} at a checkout of rlkit, or unset it")
+        return root
+    return next((c for c in _candidates() if is_project(c)), None)
+
+
+def project_root() -> Path:
+    """The project root, or :class:`ProjectNotFound` naming what is missing, where it looked and what to do."""
+    root = find_project()
+    if root is None:
+        here, checkout = Path.cwd().resolve(), _checkout()
+        raise ProjectNotFound(
+            f"no rlkit project found: {' and '.join(m + '/' for m in MARKERS)} are not in {here} or any folder above "
+            f"it, nor in {checkout} (where rlkit is installed): run from a checkout of rlkit, or set {ENV} to one")
+    return root
+
+
+def specs_dir() -> Path:
+    """``<project>/reproductions/specs``: one YAML spec per reproduction."""
+    return project_root() / "reproductions" / "specs"
+
+
+def results_dir() -> Path:
+    """``<project>/reproductions/results``: this machine's runs and executed notebooks (``rlkit reproduce``)."""
+    return project_root() / "reproductions" / "results"
+
+
+def published_dir() -> Path:
+    """``<project>/reproductions/results-cpu``: the published cpu-scale results (:mod:`rlkit.lab.reproduced`)."""
+    return project_root() / "reproductions" / "results-cpu"
+
+
+def book_dir() -> Path:
+    """``<project>/book``: the Jupyter Book's hand-written pages and configuration (:mod:`rlkit.lab.book`)."""
+    return project_root() / "book"
+
+
+def notebooks_dir() -> Path:
+    """``<project>/notebooks``: the MyST notebooks the specs name."""
+    return project_root() / "notebooks"
