@@ -273,6 +273,56 @@ PRESETS: dict[str, Preset] = {
         # Qwen3 recipes: 12,288 tokens, overlong 4096 with penalty 1.0; validation n 8, T 0.5, top-p 0.7
         dapo={"data.max_response_length": 12288, **_overlong(), **_val(8, 0.5, 0.7)},
     ),
+    # DAPO (arXiv 2503.14476 §4.1): 512 prompts × 16, mini-batches of 512 responses (32 prompts: 16 updates per step).
+    # In verl, dynamic sampling is verl's filter_groups (its replay buffer refills the batch with groups of mixed
+    # accuracy, as the paper does, where the tiny engine's DapoHooks over-sample up front) and the overlong penalty
+    # verl's dapo reward manager.
+    "dapo": Preset(
+        n=16, updates=16, dapo_prompts=512,
+        keys={
+            "algorithm.adv_estimator": "rlkit_grpo",  # GRPO's group advantage (Eq. 10)
+            "actor_rollout_ref.actor.policy_loss.loss_mode": "rlkit_ppo",
+            **_clip(0.2, 0.28, 10.0),  # clip-higher ε_low 0.2, ε_high 0.28 (§3.1); c = 10: verl's DAPO recipe
+            "actor_rollout_ref.actor.loss_agg_mode": "token-mean",  # token-level loss (§3.3, Eq. 12)
+            **_DYNAMIC_SAMPLING,  # dynamic sampling (§3.2, Eq. 11)
+            "actor_rollout_ref.actor.optim.lr_warmup_steps": 20,  # lr 1e-6 with 20 warm-up steps (§4.1)
+        },
+        # L_max 16,384 + L_cache 4,096 = 20,480 tokens with the soft overlong penalty (§3.4, Eq. 13; §4.1);
+        # AIME avg@32 at top-p 0.7 (§4.1)
+        dapo={"data.max_response_length": 20480, **_overlong(4096, 1.0), **_val(32, 1.0, 0.7)},
+    ),
+    # Dr. GRPO (arXiv 2503.20783): GRPO's preset with the two terms §3 removes — nothing else changed, so the two
+    # presets differ only there.
+    "dr_grpo": Preset(
+        n=8, updates=8, dapo_prompts=128,  # GRPO's preset
+        keys={
+            "algorithm.adv_estimator": "rlkit_dr_grpo",  # Â = R − mean R (§3.2, Fig. 1) ...
+            "algorithm.norm_adv_by_std_in_grpo": False,  # ... no std: verl's key sets dr_grpo.norm_by_std
+            "actor_rollout_ref.actor.policy_loss.loss_mode": "rlkit_ppo",
+            **_clip(0.2, 0.28, 10.0),  # GRPO's preset
+            # each response's token losses summed and divided by one constant, the generation budget (§3.2; the
+            # paper's code divides by MAX_TOKENS): verl pads a micro-batch only to its longest response, so the
+            # constant is set rather than left to the padded width
+            "actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-sum-norm",
+            "actor_rollout_ref.actor.loss_scale_factor": "${data.max_response_length}",
+        },
+        dapo={"data.max_response_length": 8192, **_SPO_VAL, **_SPO_FORMAT},  # GRPO's preset
+    ),
+    # CISPO (MiniMax-M1, arXiv 2506.13585 §3.1) on GRPO's group advantage (the paper's Eq. 2); rlkit's cispo loss,
+    # equal to verl's own `cispo` in values and gradients (tests/test_cispo.py), which also logs cispo/clipped_frac.
+    # The paper states no batch for its CISPO runs: GRPO's preset.
+    "cispo": Preset(
+        n=8, updates=8, dapo_prompts=128,  # GRPO's preset
+        keys={
+            "algorithm.adv_estimator": "rlkit_grpo",
+            "actor_rollout_ref.actor.policy_loss.loss_mode": "rlkit_cispo",
+            # ε_low^IS 1.0: no lower bound on the weight (§3.1); ε_high^IS tuned, value not given: DAPO's 0.28;
+            # c: not read by CISPO (verl's default)
+            **_clip(1.0, 0.28, 3.0),
+            "actor_rollout_ref.actor.loss_agg_mode": "token-mean",  # Eq. 4's 1/Σ_i|o_i|
+        },
+        dapo={"data.max_response_length": 8192, **_SPO_VAL, **_SPO_FORMAT},  # GRPO's preset
+    ),
 }
 METHODS = tuple(PRESETS)
 
