@@ -33,12 +33,12 @@ import numpy as np
 import torch
 
 from rlkit.core import fused
-from rlkit.methods.aepo import aepo_advantage, aepo_loss
+from rlkit.methods.aepo import aepo_advantage
 from rlkit.methods.aspo import aspo_shape
-from rlkit.methods.grpo import grpo_advantage, ppo_clip_loss
-from rlkit.methods.gspo import gspo_loss
-from rlkit.methods.hapo import adaptive_clip, entropy_stats, hapo_loss, normalized_entropy, redistribute_advantage, tlga_advantage
+from rlkit.methods.grpo import grpo_advantage
+from rlkit.methods.hapo import adaptive_clip, entropy_stats, normalized_entropy, redistribute_advantage, tlga_advantage
 from rlkit.methods.spo import spo_advantage
+from rlkit.registry import call_policy_loss  # a loss by name: its fused path (rlkit.methods.fast) where it applies
 
 ROWS: list[dict] = []
 
@@ -205,7 +205,7 @@ def main() -> None:
     vanilla, verl_gspo = core_algos.get_policy_loss_fn("vanilla"), core_algos.get_policy_loss_fn("gspo")
     floor4 = clones(logp, old, adv, mask)
     floor5 = clones(logp, old, adv, mask, ent)
-    ppo = lambda lp: ppo_clip_loss(lp, old, adv, mask, clip_c=3.0)  # noqa: E731
+    ppo = lambda lp: call_policy_loss("ppo", lp, old, adv, mask, clip_c=3.0)  # noqa: E731
     compare("ppo_clip_loss", fwd_bwd(ppo, logp),
             fwd_bwd(lambda lp: vanilla(old, lp, adv, mask, "token-mean", cfg(0.2, 0.2)), logp), "verl", "≤ 1x", R)
     compare("ppo_clip_loss", fwd_bwd(ppo, logp), floor4, "copy", "≤ 3x", R)
@@ -213,7 +213,7 @@ def main() -> None:
             fwd_bwd(lambda lp: fused.clip_loss(lp, old, adv, mask, clip_c=3.0, with_metrics=False), logp),
             fwd_bwd(ppo, logp), "with metrics", "-", R)
     for variant in ("token", "sequence"):
-        gs = lambda lp, v=variant: gspo_loss(lp, old, adv, mask, variant=v)  # noqa: E731
+        gs = lambda lp, v=variant: call_policy_loss("gspo", lp, old, adv, mask, variant=v)  # noqa: E731
         name = f"gspo_loss ({variant})"
         if variant == "token":
             compare(name, fwd_bwd(gs, logp), fwd_bwd(
@@ -222,11 +222,11 @@ def main() -> None:
         compare(name, fwd_bwd(gs, logp), floor4, "copy", "≤ 3x", R)
     compare("gspo_loss w/o metrics", fwd_bwd(lambda lp: fused.clip_loss(
         lp, old, adv, mask, clip_low=3e-4, clip_high=4e-4, agg="seq-mean-token-mean", ratio_level="sequence-token",
-        with_metrics=False), logp), fwd_bwd(lambda lp: gspo_loss(lp, old, adv, mask, variant="token"), logp),
-        "with metrics", "-", R)
-    aepo = lambda lp: aepo_loss(lp, old, adv, mask, entropy=ent)  # noqa: E731
+        with_metrics=False), logp),
+        fwd_bwd(lambda lp: call_policy_loss("gspo", lp, old, adv, mask, variant="token"), logp), "with metrics", "-", R)
+    aepo = lambda lp: call_policy_loss("aepo", lp, old, adv, mask, entropy=ent)  # noqa: E731
     compare("aepo_loss", fwd_bwd(aepo, logp), floor5, "copy", "≤ 3x", R)
-    hapo = lambda lp: hapo_loss(lp, old, adv, mask, entropy=ent)  # noqa: E731
+    hapo = lambda lp: call_policy_loss("hapo", lp, old, adv, mask, entropy=ent)  # noqa: E731
     compare("hapo_loss", fwd_bwd(hapo, logp), floor5, "copy", "≤ 3x", R)
 
     log(f"loops, B={args.loop_B} T={args.loop_T}")

@@ -1,9 +1,11 @@
-"""The fused clipped loss (rlkit.core.fused) against the eager autograd composition it replaces.
+"""The fused clipped loss (rlkit.core.fused), as each method's faster implementation (rlkit.methods.fast) runs it,
+against the method's registered loss: the eager autograd composition its page shows.
 
-The eager path runs when an input other than ``logp`` needs a gradient, so each loss is called twice on the same
-float64 batch: once as is (fused) and once with ``old_logp`` marked as requiring a gradient (eager). Values, metrics
-and ∂loss/∂logp must agree; blocks of one or two rows test the streaming over blocks; gradcheck tests the
-hand-written derivative against finite differences.
+Each loss is called by name through the registry's dispatch (``registry.call_policy_loss``), twice on the same
+float64 batch: once as is (the faster implementation applies: fused) and once with ``old_logp`` marked as requiring
+a gradient (it returns None and the registered loss runs: eager). Values, metrics and ∂loss/∂logp must agree; blocks
+of one or two rows test the streaming over blocks; gradcheck tests the hand-written derivative against finite
+differences.
 """
 
 from __future__ import annotations
@@ -20,10 +22,25 @@ from hypothesis import strategies as st
 
 from conftest import make_batch
 from rlkit.core import fused
-from rlkit.methods.aepo import aepo_loss
-from rlkit.methods.grpo import ppo_clip_loss
-from rlkit.methods.gspo import gspo_loss
-from rlkit.methods.hapo import hapo_loss
+from rlkit.registry import call_policy_loss
+
+
+def ppo_clip_loss(*args, **kwargs):
+    """GRPO's loss through the dispatch: fused where it applies (the others below alike)."""
+    return call_policy_loss("ppo", *args, **kwargs)
+
+
+def gspo_loss(*args, **kwargs):
+    return call_policy_loss("gspo", *args, **kwargs)
+
+
+def aepo_loss(*args, **kwargs):
+    return call_policy_loss("aepo", *args, **kwargs)
+
+
+def hapo_loss(*args, **kwargs):
+    return call_policy_loss("hapo", *args, **kwargs)
+
 
 @pytest.fixture(autouse=True)
 def fused_on():
@@ -129,14 +146,21 @@ def test_fused_clamp_cuts_gradient_and_masked_nan_stays_out():
 
 def test_fused_rejects_bad_arguments():
     b = make_batch(0)
-    with pytest.raises(ValueError, match="valid modes"):
-        ppo_clip_loss(b["logp"], b["old_logp"], b["adv"], b["mask"], agg="nope")
-    with pytest.raises(ValueError, match="clip_c"):
-        ppo_clip_loss(b["logp"], b["old_logp"], b["adv"], b["mask"], clip_c=1.0)
-    with pytest.raises(ValueError, match="needs behav_logp"):
-        ppo_clip_loss(b["logp"], b["old_logp"], b["adv"], b["mask"], behav_imp_weight_cap=2.0)
-    with pytest.raises(ValueError, match="shape"):
-        ppo_clip_loss(b["logp"][:, :1], b["old_logp"], b["adv"], b["mask"])
+    for old in (b["old_logp"], b["old_logp"].clone().requires_grad_()):  # fused, eager
+        with pytest.raises(ValueError, match="valid modes"):
+            ppo_clip_loss(b["logp"], old, b["adv"], b["mask"], agg="nope")
+        with pytest.raises(ValueError, match="clip_c"):
+            ppo_clip_loss(b["logp"], old, b["adv"], b["mask"], clip_c=1.0)
+        with pytest.raises(ValueError, match="needs behav_logp"):
+            ppo_clip_loss(b["logp"], old, b["adv"], b["mask"], behav_imp_weight_cap=2.0)
+        with pytest.raises(ValueError, match="shape"):
+            ppo_clip_loss(b["logp"][:, :1], old, b["adv"], b["mask"])
+        with pytest.raises(ValueError, match="unknown GSPO variant"):
+            gspo_loss(b["logp"], old, b["adv"], b["mask"], variant="seq")
+        with pytest.raises(ValueError, match="clip_low must be in"):
+            aepo_loss(b["logp"], old, b["adv"], b["mask"], clip_low=1.0)
+        with pytest.raises(ValueError, match="needs the token entropies"):
+            hapo_loss(b["logp"], old, b["adv"], b["mask"])
 
 
 def test_fused_second_backward_is_refused():

@@ -21,7 +21,7 @@ from rlkit.methods.hapo import (
     redistribute_advantage, tlga_advantage, tlga_estimator,
 )
 from rlkit.methods import hapo
-from rlkit.registry import get_advantage, get_policy_loss, kwargs_for
+from rlkit.registry import call_policy_loss, get_advantage, get_policy_loss, kwargs_for
 
 D = torch.float64
 S3 = math.sqrt(3.0)
@@ -328,16 +328,16 @@ def test_clip_changed_frac_by_hand(eager):
     ratio = torch.tensor([[1.4, 0.7, 1.0, 2.0, 5.0]], dtype=D)
     adv = torch.tensor([[1.0, -1.0, 1.0, 1.0, 1.0]], dtype=D)
     mask = torch.tensor([[1.0, 1.0, 1.0, 1.0, 0.0]], dtype=D)
-    old_logp = torch.zeros(1, 5, dtype=D, requires_grad=eager)  # eager: the fused path steps aside
+    old_logp = torch.zeros(1, 5, dtype=D, requires_grad=eager)  # dispatched: eager here, else fused
     logp = ratio.log().requires_grad_()
     kw = {"entropy": h.exp(), "stats": unit_stats(), "clip_low": 0.2, "clip_high": 0.28}
     for extra, want in (({}, 0.5), ({"use_redistribution": False}, 0.5), ({"use_adaptive_clip": False}, 0.0),
                         ({"clip_alpha": 0.0}, 0.0)):
-        _, m = hapo_loss(logp, old_logp, adv, mask, **kw, **extra)
+        _, m = call_policy_loss("hapo", logp, old_logp, adv, mask, **kw, **extra)
         assert m["hapo/clip_changed_frac"] == want, extra
-    _, m = hapo_loss(logp, old_logp, adv, mask, **kw)
+    _, m = call_policy_loss("hapo", logp, old_logp, adv, mask, **kw)
     assert m["actor/pg_clipfrac"] == 0.25  # only the last valid token is clipped under HAPO's bounds …
-    _, m_ppo = ppo_clip_loss(logp, old_logp, adv, mask, clip_low=0.2, clip_high=0.28)
+    _, m_ppo = call_policy_loss("ppo", logp, old_logp, adv, mask, clip_low=0.2, clip_high=0.28)
     assert m_ppo["actor/pg_clipfrac"] == 0.75  # … three under the fixed ones: the two it changed
 
 

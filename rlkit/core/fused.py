@@ -34,8 +34,11 @@ intra-op threads: on a busy CPU each wait for a thread that is not running costs
 over. For the same reason exp is taken as 2^(x·log2 e) (:func:`exp`, within a few ulp of ``torch.exp``: ATen's exp
 is MKL's, which can wait for its threads at any size). On an accelerator the whole batch is one block.
 
-**On by default.** Every policy loss takes this path when it applies (:func:`fusable`); ``RLKIT_FUSED_LOSS=0``
-in the environment (or :func:`enabled` with ``False``) switches it off for the eager composition. Its float
+**On by default.** The methods' losses are written eagerly, as their papers write them; their faster
+implementations (:mod:`rlkit.methods.fast`, registered with ``rlkit.registry.register_fast_policy_loss``) call
+:func:`clip_loss` with the method's ``token_hook``, and the registry's dispatch (``policy_loss``, what the trainers
+and the verl plugin call) takes them wherever this path applies (:func:`fusable`). ``RLKIT_FUSED_LOSS=0`` in the
+environment (or :func:`enabled` with ``False``) switches it off for the eager composition. Its float
 rounding differs from the eager path's in the last bits, so a run reproduces results published with the eager
 path only up to that rounding (trajectories part after some steps, as any change of summation order makes them).
 """

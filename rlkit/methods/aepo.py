@@ -95,6 +95,18 @@ def _check_variant(variant: str, use_entropy_advantage: bool) -> None:
         )
 
 
+def _check_loss(variant: str, use_entropy_advantage: bool, entropy: Tensor | None, clip_low: float,
+                clip_high: float) -> None:
+    """:func:`aepo_loss`'s argument checks (also run by its faster implementation, :mod:`rlkit.methods.fast`)."""
+    _check_variant(variant, use_entropy_advantage)  # refuses "arlarena" without the entropy advantage
+    if variant == "arlarena" and entropy is None:
+        raise ValueError("variant 'arlarena' gates the clip on the entropy's z-score H̃: pass entropy")
+    if not 0.0 <= clip_low < 1.0:
+        raise ValueError(f"clip_low must be in [0, 1) (the lower bound is 1 − clip_low), got {clip_low}")
+    if not clip_high >= 0.0:
+        raise ValueError(f"clip_high must be ≥ 0 (the upper bound is 1 + clip_high), got {clip_high}")
+
+
 def _per_token(adv: Tensor, mask: Tensor) -> Tensor:
     """``adv`` ``(B,)`` broadcast over the response, or ``(B, T)`` as is."""
     check_shapes(mask)
@@ -223,8 +235,12 @@ def aepo_loss(
     behav_imp_weight_cap: float | None = None,
     loss_scale_factor: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
-    """AEPO's stop-gradient clipped loss (module doc); reshapes ``adv`` with ``entropy`` first if given.
+    """AEPO's entropy-balanced policy loss (module doc; the book's Eqs. aepo-advantage and aepo-loss):
 
+        Ã_t = A_t·(1 + a·H̃_t)                                                       (entropy-aware advantage)
+        ℓ_t = max(−Ã_t·r_t, −Ã_t·clip(r_t, 1 − ε_l, (1 + ε_h)/sg(r_t)·r_t)),  dual clip −Ã_t·c for Ã_t < 0
+
+    ``adv`` is reshaped with ``entropy`` first if given.
     ``use_entropy_advantage=False`` ignores ``entropy`` (the released ARPO scripts' clip-only form).
 
     ``logp``, ``old_logp``, ``entropy``, ``mask`` ``(B, T)``; ``adv`` ``(B,)`` or ``(B, T)``. Returns
@@ -232,22 +248,12 @@ def aepo_loss(
     that keep the (1+ε_h)·Ã gradient) and, with ``entropy``, ``aepo/adv_reshape/mean`` (masked mean of |a·H̃| =
     |Ã − A|/|A|) and ``aepo/entropy_adv_scale/min`` (the smallest 1 + a·H̃).
     """
-    _check_variant(variant, use_entropy_advantage)
+    _check_loss(variant, use_entropy_advantage, entropy, clip_low, clip_high)
     if not use_entropy_advantage:
         entropy = None
-    if variant == "arlarena" and entropy is None:
-        raise ValueError("variant 'arlarena' gates the clip on the entropy's z-score H̃: pass entropy")
-    if not 0.0 <= clip_low < 1.0:
-        raise ValueError(f"clip_low must be in [0, 1) (the lower bound is 1 − clip_low), got {clip_low}")
-    if not clip_high >= 0.0:
-        raise ValueError(f"clip_high must be ≥ 0 (the upper bound is 1 + clip_high), got {clip_high}")
     adv = _per_token(adv, mask)
     check_shapes(mask, logp=logp, old_logp=old_logp, adv=adv, entropy=entropy, behav_logp=behav_logp)
 
-    if fused.fusable(logp, old_logp, adv, mask, behav_logp):  # same math, few passes (rlkit.core.fused)
-        return _aepo_loss_fused(logp, old_logp, adv, mask, entropy=entropy, coef=coef, clip_low=clip_low,
-                                clip_high=clip_high, clip_c=clip_c, agg=agg, variant=variant, behav_logp=behav_logp,
-                                behav_imp_weight_cap=behav_imp_weight_cap, loss_scale_factor=loss_scale_factor)
     metrics: dict[str, float] = {}
     h_tilde = None
     if entropy is not None:
@@ -277,51 +283,6 @@ def aepo_loss(
         kept = kept & (h_tilde <= 0)
     base["aepo/clipfrac_grad_kept"] = masked_mean(kept.float(), mask).item()
     return loss, {**base, **metrics}
-
-
-def _aepo_loss_fused(logp, old_logp, adv, mask, *, entropy, coef, clip_low, clip_high, clip_c, agg, variant,
-                     behav_logp, behav_imp_weight_cap, loss_scale_factor):
-    """:func:`aepo_loss` through :func:`rlkit.core.fused.clip_loss`: μ_H, σ_H in two streaming passes, then Ã,
-    H̃ and the clip per block; no host transfer but the loss's own."""
-    if not math.isfinite(coef):
-        raise ValueError(f"coef must be finite, got {coef}")
-    moments: dict[bool, EntropyMoments] = {}
-
-    def stats(safe: bool) -> EntropyMoments:  # fast first; the safe rerun of the loss recomputes them safely
-        if safe not in moments:
-            moments[safe] = entropy_moments(entropy, mask, safe=safe)
-        return moments[safe]
-
-    def terms(blk: fused.Block) -> fused.TokenTerms:
-        if entropy is None:
-            return fused.TokenTerms(adv[blk.rows], clip_low, clip_high, stop_grad_upper=True)
-        st = stats(blk.safe)
-        h = entropy[blk.rows].detach()
-        # 1 + a·H̃ = (a/σ)·H + (1 − a·(pivot + μ)/σ): two ops a token (masked positions: ignored by the loss)
-        scale = torch.mul(h, coef / st.std).add_(1.0 - coef * (st.pivot + st.mean) / st.std)
-        gate = True if variant == "paper" else fused.indicator(torch.le, _z_score(h, st), 0.0)  # arlarena: H̃ ≤ 0
-        reshape = (scale - 1.0).abs_()  # |a·H̃| = |Ã − A|/|A|, summed over the valid tokens (the metric)
-        return fused.TokenTerms(adv[blk.rows] * scale, clip_low, clip_high, (reshape,), stop_grad_upper=gate)
-
-    def scale_min(safe: bool) -> list[Tensor]:  # 1 + a·H̃ is monotone in H: its minimum sits at an extreme d
-        if entropy is None:
-            return []
-        st = stats(safe)
-        d = st.low if coef >= 0 else st.high
-        return [1.0 + coef * ((d - st.mean) / st.std)]
-
-    out = fused.clip_loss(
-        logp, old_logp, adv, mask, clip_low=clip_low, clip_high=clip_high, clip_c=clip_c, agg=agg,
-        loss_scale_factor=loss_scale_factor, behav_logp=behav_logp, behav_imp_weight_cap=behav_imp_weight_cap,
-        token_hook=terms, n_sums=0 if entropy is None else 1, extras=scale_min,
-    )
-    metrics = fused.policy_metrics(out.stats, behaviour=behav_logp is not None)
-    n = max(out.stats["tokens"], 1.0)
-    metrics["aepo/clipfrac_grad_kept"] = out.stats["grad_kept"] / n
-    if entropy is not None:
-        metrics["aepo/adv_reshape/mean"] = out.sums[0] / n
-        metrics["aepo/entropy_adv_scale/min"] = out.extras[0] if out.stats["tokens"] > 0 else 1.0
-    return out.loss, metrics
 
 
 register_method(Method("aepo", Config, advantage="grpo", policy_loss="aepo",

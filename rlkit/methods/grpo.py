@@ -23,7 +23,6 @@ from dataclasses import dataclass
 
 import torch
 
-from rlkit.core import fused
 from rlkit.core.groups import group_advantage
 from rlkit.core.masked import check_shapes
 from rlkit.core.ppo import clipped_surrogate, log_ratio, reduce_policy_loss
@@ -77,18 +76,17 @@ def ppo_clip_loss(
     behav_imp_weight_cap: float | None = None,
     loss_scale_factor: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
-    """PPO clipped surrogate on token ratios r_t = π_θ/π_old (GRPO's loss; verl's ``vanilla``).
+    """PPO clipped surrogate on token ratios r_t = π_θ/π_old (GRPO's loss; verl's ``vanilla``):
+
+        ℓ_t = max(−Â_t·r_t, −Â_t·clip(r_t, 1 − ε_low, 1 + ε_high))      (PPO, arXiv 1707.06347, Eq. 7, as a loss)
+
+    the clipped term of GRPO's objective (DeepSeekMath §4.1, without its KL term), then verl's dual clip
+    min(ℓ_t, −Â_t·c) where Â_t < 0 when ``clip_c`` is set, aggregated by ``agg``.
 
     ``behav_logp`` switches on AReaL's decoupled form (:func:`rlkit.core.ppo.behaviour_weights`).
     Returns ``(loss, metrics)`` with verl's metric names.
     """
     check_shapes(mask, logp=logp, old_logp=old_logp, adv=adv, behav_logp=behav_logp)
-    if fused.fusable(logp, old_logp, adv, mask, behav_logp):  # same math, few passes (rlkit.core.fused)
-        out = fused.clip_loss(
-            logp, old_logp, adv, mask, clip_low=clip_low, clip_high=clip_high, clip_c=clip_c, agg=agg,
-            loss_scale_factor=loss_scale_factor, behav_logp=behav_logp, behav_imp_weight_cap=behav_imp_weight_cap,
-        )
-        return out.loss, fused.policy_metrics(out.stats, behaviour=behav_logp is not None)
     log_r = log_ratio(logp, old_logp)
     loss_mat, clipped, dual = clipped_surrogate(
         log_r.exp(), adv, clip_low=clip_low, clip_high=clip_high, clip_c=clip_c

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 
 import torch
 
-from rlkit.core import fused
 from rlkit.core.masked import check_shapes, masked_count, masked_mean
 from rlkit.core.ppo import clipped_surrogate, log_ratio, reduce_policy_loss
 from rlkit.registry import Method, register_method, register_policy_loss
@@ -82,26 +81,13 @@ def gspo_loss(
     if adv.dim() == 1:
         adv = adv.unsqueeze(-1).expand_as(mask)
     check_shapes(mask, logp=logp, old_logp=old_logp, adv=adv, behav_logp=behav_logp)
-    if fused.fusable(logp, old_logp, adv, mask, behav_logp):  # same math, few passes (rlkit.core.fused)
-        out = fused.clip_loss(
-            logp, old_logp, adv, mask, clip_low=clip_low, clip_high=clip_high, agg=agg,
-            loss_scale_factor=loss_scale_factor, ratio_level="sequence" if variant == "sequence" else "sequence-token",
-            behav_logp=behav_logp, behav_imp_weight_cap=behav_imp_weight_cap,
-        )
-        st = out.stats
-        metrics = fused.policy_metrics(st, behaviour=behav_logp is not None)
-        n_seq = st["seq_rows"]
-        metrics["actor/pg_clipfrac_seq"] = st["seq_clipped"] / max(n_seq, 1.0)
-        metrics["gspo/seq_ratio/mean"] = st["seq_ratio"] / n_seq if n_seq else 1.0
-        metrics["gspo/seq_ratio/max"] = st["seq_ratio_max"] if n_seq else 1.0
-        return out.loss, metrics
-    log_s = sequence_log_ratio(logp, old_logp, mask)  # (B,)
+    log_s = sequence_log_ratio(logp, old_logp, mask)  # (B,)  Eq. 6
     if variant == "sequence":
         log_s_tok = log_s.unsqueeze(-1).expand_as(logp)  # s_i carries the gradient
     else:
-        log_s_tok = logp - logp.detach() + log_s.detach().unsqueeze(-1)  # sg[s_i]·π/sg[π]
+        log_s_tok = logp - logp.detach() + log_s.detach().unsqueeze(-1)  # sg[s_i]·π/sg[π]  Eq. 13
     ratio = log_s_tok.clamp(max=LOG_SEQ_RATIO_MAX).exp()
-    loss_mat, clipped, dual = clipped_surrogate(ratio, adv, clip_low=clip_low, clip_high=clip_high)
+    loss_mat, clipped, dual = clipped_surrogate(ratio, adv, clip_low=clip_low, clip_high=clip_high)  # Eq. 5
     loss, metrics = reduce_policy_loss(
         loss_mat, mask, log_r=log_ratio(logp, old_logp), clipped=clipped, dual_clipped=dual, agg=agg,
         old_logp=old_logp, behav_logp=behav_logp, behav_imp_weight_cap=behav_imp_weight_cap,

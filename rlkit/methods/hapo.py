@@ -39,6 +39,7 @@ Deviations:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -392,6 +393,46 @@ def adaptive_clip(
     return eps_low, eps_high
 
 
+def _check_loss(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, entropy: Tensor | None,
+                behav_logp: Tensor | None, *, needs_entropy: bool, adv_beta: float, clip_low: float, clip_high: float,
+                clip_alpha: float, entropy_pivot: float) -> None:
+    """:func:`hapo_loss`'s argument checks (also run by its faster implementation, :mod:`rlkit.methods.fast`);
+    ``clip_alpha`` is the α in effect (0 with D off)."""
+    check_shapes(mask, logp=logp, old_logp=old_logp, adv=adv, entropy=entropy, behav_logp=behav_logp)
+    if needs_entropy and entropy is None:
+        raise ValueError(
+            "hapo_loss needs the token entropies (entropy=...) for redistribution and adaptive clip; "
+            "pass use_redistribution=False, use_adaptive_clip=False for plain PPO"
+        )
+    _check_range("adv_beta", adv_beta, 0.0, 1.0)
+    adaptive_clip(logp.new_zeros(0), clip_low, clip_high, clip_alpha=clip_alpha)  # validates α and the ranges
+    _check_range("entropy_pivot", entropy_pivot, 0.0, 1.0)
+
+
+def _h_tilde_parts(logp: Tensor, old_logp: Tensor, mask: Tensor, entropy: Tensor | None,
+                   stats: EntropyStats | None, *, entropy_pivot: float,
+                   release_compat: bool) -> Callable[[slice | None], tuple[Tensor, Tensor]]:
+    """``signed_parts(rows)``: min(h̃, 0) and max(h̃, 0) (Eqs. 5–6) of the batch's rows ``rows`` (None: all), in the
+    dtype of ``logp`` and ``old_logp`` promoted; a function, so that the fused path takes one block of rows at a
+    time. h̃ uses ``stats``, or when None those of this batch's valid entropies (one log pass for both); both parts
+    are 0 without ``entropy`` or without a valid token."""
+    dtype = torch.promote_types(logp.dtype, old_logp.dtype)
+    ell = _log_entropy(entropy) if entropy is not None else None  # one log pass, for the statistics and h̃
+    if ell is not None and stats is None:
+        stats = _log_entropy_stats(ell, mask, entropy_pivot)
+        if stats is None:  # no valid token: nothing to normalise, h̃ = 0 changes no advantage and no bound
+            ell = None
+
+    def signed_parts(rows: slice | None = None) -> tuple[Tensor, Tensor]:
+        if ell is None:
+            zero = torch.zeros_like(logp if rows is None else logp[rows], dtype=dtype)
+            return zero, zero
+        parts = _signed_parts(ell if rows is None else ell[rows], stats, release_compat=release_compat)
+        return tuple(x.to(dtype) for x in parts)
+
+    return signed_parts
+
+
 @register_policy_loss("hapo", method="hapo")
 def hapo_loss(
     logp: Tensor,
@@ -415,7 +456,8 @@ def hapo_loss(
     behav_imp_weight_cap: float | None = None,
     loss_scale_factor: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
-    """HAPO's policy loss: adaptive clip (D) → redistribution (C, with D's bounds) → PPO clip + dual clip.
+    """HAPO's policy loss: adaptive clip (D, Eqs. 12–13) → redistribution (C, Eqs. 10–11, with D's bounds) → PPO
+    clip + dual clip.
 
     ``entropy`` ``(B, T)`` are the current forward pass's token entropies; h̃ uses ``stats``, or when None the
     statistics of this (micro-)batch, as the released actor does. Returns ``(loss, metrics)``: verl's names
@@ -423,41 +465,18 @@ def hapo_loss(
     ``hapo/clip_changed_frac``: the share of valid tokens whose clip decision under the adaptive bounds differs
     from that under the fixed ``clip_low``/``clip_high``, the same advantage and ratio — D's activity, 0 with D off).
     """
-    check_shapes(mask, logp=logp, old_logp=old_logp, adv=adv, entropy=entropy, behav_logp=behav_logp)
-    if (use_redistribution or use_adaptive_clip) and entropy is None:
-        raise ValueError(
-            "hapo_loss needs the token entropies (entropy=...) for redistribution and adaptive clip; "
-            "pass use_redistribution=False, use_adaptive_clip=False for plain PPO"
-        )
-    _check_range("adv_beta", adv_beta, 0.0, 1.0)
     clip_alpha = clip_alpha if use_adaptive_clip else 0.0  # α = 0 leaves every bound at its base value (D off)
-    adaptive_clip(logp.new_zeros(0), clip_low, clip_high, clip_alpha=clip_alpha)  # validates α and the ranges
-    _check_range("entropy_pivot", entropy_pivot, 0.0, 1.0)
-    dtype = torch.promote_types(logp.dtype, old_logp.dtype)
-    ell = _log_entropy(entropy) if entropy is not None else None  # one log pass, for the statistics and h̃
-    if ell is not None and stats is None:
-        stats = _log_entropy_stats(ell, mask, entropy_pivot)
-        if stats is None:  # no valid token: nothing to normalise, h̃ = 0 changes no advantage and no bound
-            ell = None
-
-    def signed_parts(rows: slice | None = None) -> tuple[Tensor, Tensor]:  # min(h̃, 0), max(h̃, 0); 0 without ℓ
-        if ell is None:
-            zero = torch.zeros_like(logp if rows is None else logp[rows], dtype=dtype)
-            return zero, zero
-        parts = _signed_parts(ell if rows is None else ell[rows], stats, release_compat=release_compat)
-        return tuple(x.to(dtype) for x in parts)
-
-    if fused.fusable(logp, old_logp, adv, mask, behav_logp):  # same math, few passes (rlkit.core.fused)
-        return _hapo_loss_fused(logp, old_logp, adv, mask, signed_parts, clip_low=clip_low, clip_high=clip_high,
-                                clip_c=clip_c, adv_beta=adv_beta, clip_alpha=clip_alpha, agg=agg,
-                                use_redistribution=use_redistribution, behav_logp=behav_logp,
-                                behav_imp_weight_cap=behav_imp_weight_cap, loss_scale_factor=loss_scale_factor)
+    _check_loss(logp, old_logp, adv, mask, entropy, behav_logp, adv_beta=adv_beta, clip_low=clip_low,
+                clip_high=clip_high, clip_alpha=clip_alpha, entropy_pivot=entropy_pivot,
+                needs_entropy=use_redistribution or use_adaptive_clip)
+    signed_parts = _h_tilde_parts(logp, old_logp, mask, entropy, stats, entropy_pivot=entropy_pivot,
+                                  release_compat=release_compat)
     valid = mask.bool()
-    h = torch.where(valid, torch.add(*signed_parts()), 0.0)  # padding entropies may be anything
+    h = torch.where(valid, torch.add(*signed_parts()), 0.0)  # h̃, Eqs. 5–6 (padding entropies may be anything)
     log_r = log_ratio(logp, old_logp)
     ratio = log_r.exp()
-    eps_low, eps_high = adaptive_clip(h, clip_low, clip_high, clip_alpha=clip_alpha)
-    if use_redistribution:
+    eps_low, eps_high = adaptive_clip(h, clip_low, clip_high, clip_alpha=clip_alpha)  # D, Eqs. 12–13
+    if use_redistribution:  # C, Eqs. 10–11
         adv = redistribute_advantage(adv, h, ratio, eps_low, eps_high, adv_beta=adv_beta)
     loss_mat, clipped, dual = clipped_surrogate(
         ratio, adv, clip_low=eps_low, clip_high=eps_high, clip_c=clip_c
@@ -484,62 +503,6 @@ def hapo_loss(
         "hapo/clip_changed_frac": changed,
     })
     return loss, metrics
-
-
-def _hapo_loss_fused(logp, old_logp, adv, mask, signed_parts, *, clip_low, clip_high, clip_c, adv_beta, clip_alpha,
-                     agg, use_redistribution, behav_logp, behav_imp_weight_cap, loss_scale_factor):
-    """:func:`hapo_loss` through :func:`rlkit.core.fused.clip_loss`: h̃, D, C and their metrics per block of rows
-    (masked positions need no zeroing: the loss ignores them, and safe mode selects the metrics' tokens).
-
-    Every bound is affine in min(h̃, 0) or max(h̃, 0), one op a token each: the clip interval
-    [1 − ε_L + ε_L·α·min(h̃, 0), 1 + ε_R + ε_R·α·max(h̃, 0)] and the neutral zone, its midpoints with 1. With α ≠ 0
-    a fifth sum counts the tokens whose clip decision the fixed interval [1 − ε_L, 1 + ε_R] would flip (detached
-    comparisons on the block: the loss, its gradient and the other sums are untouched)."""
-    dtype = torch.promote_types(logp.dtype, old_logp.dtype)
-    const = {k: torch.tensor(v, dtype=dtype, device=logp.device) for k, v in (
-        ("low", 1.0 - clip_low), ("high", 1.0 + clip_high), ("zone_low", 1.0 - clip_low / 2),
-        ("zone_high", 1.0 + clip_high / 2), ("zero", 0.0))}
-
-    def terms(blk: fused.Block) -> fused.TokenTerms:
-        h_neg, h_pos = signed_parts(blk.rows)
-        h = h_neg + h_pos
-        positive = fused.indicator(torch.gt, h, const["zero"])
-        bounds = (torch.add(const["low"], h_neg, alpha=clip_low * clip_alpha),  # D
-                  torch.add(const["high"], h_pos, alpha=clip_high * clip_alpha))
-        a = adv[blk.rows]
-        moved = const["zero"]
-        if use_redistribution:  # C, with D's bounds
-            moved = _moved(positive, blk.r, torch.add(const["zone_low"], h_neg, alpha=clip_low * clip_alpha / 2),
-                           torch.add(const["zone_high"], h_pos, alpha=clip_high * clip_alpha / 2))
-            a = _rescaled(a, h, moved, adv_beta)
-        # Σ h̃ = Σ min(h̃, 0) + Σ max(h̃, 0), and the mean ε's are affine in those two sums
-        sums = (h_neg, h_pos, positive, moved)
-        if adaptive:  # the clip binds where A·clip(r) < A·r (the loss's own test), under either interval
-            gain = a.detach() * blk.r
-            binds = fused.indicator(torch.lt, torch.clamp(blk.r, *bounds).mul_(a.detach()), gain)
-            fixed = fused.indicator(torch.lt, torch.clamp(blk.r, const["low"], const["high"]).mul_(a.detach()), gain)
-            sums += (torch.ne(binds, fixed, out=binds),)  # 0/1 in place
-        return fused.TokenTerms(a, sums=sums, bounds=bounds)
-
-    adaptive = clip_alpha != 0.0
-    out = fused.clip_loss(
-        logp, old_logp, adv, mask, clip_low=clip_low, clip_high=clip_high, clip_c=clip_c, agg=agg,
-        loss_scale_factor=loss_scale_factor, behav_logp=behav_logp, behav_imp_weight_cap=behav_imp_weight_cap,
-        token_hook=terms, n_sums=5 if adaptive else 4,
-    )
-    metrics = fused.policy_metrics(out.stats, behaviour=behav_logp is not None)
-    tokens = out.stats["tokens"]
-    neg, pos, positive, moved, *changed = (x / max(tokens, 1.0) for x in out.sums)
-    some = float(tokens > 0)  # masked means of an empty batch are 0
-    metrics.update({
-        "hapo/h_tilde/mean": neg + pos,
-        "hapo/h_tilde/pos_frac": positive,
-        "hapo/clip_low/mean": some * clip_low - clip_low * clip_alpha * neg,
-        "hapo/clip_high/mean": some * clip_high + clip_high * clip_alpha * pos,
-        "hapo/redistributed_frac": moved,
-        "hapo/clip_changed_frac": changed[0] if changed else 0.0,
-    })
-    return out.loss, metrics
 
 
 register_method(Method("hapo", Config, advantage="hapo_tlga", policy_loss="hapo",
