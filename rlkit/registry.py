@@ -102,6 +102,17 @@ class Method:
     entropy_switches: tuple[str, ...] = ()
     """Boolean ``Config`` fields under which its loss needs the token entropies (AEPO's entropy advantage, HAPO's
     redistribution and adaptive clip); trainers compute and pass ``entropy`` when one is on."""
+    inputs: tuple[str, ...] = ()
+    """Per-response fields of :class:`AdvantageInputs` its estimator reads that an engine finds in the responses
+    (ASPO: correctness, the first code call's position, lengths, code success); an engine that computes them only
+    on demand (verl) reads this."""
+    hooks: type | None = None
+    """Its :class:`rlkit.hooks.Hooks` subclass: what it does in a run besides estimator and loss (None: nothing)."""
+    logs: frozenset[str] = frozenset()
+    """The metrics its runs log beyond every method's, with its default options (its loss's and its hooks')."""
+    engine_defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """``Config`` fields the tiny engine sets other than the ``Config``'s defaults, each with its reason in the
+    method's module (GRPO's clip-higher, SPO's D_half matched to the tiny model)."""
 
     def estimator(self, config: Any) -> str:
         """The estimator a run uses: ``config.adv_estimator`` where the Config has it (HAPO's component B)."""
@@ -110,6 +121,15 @@ class Method:
     def needs_entropy(self, config: Any) -> bool:
         """Whether the loss, with these settings, needs the token entropies."""
         return any(getattr(config, name) for name in self.entropy_switches)
+
+    @property
+    def grouped(self) -> bool:
+        """Whether it samples groups of responses per prompt (:attr:`rlkit.hooks.Hooks.grouped`)."""
+        return self.hooks is None or self.hooks.grouped
+
+    def default_config(self) -> Any:
+        """The ``Config`` the tiny engine starts from: the defaults with :attr:`engine_defaults`."""
+        return self.config(**self.engine_defaults)
 
 
 # --------------------------------------------------------------------------- registration
@@ -159,8 +179,26 @@ def register_method(method: Method) -> Method:
     unknown = sorted(set(method.entropy_switches) - fields)
     if unknown:
         raise ValueError(f"method {method.name!r}: entropy switch(es) {', '.join(unknown)} are not Config fields")
+    unknown = sorted(set(method.engine_defaults) - fields)
+    if unknown:
+        raise ValueError(f"method {method.name!r}: engine default(s) {', '.join(unknown)} are not Config fields")
+    if method.hooks is not None:
+        from rlkit.hooks import check_hooks
+
+        check_hooks(method.name, method.hooks)
+        method.hooks.method = method.name
     _METHODS[method.name] = method
     return method
+
+
+def make_hooks(method: str, configs: Mapping[str, Any] | None = None) -> Any:
+    """A run's instance of ``method``'s hooks (:mod:`rlkit.hooks`; the do-nothing defaults when it has none)."""
+    from rlkit.hooks import Hooks
+
+    m = get_method(method)
+    hooks = (m.hooks or Hooks)(config_for(method, configs), configs or {})
+    hooks.method = method
+    return hooks
 
 
 def unregister(name: str) -> None:
@@ -199,6 +237,13 @@ def get_policy_loss(name: str) -> Callable:
 def get_method(name: str) -> Method:
     """The :class:`Method` registered as ``name``."""
     return _lookup(_METHODS, "method", name)
+
+
+def home_method(kind: str, name: str) -> str | None:
+    """The method whose ``Config`` holds the knobs of the registered ``kind`` (``advantage`` | ``policy_loss``)
+    function ``name`` (None when it was registered without one)."""
+    _load_methods()
+    return _HOMES.get(({"advantage": "advantage estimator", "policy_loss": "policy loss"}[kind], name))
 
 
 def list_methods() -> dict[str, list[str]]:

@@ -31,7 +31,7 @@ def test_builtin_names_resolve_to_the_functions():
     names = registry.list_methods()
     assert {"grpo", "aspo", "spo", "hapo_tlga"} <= set(names["advantage"])
     assert {"ppo", "gspo", "aepo", "hapo"} <= set(names["policy_loss"])
-    assert set(names["method"]) == {"grpo", "gspo", "aspo", "aepo", "spo", "hapo"}
+    assert set(names["method"]) == {"grpo", "gspo", "aspo", "aepo", "spo", "hapo", "dapo", "dr_grpo", "cispo"}
     m = registry.get_method("hapo")
     assert (m.config, m.advantage, m.policy_loss) == (hapo.Config, "hapo_tlga", "hapo")
 
@@ -50,10 +50,11 @@ def test_unknown_name_lists_valid_ones():
         registry.get_policy_loss("gpso")
     with pytest.raises(KeyError, match="valid names: .*grpo"):
         registry.get_advantage("gae")
-    with pytest.raises(KeyError, match="unknown method 'dapo'; valid names: aepo, aspo, grpo, gspo, hapo, spo"):
-        registry.get_method("dapo")
-    with pytest.raises(KeyError, match="unknown method 'dapo'"):
-        registry.advantage("dapo", AdvantageInputs(torch.ones(2), [0, 0], torch.ones(2, 3)))
+    with pytest.raises(KeyError, match="unknown method 'ppo2'; valid names: aepo, aspo, cispo, dapo, dr_grpo, grpo, "
+                                       "gspo, hapo, spo"):
+        registry.get_method("ppo2")
+    with pytest.raises(KeyError, match="unknown method 'ppo2'"):
+        registry.advantage("ppo2", AdvantageInputs(torch.ones(2), [0, 0], torch.ones(2, 3)))
     with pytest.raises(ValueError, match="non-empty string"):
         registry.register_advantage("")
 

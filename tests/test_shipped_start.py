@@ -70,7 +70,7 @@ def test_the_spo_offline_pass_is_found_beside_the_shipped_start(shipped, tmp_pat
     folder, _, _ = shipped
     cfg = build_config("spo", "smoke", {"steps": 1, "spo.offline_N": 2})
     first = train(cfg, tmp_path / "first", progress=False, sft_cache=tmp_path / "c1")
-    (passed,) = (tmp_path / "c1").glob("spo-offline-*.pt")
+    (passed,) = (tmp_path / "c1").glob("offline-*.pt")
     shutil.move(passed, folder / passed.name)  # 'ship' it
 
     import rlkit.tiny.rl as rl

@@ -82,7 +82,8 @@ def test_stale_rollouts_come_from_the_policy_of_k_steps_earlier(tmp_path, cache,
     monkeypatch.setattr(rl, "rollout", rollout)
     monkeypatch.setattr(rl, "rl_step", step)
     # the overlong penalty makes rewards differ within groups, so the untrained smoke model does move
-    cfg = build_config("grpo", "smoke", {"steps": 5, "staleness": 2, "overlong_buffer": 40, "lr": 1e-2})
+    cfg = build_config("dapo", "smoke", {"steps": 5, "staleness": 2, "dapo.overlong_buffer": 40, "lr": 1e-2,
+                                         "dapo.dynamic_sampling": False})
     train(cfg, tmp_path / "stale", progress=False, sft_cache=cache)
     assert len(sampled_by) == 2 * len(policies) == 10  # the training's rollout, then the current policy's own
     for t in range(1, 6):  # step t samples with the policy at the start of step max(1, t − 2)
@@ -108,7 +109,7 @@ def test_the_current_policy_metrics_leave_the_training_untouched(method, tmp_pat
     from rlkit.tiny import rl
 
     # SPO: a pool twice the draw, so the uniform reference draw of spo/sampling_focus_uniform is a real draw
-    cfg = build_config(method, "smoke", {"steps": 4, "staleness": 2, "overlong_buffer": 40, "lr": 1e-2,
+    cfg = build_config(method, "smoke", {"steps": 4, "staleness": 2, "lr": 1e-2,
                                          "pool_size": 32 if method == "spo" else 16})
     on = train(cfg, tmp_path / "on", progress=False, sft_cache=cache)
     part = train(cfg, tmp_path / "part", progress=False, sft_cache=cache, stop_after=2)
@@ -129,13 +130,13 @@ def test_the_current_policy_metrics_leave_the_training_untouched(method, tmp_pat
 def test_activity_helpers_by_hand():
     from rlkit.tiny import rl
 
-    assert rl._coefficient_of_variation(torch.full((5,), 0.3)) == 0.0  # uniform weights: nothing to prioritise
-    assert rl._coefficient_of_variation(torch.tensor([1.0, 3.0])) == 0.5  # population std 1 over mean 2
+    from rlkit.hooks import side_generator
+
     before = torch.random.get_rng_state()
-    a, b = rl._side_generator(0, 3, "x"), rl._side_generator(0, 3, "x")
+    a, b = side_generator(0, 3, "x"), side_generator(0, 3, "x")
     assert torch.equal(torch.rand(4, generator=a), torch.rand(4, generator=b))  # the same step draws the same
-    assert not torch.equal(rl._side_generator(0, 4, "x").get_state(), rl._side_generator(0, 3, "x").get_state())
-    assert not torch.equal(rl._side_generator(1, 3, "x").get_state(), rl._side_generator(0, 3, "x").get_state())
+    assert not torch.equal(side_generator(0, 4, "x").get_state(), side_generator(0, 3, "x").get_state())
+    assert not torch.equal(side_generator(1, 3, "x").get_state(), side_generator(0, 3, "x").get_state())
     assert torch.equal(torch.random.get_rng_state(), before)  # the global generator is not touched
 
 
@@ -290,8 +291,8 @@ def test_config_overrides_and_errors():
         build_config("grpo", "smoke", {"sft.task.max_ops": 9})
     with pytest.raises(ValueError, match="unknown method"):
         build_config("ppo2", "cpu")
-    with pytest.raises(ValueError, match="SPO has one response"):
-        build_config("spo", "cpu", {"dynamic_sampling": True})
+    with pytest.raises(KeyError, match="no field 'dynamic_sampling'"):
+        build_config("spo", "cpu", {"dynamic_sampling": True})  # DAPO's, in its own section
     with pytest.raises(KeyError, match="not a group"):
         set_field(build_config("grpo", "smoke"), "lr.x", 1)
 
@@ -337,9 +338,23 @@ def test_ablation_switches_are_honoured(method, switch, tmp_path, cache, monkeyp
         assert seen == ["shaped"]
 
 
-def test_aspo_base_other_than_grpo_is_refused():
-    with pytest.raises(ValueError, match="base_advantage"):
-        build_config("aspo", "smoke", {"aspo.base_advantage": "hapo_tlga"})
+def test_aspo_shapes_the_base_it_is_given_and_its_metrics_compare_with_that_base():
+    from rlkit import registry
+
+    cfg = build_config("aspo", "smoke", {"aspo.base_advantage": "hapo_tlga"})
+    hooks = registry.make_hooks("aspo", cfg.method_configs)
+    seen = []
+    real = registry.estimate
+    try:
+        registry.estimate = lambda name, inputs, configs=None: seen.append(name) or real(name, inputs, configs)
+        import rlkit.methods.aspo as aspo_m
+
+        aspo_m.estimate, old = registry.estimate, aspo_m.estimate
+        inputs = registry.AdvantageInputs(torch.tensor([1.0, 0.0]), [0, 0], torch.ones(2, 3))
+        hooks.advantage_metrics(torch.zeros(2, 3), inputs, None)
+    finally:
+        registry.estimate, aspo_m.estimate = real, old
+    assert seen == ["hapo_tlga"]
 
 
 def test_the_evaluations_reuse_what_was_already_evaluated_and_equal_evaluating_anew(tmp_path, cache, monkeypatch):

@@ -54,7 +54,7 @@ def test_overrides_carry_the_tiny_runs_settings(method):
 
 def test_what_the_twin_cannot_carry_is_refused():
     with pytest.raises(ValueError, match="overlong penalty"):
-        from_tiny.overrides(build_config("grpo", "cpu", {"overlong_buffer": "16"}))
+        from_tiny.overrides(build_config("dapo", "cpu", {"dapo.overlong_buffer": "16"}))
     with pytest.raises(ValueError, match="mixed"):
         from_tiny.overrides(build_config("grpo", "cpu", {"sft.form": "tool"}))
 

@@ -1,4 +1,6 @@
-"""HAPO's adaptive temperature as a vLLM v1 logits processor, on CPU with fake logits (vLLM is not installed).
+"""A method's per-token temperature as a vLLM v1 logits processor — HAPO's adaptive temperature, the one method
+with one — on CPU with fake logits (vLLM is not installed). The processor builds HAPO's hooks from its settings and
+loads their state from the file the trainer writes.
 
 vLLM divides the processor's output by the request temperature T, so the distribution sampled from is
 softmax(apply(z)/T); it must be softmax(z / (T·(1 + τ·h̃))) with h̃ from rlkit's HAPO functions (Eq. 8).
@@ -7,7 +9,6 @@ softmax(apply(z)/T); it must be softmax(z / (T·(1 + τ·h̃))) with h̃ from rl
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 from types import SimpleNamespace
 
@@ -21,8 +22,15 @@ from rlkit.verl import sampling
 TAU = 0.05
 
 
-def vllm_config(path, **extra):
-    return SimpleNamespace(additional_config={sampling.CONFIG_KEY: {"stats_path": str(path), "temperature_tau": TAU, **extra}})
+def vllm_config(path, **options):
+    config = hapo.Config(**{"temperature_tau": TAU, **options})
+    return SimpleNamespace(additional_config={sampling.CONFIG_KEY: sampling.processor_settings(
+        "hapo", {"hapo": config}, str(path))})
+
+
+def save_stats(path, stats):
+    """What the trainer writes after an update: HAPO's hooks' state holding ``stats``."""
+    sampling.save_state(str(path), {"stats": tuple(stats)})
 
 
 def logits_with_spread_entropies(rows=6, vocab=40, seed=0):
@@ -68,10 +76,10 @@ def test_first_step_without_statistics_changes_nothing(tmp_path):
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
 @pytest.mark.parametrize("release_compat", [False, True])
 def test_sampled_distribution_is_hapos_adaptive_temperature(tmp_path, temperature, release_compat):
-    path = tmp_path / "stats.json"
+    path = tmp_path / "state.pt"
     logits = logits_with_spread_entropies()
     stats = stats_of(logits)
-    sampling.save_stats(str(path), stats)
+    save_stats(path, stats)
     proc = sampling.AdaptiveTemperatureProcessor(vllm_config(path, release_compat=release_compat), "cpu", False)
     sampled = torch.softmax(proc.apply(logits.clone()) / temperature, dim=-1)  # vLLM divides by T afterwards
     per_row_t = hapo.adaptive_temperature(logits, temperature, stats, temperature_tau=TAU,
@@ -92,9 +100,9 @@ def test_sampled_distribution_is_hapos_adaptive_temperature(tmp_path, temperatur
 
 
 def test_masked_tokens_stay_masked_and_leave_no_nan(tmp_path):
-    path = tmp_path / "stats.json"
+    path = tmp_path / "state.pt"
     logits = logits_with_spread_entropies()
-    sampling.save_stats(str(path), stats_of(logits))
+    save_stats(path, stats_of(logits))
     proc = sampling.AdaptiveTemperatureProcessor(vllm_config(path), "cpu", False)
     masked = logits.clone()
     masked[:, ::3] = float("-inf")  # what an earlier processor (bad words, allowed ids) leaves
@@ -106,13 +114,13 @@ def test_masked_tokens_stay_masked_and_leave_no_nan(tmp_path):
 
 
 def test_new_statistics_are_picked_up_at_the_next_engine_step(tmp_path):
-    path = tmp_path / "stats.json"
+    path = tmp_path / "state.pt"
     logits = logits_with_spread_entropies()
     first, second = stats_of(logits, pivot=0.2), stats_of(logits, pivot=0.9)
-    sampling.save_stats(str(path), first)
+    save_stats(path, first)
     proc = sampling.AdaptiveTemperatureProcessor(vllm_config(path), "cpu", False)
     before = proc.apply(logits.clone())
-    sampling.save_stats(str(path), second)
+    save_stats(path, second)
     os.utime(path, ns=(os.stat(path).st_mtime_ns + 1_000_000, os.stat(path).st_mtime_ns + 1_000_000))
     assert torch.equal(proc.apply(logits.clone()), before)  # nothing changes inside a step...
     proc.update_state(None)  # ...vLLM calls this before every step
@@ -122,22 +130,26 @@ def test_new_statistics_are_picked_up_at_the_next_engine_step(tmp_path):
 
 
 def test_bad_settings_fail_naming_the_key(tmp_path):
-    with pytest.raises(ValueError, match=r"additional_config\.rlkit_hapo\.stats_path"):
+    with pytest.raises(ValueError, match=r"additional_config\.rlkit_sampler\.\{method, options, state_path\}"):
         sampling.AdaptiveTemperatureProcessor(SimpleNamespace(additional_config={}), "cpu", False)
-    with pytest.raises(ValueError, match=r"rlkit_hapo\.tau; valid: release_compat, stats_path, temperature_tau"):
-        sampling.AdaptiveTemperatureProcessor(vllm_config(tmp_path / "s.json", tau=0.1), "cpu", False)
+    config = vllm_config(tmp_path / "s.pt")
+    config.additional_config[sampling.CONFIG_KEY]["tau"] = 0.1
+    with pytest.raises(ValueError, match=r"rlkit_sampler\.tau; valid: method, options, state_path"):
+        sampling.AdaptiveTemperatureProcessor(config, "cpu", False)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'tau'"):  # a field hapo.Config lacks
+        sampling.AdaptiveTemperatureProcessor(vllm_config(tmp_path / "s.pt", tau=0.1), "cpu", False)
+    logits = logits_with_spread_entropies()
+    save_stats(tmp_path / "s.pt", stats_of(logits))
+    proc = sampling.AdaptiveTemperatureProcessor(vllm_config(tmp_path / "s.pt", temperature_tau=1.5), "cpu", False)
     with pytest.raises(ValueError, match=r"temperature_tau must lie in \[0, 1\)"):
-        sampling.AdaptiveTemperatureProcessor(vllm_config(tmp_path / "s.json", temperature_tau=1.5), "cpu", False)
-    (tmp_path / "bad.json").write_text(json.dumps({"median": 0.0}))
-    with pytest.raises(ValueError, match="lacks the entropy statistics std, scale_pos, scale_neg"):
-        sampling.load_stats(str(tmp_path / "bad.json"))
+        proc.apply(logits)
 
 
 def test_applied_temperatures_are_recorded_for_the_trainer(tmp_path):
     """The processor's running totals → the trainer's per-step mean and std of T·(1 + τ·h̃), over processes."""
-    path = tmp_path / "stats.json"
+    path = tmp_path / "state.pt"
     logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(3)) * 3
-    sampling.save_stats(str(path), stats_of(logits))
+    save_stats(path, stats_of(logits))
     proc = sampling.AdaptiveTemperatureProcessor(vllm_config(path), "cpu", False)
     before = sampling.read_applied(str(path))
     assert before == {"tokens": 0.0, "factor_sum": 0.0, "factor_sq_sum": 0.0}
@@ -146,27 +158,27 @@ def test_applied_temperatures_are_recorded_for_the_trainer(tmp_path):
     proc.update_state(SimpleNamespace(batch_size=0, added=[], removed=[], moved=[]))  # the batch emptied: flush
     after = sampling.read_applied(str(path))
     assert after["tokens"] == 6
-    m = sampling.applied_metrics(before, after, temperature=0.8)
+    m = sampling.applied_metrics(before, after, temperature=0.8, prefix="hapo")
     assert m["hapo/sampler/temperature_mean"] == pytest.approx(0.8 * factors[:, 0].double().mean().item(), rel=1e-5)
     assert m["hapo/sampler/temperature_std"] == pytest.approx(
         0.8 * factors[:, 0].double().std(unbiased=False).item(), rel=1e-3)
     assert m["hapo/sampler/temperature_std"] > 0
-    other = tmp_path / "stats.applied.999999.json"  # another vLLM process's totals are added
+    other = tmp_path / "state.applied.999999.json"  # another vLLM process's totals are added
     other.write_text('{"tokens": 4, "factor_sum": 4.0, "factor_sq_sum": 4.0}')
     assert sampling.read_applied(str(path))["tokens"] == 10
-    assert sampling.applied_metrics(after, after, 1.0) == {"hapo/sampler/adapted_tokens": 0.0}
+    assert sampling.applied_metrics(after, after, 1.0, prefix="hapo") == {"hapo/sampler/adapted_tokens": 0.0}
 
 
 def test_recording_never_stops_sampling(tmp_path):
     """Nothing adapted yet (step 1: no statistics): nothing written; an unwritable record: a warning, not an error
     (a processor's exception kills vLLM's engine)."""
-    path = tmp_path / "no_dir_yet" / "stats.json"
+    path = tmp_path / "no_dir_yet" / "state.pt"
     proc = sampling.AdaptiveTemperatureProcessor(vllm_config(path), "cpu", False)
     proc.update_state(SimpleNamespace(batch_size=0))
     assert not path.parent.exists()
     blocker = tmp_path / "file"
     blocker.write_text("")
-    proc = sampling.AdaptiveTemperatureProcessor(vllm_config(blocker / "stats.json"), "cpu", False)
+    proc = sampling.AdaptiveTemperatureProcessor(vllm_config(blocker / "state.pt"), "cpu", False)
     proc.applied["tokens"] = 1.0
     with pytest.warns(UserWarning, match="cannot record"):
         proc.flush()

@@ -34,8 +34,10 @@ from verl.workers.config.actor import ActorConfig, PolicyLossConfig  # noqa: E40
 from verl.workers.utils.losses import ppo_loss  # noqa: E402
 
 from rlkit.verl import sampling  # noqa: E402
+from rlkit.hooks import Recalled  # noqa: E402
 from rlkit.verl.trainer import (  # noqa: E402
-    SAMPLER_PROCESSOR, MethodSetup, RlkitTrainer, actor_loss, code_pass_flags, correctness, first_code_token,
+    MEMORY, SAMPLER_PROCESSOR, STATE_FILE, MethodSetup, RlkitTrainer, actor_loss, code_pass_flags, correctness,
+    first_code_token,
 )
 
 VERL_CONFIG_DIR = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
@@ -83,7 +85,7 @@ def test_method_setup_reads_verls_composed_config():
     setup = MethodSetup.from_config(cfg)
     assert setup.options["aspo"].delta == -2.5
     assert setup.options["hapo"].fallback_threshold == 4.0  # the base estimator's options are read too
-    assert not setup.needs_entropy and not setup.adaptive_temperature
+    assert setup.name == "aspo" and not setup.needs_entropy and not setup.hooks().sets_temperature()
 
 
 def test_trainer_is_verl_sync_and_switches_on_what_the_loss_needs():
@@ -100,8 +102,9 @@ def test_hapo_trainer_hands_vllm_the_adaptive_temperature_processor(tmp_path):
     rollout = t.config.actor_rollout_ref.rollout
     assert t.config.actor_rollout_ref.actor.calculate_entropy
     assert list(rollout.engine_kwargs.vllm.logits_processors) == [SAMPLER_PROCESSOR]
-    assert dict(rollout.engine_kwargs.vllm.additional_config[sampling.CONFIG_KEY]) == {
-        "stats_path": f"{tmp_path}/s.json", "temperature_tau": 0.1, "release_compat": False}
+    settings = rollout.engine_kwargs.vllm.additional_config[sampling.CONFIG_KEY]
+    assert settings["state_path"] == f"{tmp_path}/s.json" and settings["method"] == "hapo"
+    assert settings["options"]["hapo"]["temperature_tau"] == 0.1
     assert omega_conf_to_dataclass(rollout).engine_kwargs["vllm"]["logits_processors"] == [SAMPLER_PROCESSOR]
     # the class path resolves to the processor
     module, name = SAMPLER_PROCESSOR.split(":")
@@ -226,7 +229,7 @@ def spo_trainer(tmp_path, offline, *overrides):
     t = trainer_for("algorithm.adv_estimator=rlkit_spo", "actor_rollout_ref.rollout.n=1", "data.train_batch_size=6",
                     f"+algorithm.spo.offline_values={path}", "+algorithm.spo.offline_N=4", *overrides)
     t.train_dataset = PromptRows([f"p{i}" for i in range(8)])
-    t._init_spo()
+    t.start_hooks()
     return t
 
 
@@ -235,7 +238,7 @@ def test_spo_tracker_sampler_and_advantage(tmp_path):
     t = spo_trainer(tmp_path, offline)
     pool = [f"p{i}" for i in range(8)]
     reference = spo.ValueTracker(pool, offline_scores=offline, offline_N=4)
-    torch.testing.assert_close(t.spo_tracker.baseline(), reference.baseline(), rtol=0, atol=0)
+    torch.testing.assert_close(t.hooks.tracker.baseline(), reference.baseline(), rtol=0, atol=0)
 
     # the step's prompts come from the weighted sampler
     batch = t._fetch_one_gen_batch()
@@ -250,10 +253,14 @@ def test_spo_tracker_sampler_and_advantage(tmp_path):
     mask[2, 3:] = 0
     scores = torch.zeros(7, 5)
     scores[:, 2] = rewards
-    divergence = torch.tensor([0.0, 0.01, 0.2, 0.0, 0.05, 0.03, 0.0], dtype=torch.float64)
+    # D of each prompt's kept response (the engine's recall, here without TransferQueue): 0 for one never seen
+    d_of = dict(zip(drawn, [0.0, 0.01, 0.2, 0.0, 0.05, 0.03]))
+    t.engine.recall = lambda pids: {p: Recalled(torch.zeros(1), torch.tensor([d_of[p]]), torch.ones(1))
+                                    for p in pids if d_of[p] > 0}
+    t.engine.remember = lambda batch, rows: None
+    divergence = torch.tensor([d_of[p] for p in ids], dtype=torch.float32).double()
     data = DataProto.from_dict(
-        tensors={"rm_scores": scores, "token_level_rewards": scores, "response_mask": mask,
-                 "rlkit_spo_divergence": divergence},
+        tensors={"rm_scores": scores, "token_level_rewards": scores, "response_mask": mask},
         non_tensors={"uid": np.array([str(i) for i in range(7)], dtype=object),
                      "extra_info": np.array([{"prompt_id": p} for p in ids], dtype=object),
                      "is_padding": np.array([False] * 6 + [True])})
@@ -265,10 +272,10 @@ def test_spo_tracker_sampler_and_advantage(tmp_path):
     assert out[6].abs().sum() == 0
 
     # after the actor step the tracker folds in the real rows, ρ from D
-    t.update_spo(data)
+    t.after_update()
     reference.update(ids[:6], rewards[real].double(), divergence[real])
-    torch.testing.assert_close(t.spo_tracker.alpha, reference.alpha, rtol=0, atol=0)
-    torch.testing.assert_close(t.spo_tracker.beta, reference.beta, rtol=0, atol=0)
+    torch.testing.assert_close(t.hooks.tracker.alpha, reference.alpha, rtol=0, atol=0)
+    torch.testing.assert_close(t.hooks.tracker.beta, reference.beta, rtol=0, atol=0)
 
 
 def test_spo_needs_a_prompt_id_per_row(tmp_path):
@@ -276,7 +283,7 @@ def test_spo_needs_a_prompt_id_per_row(tmp_path):
     t.train_dataset = PromptRows(["p0"])
     t.train_dataset.dataframe = {"extra_info": [{"index": 0}]}
     with pytest.raises(ValueError, match=r"extra_info\['prompt_id'\].*rlkit data"):
-        t._init_spo()
+        t.start_hooks()
 
 
 # --------------------------------------------------------------------------- the actor loss through verl's ppo_loss
@@ -339,18 +346,17 @@ def test_actor_loss_runs_verls_ppo_loss_with_the_forward_passs_entropies(loss_mo
 # --------------------------------------------------------------------------- HAPO's sampler statistics
 
 
-def test_sampler_statistics_reach_the_vllm_processor(tmp_path):
-    path = str(tmp_path / "hapo_stats.json")
+def test_the_hooks_temperature_state_reaches_the_vllm_processor(tmp_path):
+    path = str(tmp_path / "hapo_state.pt")
     t = trainer_for("algorithm.adv_estimator=rlkit_hapo_tlga", "actor_rollout_ref.actor.policy_loss.loss_mode=rlkit_hapo",
                     f"+algorithm.hapo.stats_path={path}", "+algorithm.hapo.entropy_pivot=0.7")
+    t.global_steps = 1
     b = make_batch(4, B=6, T=7)
     h = torch.rand(6, 7, generator=torch.Generator().manual_seed(1)) * 4
-    metrics = t.write_sampler_stats(h, b["mask"])
+    t._step = {"entropy": h, "mask": b["mask"]}  # what the old-log-prob pass left
+    metrics = t.after_update()
+    assert metrics == {"hapo/sampler/adapted_tokens": 0.0}  # no rollout has been adapted yet
     expected = hapo.entropy_stats(h, b["mask"], entropy_pivot=0.7)
-    loaded = sampling.load_stats(path)
-    for name, value in expected._asdict().items():
-        assert getattr(loaded, name).item() == pytest.approx(value.item(), rel=1e-6)
-        assert metrics[f"hapo/sampler_stats/{name}"] == pytest.approx(value.item(), rel=1e-6)
     settings = t.config.actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config
     processor = sampling.AdaptiveTemperatureProcessor(SimpleNamespace(additional_config=settings), "cpu", False)
     logits = torch.randn(5, 50)
@@ -486,12 +492,12 @@ def test_spo_steps_through_verls_transferqueue_path(tmp_path, fake_tq, tokenizer
         t._update_actor(meta, metrics)
         reference.update(prompt_ids, torch.tensor(rewards, dtype=torch.float64),
                          torch.tensor(divergence, dtype=torch.float64))
-        torch.testing.assert_close(t.spo_tracker.alpha, reference.alpha)
-        torch.testing.assert_close(t.spo_tracker.beta, reference.beta)
-        assert metrics["spo/D"] == pytest.approx(sum(divergence) / 4)
+        torch.testing.assert_close(t.hooks.tracker.alpha, reference.alpha)
+        torch.testing.assert_close(t.hooks.tracker.beta, reference.beta)
+        assert metrics["spo/D/mean"] == pytest.approx(sum(divergence) / 4)
         fake_tq.kv_clear(meta.keys, "train")  # what verl's fit loop does at the end of a step
     # each prompt keeps its newest response (p0 was drawn twice in step 2: the second one)
-    memory = fake_tq.records["rlkit_spo_memory"]
+    memory = fake_tq.records[MEMORY]
     assert sorted(memory) == ["p0", "p1", "p2", "p3", "p4"]
     assert torch.equal(memory["p0"]["responses"], responses[3])
 
@@ -523,7 +529,7 @@ def test_spo_state_is_saved_in_and_restored_from_verls_checkpoint_folder(tmp_pat
         folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
         os.makedirs(folder, exist_ok=True)
         # rlkit's part is on disk before verl names the checkpoint complete (a kill in between loses nothing)
-        assert os.path.exists(os.path.join(folder, "rlkit_spo.pt"))
+        assert os.path.exists(os.path.join(folder, STATE_FILE))
         with open(os.path.join(self.config.trainer.default_local_dir, "latest_checkpointed_iteration.txt"), "w") as f:
             f.write(str(self.global_steps))
 
@@ -534,16 +540,16 @@ def test_spo_state_is_saved_in_and_restored_from_verls_checkpoint_folder(tmp_pat
     monkeypatch.setattr(PPOTrainer, "_load_checkpoint", verl_load)
     ckpt = f"trainer.default_local_dir={tmp_path}/ckpt"
     t = spo_trainer(tmp_path, {"p1": [1, 0, 1]}, ckpt)
-    t.spo_tracker.update(["p1", "p2"], torch.tensor([1.0, 0.0]), torch.tensor([0.03, 0.0]))
-    t.spo_sampler.sample(t.spo_tracker.weights(), 3)
+    t.hooks.tracker.update(["p1", "p2"], torch.tensor([1.0, 0.0]), torch.tensor([0.03, 0.0]))
+    t.hooks.sampler.sample(t.hooks.tracker.weights(), 3)
     t.global_steps = 3
     t._save_checkpoint()
     resumed = spo_trainer(tmp_path, {"p1": [1, 0, 1]}, ckpt)
     resumed._load_checkpoint()
-    torch.testing.assert_close(resumed.spo_tracker.alpha, t.spo_tracker.alpha, rtol=0, atol=0)
-    torch.testing.assert_close(resumed.spo_tracker.beta, t.spo_tracker.beta, rtol=0, atol=0)
-    weights = t.spo_tracker.weights()
-    assert resumed.spo_sampler.sample(weights, 5) == t.spo_sampler.sample(weights, 5)  # the same next draws
+    torch.testing.assert_close(resumed.hooks.tracker.alpha, t.hooks.tracker.alpha, rtol=0, atol=0)
+    torch.testing.assert_close(resumed.hooks.tracker.beta, t.hooks.tracker.beta, rtol=0, atol=0)
+    weights = t.hooks.tracker.weights()
+    assert resumed.hooks.sampler.sample(weights, 5) == t.hooks.sampler.sample(weights, 5)  # the same next draws
     monkeypatch.setattr(PPOTrainer, "_load_checkpoint", lambda self: setattr(self, "global_steps", 7))
-    with pytest.raises(FileNotFoundError, match="global_step_7/rlkit_spo.pt is missing"):
+    with pytest.raises(FileNotFoundError, match=f"global_step_7/{STATE_FILE} is missing"):
         spo_trainer(tmp_path, {}, ckpt)._load_checkpoint()

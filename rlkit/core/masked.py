@@ -60,3 +60,11 @@ def check_shapes(mask: Tensor, **tensors: Tensor | None) -> None:
     for name, t in tensors.items():
         if t is not None and t.shape != mask.shape:
             raise ValueError(f"{name} has shape {tuple(t.shape)} but the response mask is {tuple(mask.shape)}")
+
+
+def advantage_shift(adv: Tensor, base: Tensor, mask: Tensor) -> tuple[float, float]:
+    """How far an advantage ``adv`` moved from a ``base`` one (both ``(B, T)``): the share of responses it changed,
+    and Σ|adv − base| / Σ|base| over valid tokens (0 when the base is all 0)."""
+    bias = ((adv - base) * mask).abs()
+    total = (base * mask).abs().sum().item()
+    return (bias.sum(-1) > 0).double().mean().item(), bias.sum().item() / total if total > 0 else 0.0

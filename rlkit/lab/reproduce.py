@@ -429,11 +429,11 @@ def ship_start(scale: str = "cpu", *, specs_dir: str | Path | None = None, cache
             pool = arithmetic.make_pool(cfg.pool_size, seed=cfg.sft.seed, **vars(cfg.sft.task))
             max_new = cfg.max_new_tokens or max_response_tokens(cfg.sft.task, cfg.sft.form)
             gen = torch.Generator().manual_seed(cfg.seed + 1)  # the run's sampling generator, as rl.train seeds it
-            before = set(SHIPPED_DIR.glob("spo-offline-*.pt"))
+            before = set(SHIPPED_DIR.glob("offline-*.pt"))
             model.train()  # as rl.train holds it when the pass runs
-            offline_scores(Run(cfg, model, tokenizer, None, pool, max_new, cfg.sft.form), gen, sft=shipped,
+            offline_scores(Run(cfg, model, tokenizer, None, pool, max_new, cfg.sft.form), gen, cfg.spo.offline_N, sft=shipped,
                            cache_dir=SHIPPED_DIR)
-            entry["spo_offline"] += sorted(f.name for f in set(SHIPPED_DIR.glob("spo-offline-*.pt")) - before)
+            entry["spo_offline"] += sorted(f.name for f in set(SHIPPED_DIR.glob("offline-*.pt")) - before)
     finally:
         torch.set_num_threads(threads)
     (SHIPPED_DIR / "MANIFEST.json").write_text(json.dumps(manifest, indent=2) + "\n")

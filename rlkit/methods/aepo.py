@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import torch
 
@@ -64,6 +64,9 @@ VARIANTS = ("paper", "arlarena")
 @dataclass
 class Config:
     """AEPO hyperparameters (the paper's; ARLArena's math config for the clip)."""
+
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"variant": VARIANTS}
+    """The values each choice field may take (checked by the engines' settings check)."""
 
     coef: float = 0.2
     """a in Ã = A·(1 + a·H̃): the weight of the standardized entropy (hard-coded 0.2 in both codes)."""
@@ -286,4 +289,6 @@ def aepo_loss(
 
 
 register_method(Method("aepo", Config, advantage="grpo", policy_loss="aepo",
-                       entropy_switches=("use_entropy_advantage",)))
+                       entropy_switches=("use_entropy_advantage",),
+                       logs=frozenset({"aepo/clipfrac_grad_kept", "aepo/adv_reshape/mean",
+                                       "aepo/entropy_adv_scale/min"})))

@@ -35,13 +35,16 @@ import dataclasses
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from rlkit.core.groups import group_index, group_sum
-from rlkit.core.masked import check_shapes, masked_mean
-from rlkit.registry import AdvantageInputs, Method, register_advantage, register_method
+from rlkit.core.masked import advantage_shift, check_shapes, masked_mean
+from rlkit.core.tool_use import flags as _flags, per_sample as _per_sample
+from rlkit.core.tool_use import tool_metrics as aspo_metrics  # noqa: F401  (every run's tool metrics: ASPO's names)
+from rlkit.hooks import Hooks, StepBatch
+from rlkit.registry import AdvantageInputs, Method, estimate, register_advantage, register_method
 
 Tensor = torch.Tensor
 
@@ -49,6 +52,9 @@ Tensor = torch.Tensor
 @dataclass
 class Config:
     """ASPO hyperparameters (paper §4.5), under the verl recipe's names ``algorithm.aspo.*``."""
+
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"shaping": ("advantage", "reward")}
+    """The values each choice field may take (checked by the engines' settings check)."""
 
     enabled: bool = True
     """Apply the shaping (off by default in the verl recipe; on here: this Config is read only for ASPO)."""
@@ -66,22 +72,6 @@ class Config:
     eq1_clip: float = 1.0
     """c of Eq. 1, the clip on the standardised position (the paper gives no value; it can flip the sign of answers
     near the group's mean position, but the share of an all-correct group pushed down stays about half)."""
-
-
-def _per_sample(x: Any, name: str, batch: int, device: torch.device) -> Tensor:
-    t = torch.as_tensor(x, device=device)
-    if t.dim() != 1 or t.shape[0] != batch:
-        raise ValueError(f"{name} must have one value per sample, shape ({batch},); got {tuple(t.shape)}")
-    return t
-
-
-def _flags(x: Any, name: str, batch: int, device: torch.device) -> Tensor:
-    t = _per_sample(x, name, batch, device)
-    if t.dtype == torch.bool:
-        return t
-    if not ((t == 0) | (t == 1)).all():
-        raise ValueError(f"{name} must be boolean or 0/1 per sample (for ±1 rewards pass rewards > 0)")
-    return t != 0
 
 
 def aspo_shape(
@@ -221,40 +211,18 @@ def eq1_rewards(rewards: Tensor, group_ids: Any, correct: Any, first_code_pos: A
 def shaping_metrics(adv: Tensor, base_adv: Tensor, mask: Tensor) -> dict[str, float]:
     """How much a run's shaping acted: ``aspo/shaped_frac`` (share of responses whose advantage it changed) and
     ``aspo/bias_ratio`` (Σ|shaped − base| / Σ|base| over valid tokens; 0 when the base is all 0)."""
-    bias = ((adv - base_adv) * mask).abs()
-    base = (base_adv * mask).abs().sum().item()
-    return {"aspo/shaped_frac": (bias.sum(-1) > 0).double().mean().item(),
-            "aspo/bias_ratio": bias.sum().item() / base if base > 0 else 0.0}
+    shaped, ratio = advantage_shift(adv, base_adv, mask)
+    return {"aspo/shaped_frac": shaped, "aspo/bias_ratio": ratio}
 
 
-def aspo_metrics(
-    first_code_pos: Any, correct: Any, code_calls: Any, code_pass: Any = None
-) -> dict[str, float]:
-    """The trainer's ASPO metrics for a batch (all inputs ``(B,)``; positions NaN or negative = no code).
+class AspoHooks(Hooks):
+    """ASPO's activity in a run: how much the shaping moved the base advantage (``aspo/shaped_frac``, the share of
+    responses it changed, and ``aspo/bias_ratio``, Σ|shaped − base| / Σ|base| over valid tokens)."""
 
-    ``aspo/first_code_pos/mean`` (over responses with code), ``aspo/code_ratio`` (share with code),
-    ``aspo/code_rounds/mean`` (calls per response, all responses), ``aspo/correct_code_ratio`` (share both
-    correct and with code) and, given ``code_pass``, ``aspo/code_pass_ratio`` (over responses with code).
-    A mean over no responses is NaN.
-    """
-    p = torch.as_tensor(first_code_pos).detach().to(torch.float64)
-    if p.dim() != 1:
-        raise ValueError(f"first_code_pos must be (B,), got shape {tuple(p.shape)}")
-    batch, device = p.shape[0], p.device
-    used = torch.isfinite(p) & (p >= 0)
-    calls = _per_sample(code_calls, "code_calls", batch, device).to(torch.float64)
-    right = _flags(correct, "correct", batch, device)
-    n_used = int(used.sum())
-    metrics = {
-        "aspo/first_code_pos/mean": p[used].mean().item() if n_used else math.nan,
-        "aspo/code_ratio": used.double().mean().item(),
-        "aspo/code_rounds/mean": calls.mean().item(),
-        "aspo/correct_code_ratio": (used & right).double().mean().item(),
-    }
-    if code_pass is not None:
-        passed = _flags(code_pass, "code_pass", batch, device)
-        metrics["aspo/code_pass_ratio"] = (passed & used).sum().item() / n_used if n_used else math.nan
-    return metrics
+    def advantage_metrics(self, adv: Tensor, inputs: AdvantageInputs, batch: StepBatch) -> dict[str, float]:
+        return shaping_metrics(adv, estimate(self.config.base_advantage, inputs, self.configs), inputs.mask)
 
 
-register_method(Method("aspo", Config, advantage="aspo", policy_loss="ppo"))
+register_method(Method("aspo", Config, advantage="aspo", policy_loss="ppo", hooks=AspoHooks,
+                       inputs=("correct", "first_code_pos", "lengths", "code_pass"),
+                       logs=frozenset({"aspo/shaped_frac", "aspo/bias_ratio"})))

@@ -97,4 +97,6 @@ def ppo_clip_loss(
     )
 
 
-register_method(Method("grpo", Config, advantage="grpo", policy_loss="ppo"))
+# The tiny engine trains GRPO with DAPO's clip-higher (ε_high 0.28) and verl's dual clip c = 3.
+register_method(Method("grpo", Config, advantage="grpo", policy_loss="ppo",
+                       engine_defaults={"clip_high": 0.28, "clip_c": 3.0}))

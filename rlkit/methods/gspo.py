@@ -19,6 +19,7 @@ Deviations: none. Like verl, log s is clamped at 10 before ``exp``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -35,6 +36,9 @@ LOG_SEQ_RATIO_MAX = 10.0  # verl's clamp on log s_{i,t}
 @dataclass
 class Config:
     """GSPO hyperparameters (paper v2 §5.1)."""
+
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"variant": VARIANTS}
+    """The values each choice field may take (checked by the engines' settings check)."""
 
     clip_low: float = 3e-4
     """ε_left: s_i is clipped below at 1 − 3e-4 (GRPO uses 0.2: sequence ratios move far less)."""
@@ -104,4 +108,5 @@ def gspo_loss(
     return loss, metrics
 
 
-register_method(Method("gspo", Config, advantage="grpo", policy_loss="gspo"))
+register_method(Method("gspo", Config, advantage="grpo", policy_loss="gspo",
+                       logs=frozenset({"actor/pg_clipfrac_seq", "gspo/seq_ratio/mean", "gspo/seq_ratio/max"})))

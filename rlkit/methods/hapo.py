@@ -50,9 +50,12 @@ import torch
 from rlkit.core import fused
 from rlkit.core.entropy import entropy_from_logits
 from rlkit.core.groups import group_inputs, group_mean_std, group_scalars, group_sum
-from rlkit.core.masked import check_shapes, masked_mean
+from rlkit.core.masked import advantage_shift, check_shapes, masked_mean
 from rlkit.core.ppo import clipped_surrogate, log_ratio, reduce_policy_loss
-from rlkit.registry import AdvantageInputs, Method, register_advantage, register_method, register_policy_loss
+from rlkit.hooks import Hooks, StepBatch
+from rlkit.registry import (
+    AdvantageInputs, Method, estimate, kwargs_for, register_advantage, register_method, register_policy_loss,
+)
 
 Tensor = torch.Tensor
 
@@ -505,5 +508,62 @@ def hapo_loss(
     return loss, metrics
 
 
+# --------------------------------------------------------------------------- HAPO in a run (both engines)
+
+
+class HapoHooks(Hooks):
+    """HAPO's part in a run: component A's sampling temperature, set from the previous step's entropy statistics
+    (:func:`entropy_stats` of the sampled tokens' entropies, Eq. 5), and the metrics of its components' activity:
+    ``hapo/tlga_shift`` (B: Σ|A − A_GRPO| / Σ|A_GRPO| over valid tokens, 0 with B off) and the temperatures the
+    rollout sampled at, where the engine knows them."""
+
+    ESTIMATORS = ("hapo_tlga", "grpo")
+    """Component B on (``hapo_tlga``) or off (``grpo``)."""
+
+    def check(self, settings: Any) -> None:
+        if self.config.adv_estimator not in self.ESTIMATORS:
+            raise ValueError(f"hapo.adv_estimator must be 'hapo_tlga' (component B) or 'grpo' (B off), "
+                             f"got {self.config.adv_estimator!r}")
+        if self.config.temperature != settings.temperature:
+            raise ValueError(f"hapo.temperature ({self.config.temperature}) differs from temperature "
+                             f"({settings.temperature}): the engine samples at `temperature`; set that one")
+
+    def __init__(self, config: Any, configs: Any) -> None:
+        super().__init__(config, configs)
+        self.stats: EntropyStats | None = None
+        """The previous step's entropy statistics (None before the first step: T unchanged)."""
+
+    def sets_temperature(self) -> bool:
+        return self.config.adaptive_temperature
+
+    def temperature_fn(self, temperature: float):
+        if not self.config.adaptive_temperature or self.stats is None:
+            return None
+        stats, knobs = self.stats, kwargs_for(adaptive_temperature, self.config)
+        return lambda logits: adaptive_temperature(logits, temperature, stats, **knobs)
+
+    def advantage_metrics(self, adv: Tensor, inputs: AdvantageInputs, batch: StepBatch) -> dict[str, float]:
+        if self.config.adv_estimator == "grpo":
+            return {"hapo/tlga_shift": 0.0}
+        return {"hapo/tlga_shift": advantage_shift(adv, estimate("grpo", inputs, self.configs), inputs.mask)[1]}
+
+    def after_update(self, batch: StepBatch, engine: Any) -> dict[str, float]:
+        self.stats = entropy_stats(batch.entropy, batch.mask, **kwargs_for(entropy_stats, self.config))
+        if batch.temperature is None:
+            return {}
+        temps = batch.temperature[batch.mask.bool()]
+        return {"hapo/temperature/mean": temps.mean().item(),
+                "hapo/temperature/std": temps.std().item() if temps.numel() > 1 else 0.0}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"stats": tuple(self.stats) if self.stats is not None else None}
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        self.stats = EntropyStats(*state["stats"]) if state and state["stats"] is not None else None
+
+
 register_method(Method("hapo", Config, advantage="hapo_tlga", policy_loss="hapo",
-                       entropy_switches=("use_redistribution", "use_adaptive_clip")))
+                       entropy_switches=("use_redistribution", "use_adaptive_clip"), hooks=HapoHooks,
+                       logs=frozenset({"hapo/temperature/mean", "hapo/temperature/std", "hapo/clip_low/mean",
+                                       "hapo/clip_high/mean", "hapo/h_tilde/mean", "hapo/h_tilde/pos_frac",
+                                       "hapo/redistributed_frac", "hapo/clip_changed_frac", "hapo/tlga_shift"})))

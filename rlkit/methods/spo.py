@@ -40,7 +40,7 @@ import os
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -48,7 +48,8 @@ import torch
 
 from rlkit.core.groups import group_sum
 from rlkit.core.masked import check_shapes, masked_mean
-from rlkit.registry import AdvantageInputs, Method, register_advantage, register_method
+from rlkit.hooks import Hooks, StepBatch, draw, side_generator
+from rlkit.registry import AdvantageInputs, Method, kwargs_for, register_advantage, register_method
 
 Tensor = torch.Tensor
 
@@ -58,6 +59,9 @@ RHO_TYPES = ("kl", "constant")
 @dataclass
 class Config:
     """SPO hyperparameters (verl recipe ``spo_trainer.yaml`` / ``train.sh``; the paper's where they agree)."""
+
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"rho_type": RHO_TYPES}
+    """The values each choice field may take (checked by the engines' settings check)."""
 
     rho_type: str = "kl"
     """Forgetting schedule (recipe ``rho.type``): "kl" = clip(2^(−D/D_half), ρ_min, ρ_max) or "constant"."""
@@ -483,4 +487,78 @@ def spo_estimator(inputs: AdvantageInputs, *, adv_eps: float = 1e-8, no_baseline
     return spo_advantage(inputs.rewards, baselines, adv_eps=adv_eps, mask=inputs.mask)
 
 
-register_method(Method("spo", Config, advantage="spo", policy_loss="ppo"))
+# --------------------------------------------------------------------------- SPO in a run (both engines)
+
+
+class SpoHooks(Hooks):
+    """SPO's part in a run, the same in both engines: the tracker and sampler over the pool (initialised from the
+    start policy's offline scores), the prompts drawn by weight, the tracker's pre-update v̂ as baselines, D from
+    each prompt's last response, and the tracker's update after the policy step.
+
+    Metrics: ``spo/sampling_focus`` (mean p̂(1 − p̂) of the drawn prompts over the pool's, 1: no focus),
+    ``spo/sampling_focus_uniform`` (the same for a uniform draw of as many prompts, from a generator of its own),
+    ``spo/weight_cv`` (how unequal the weights were), and the tracker's ρ and D.
+    """
+
+    grouped = False  # one response per prompt: no groups
+
+    def start(self, engine: Any, *, resumed: bool) -> None:
+        # a resumed run restores the tracker instead of re-estimating the offline values
+        offline = None if resumed or self.config.offline_N == 0 else engine.offline_scores(self.config.offline_N)
+        self.seed, self.pool = engine.seed, list(engine.pool_ids)
+        self.tracker = ValueTracker(self.pool, offline_scores=offline, **kwargs_for(ValueTracker, self.config))
+        self.sampler = PromptSampler(self.pool, seed=engine.seed)
+        self.weights: Tensor | None = None
+        self.divergence: Tensor | None = None
+
+    def choose_prompts(self, n: int, step: int) -> list:
+        self.weights = self.tracker.weights(**kwargs_for(ValueTracker.weights, self.config))
+        return self.sampler.sample(self.weights, n)
+
+    def advantage_inputs(self, batch: StepBatch, engine: Any) -> dict[str, Any]:
+        # D of each prompt's last response sets its forgetting factor ρ (0 for a prompt not seen before)
+        recalled = engine.recall(batch.prompt_ids)
+        self.divergence = torch.zeros(len(batch.prompt_ids), dtype=torch.float64)
+        for j, pid in enumerate(batch.prompt_ids):
+            if pid in recalled:
+                r = recalled[pid]
+                self.divergence[j] = spo_divergence(r.logp_then[None], r.logp_now[None], r.mask[None])[0].item()
+        return {"baselines": self.tracker.baseline(batch.prompt_ids).to(batch.rewards)}
+
+    def advantage_metrics(self, adv: Tensor, inputs: AdvantageInputs, batch: StepBatch) -> dict[str, float]:
+        uniform = draw(len(self.pool), len(batch.prompt_ids), side_generator(self.seed, batch.step,
+                                                                               "spo-uniform-draw"))
+        w = self.weights.double().detach().cpu()
+        mean = w.mean().item()
+        return {"spo/sampling_focus": self._focus(batch.prompt_ids),
+                "spo/sampling_focus_uniform": self._focus([self.pool[i] for i in uniform.tolist()]),
+                "spo/weight_cv": w.std(correction=0).item() / mean if mean > 0 else float("nan")}
+
+    def _focus(self, ids: list) -> float:
+        """Mean p̂(1 − p̂) of ``ids`` over its mean across the pool (1: no concentration near p̂ = 1/2)."""
+        drawn, pool = self.tracker.baseline(ids).double(), self.tracker.baseline(self.pool).double()
+        base = (pool * (1 - pool)).mean().item()
+        return (drawn * (1 - drawn)).mean().item() / base if base > 0 else float("nan")
+
+    def after_update(self, batch: StepBatch, engine: Any) -> dict[str, float]:
+        tracked = self.tracker.update(batch.prompt_ids, batch.rewards.double(), self.divergence)
+        engine.remember(batch, {pid: row for row, pid in enumerate(batch.prompt_ids)})  # a prompt's last row
+        return {"spo/rho/mean": tracked["spo/rho_clipped"], "spo/D/mean": tracked["spo/D"],
+                "spo/rho_clip_ratio": tracked["spo/rho_clip_ratio"],
+                "spo/rho_free_frac": 1.0 - tracked["spo/rho_clip_ratio"]}  # ρ inside its window: ρ acts
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"tracker": self.tracker.state_dict(), "sampler": self.sampler.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        self.tracker.load_state_dict(state["tracker"])
+        self.sampler.load_state_dict(state["sampler"])
+
+
+# D_half 0.25 in the tiny engine instead of verl's hard-coded 0.06, matched to the tiny model's divergences:
+# revisited prompts have D ≈ 0.02–0.05 there, and at 0.06 their ρ sat at ρ_min for ~75% of prompts (ρ only acts
+# for D in [0.059, 0.193]·D_half).
+register_method(Method("spo", Config, advantage="spo", policy_loss="ppo", hooks=SpoHooks,
+                       engine_defaults={"d_half": 0.25},
+                       logs=frozenset({"spo/rho/mean", "spo/D/mean", "spo/rho_clip_ratio", "spo/rho_free_frac",
+                                       "spo/sampling_focus", "spo/sampling_focus_uniform", "spo/weight_cv"})))

@@ -1,5 +1,5 @@
-"""What a tiny-engine run keeps between steps and on disk: :class:`RunState` (generators, SPO's tracker, sampler and
-stored responses, HAPO's entropy statistics), the atomic ``checkpoint.pt`` (:func:`save_checkpoint`,
+"""What a tiny-engine run keeps between steps and on disk: :class:`RunState` (generators, the method's state and the
+responses it keeps), the atomic ``checkpoint.pt`` (:func:`save_checkpoint`,
 :func:`restore_checkpoint`) and ``env.json`` (:func:`environment`)."""
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import rlkit
 from rlkit import numerics
 from rlkit.errors import CannotResume
 from rlkit.files import atomic_write
-from rlkit.methods import hapo, spo
 from rlkit.tiny.config import RLConfig
 
 Tensor = torch.Tensor
@@ -30,12 +29,10 @@ class RunState:
     step: int = 0
     prompt_gen: torch.Generator = field(default_factory=torch.Generator)
     sample_gen: torch.Generator | None = None
-    tracker: spo.ValueTracker | None = None
-    prompt_sampler: spo.PromptSampler | None = None
-    spo_memory: dict[int, dict[str, Tensor]] = field(default_factory=dict)
-    """SPO: per pool prompt, its last response (tokens, temperatures, log-probs at sampling time) for D."""
-    hapo_stats: hapo.EntropyStats | None = None
-    """HAPO: the previous step's entropy statistics, which set this step's sampling temperatures."""
+    method_state: dict[str, Any] | None = None
+    """The method's hooks' state (:meth:`rlkit.hooks.Hooks.state_dict`)."""
+    memory: dict[Any, dict[str, Tensor]] = field(default_factory=dict)
+    """Responses the method asked the engine to keep, per prompt id (:meth:`rlkit.tiny.rl.Run.remember`)."""
     policies: list[dict[str, Tensor]] = field(default_factory=list)
     """``staleness`` > 0: the policy's weights at the start of each of the last ``staleness`` + 1 steps, oldest
     first — the oldest samples the rollouts."""
@@ -48,10 +45,7 @@ def save_checkpoint(path: Path, model, opt, state: RunState, *, logged: dict[str
     blob = {
         "model": model.state_dict(), "optimizer": opt.state_dict(), "step": state.step,
         "prompt_gen": state.prompt_gen.get_state(), "sample_gen": state.sample_gen.get_state(),
-        "tracker": state.tracker.state_dict() if state.tracker else None,
-        "prompt_sampler": state.prompt_sampler.state_dict() if state.prompt_sampler else None,
-        "spo_memory": state.spo_memory,
-        "hapo_stats": tuple(state.hapo_stats) if state.hapo_stats is not None else None,
+        "method_state": state.method_state, "memory": state.memory,
         "policies": state.policies, "logged": logged, "config": config,
     }
     with atomic_write(path, "wb", fsync=False) as f:  # a kill leaves the previous checkpoint or this one
@@ -75,18 +69,16 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
 
 def restore_checkpoint(path: Path | dict, model, opt, state: RunState) -> None:
     """Load :func:`save_checkpoint`'s ``path`` (or its :func:`load_checkpoint` contents) into ``model``, ``opt`` and
-    ``state`` (which holds SPO's tracker and sampler already when the run is SPO's)."""
+    ``state`` (the method's state is handed to its hooks by the caller)."""
     blob = path if isinstance(path, dict) else load_checkpoint(path)
     model.load_state_dict(blob["model"])
     opt.load_state_dict(blob["optimizer"])
     state.step = blob["step"]
     state.prompt_gen.set_state(blob["prompt_gen"])
     state.sample_gen.set_state(blob["sample_gen"])
-    if state.tracker is not None:
-        state.tracker.load_state_dict(blob["tracker"])
-        state.prompt_sampler.load_state_dict(blob["prompt_sampler"])
-    state.spo_memory = blob["spo_memory"]
-    state.hapo_stats = hapo.EntropyStats(*blob["hapo_stats"]) if blob["hapo_stats"] is not None else None
+    if "memory" not in blob:
+        raise CannotResume("the checkpoint was written by an older rlkit (no method state): start the run again")
+    state.method_state, state.memory = blob["method_state"], blob["memory"]
     state.policies = blob.get("policies", [])
 
 

@@ -11,24 +11,23 @@ from __future__ import annotations
 import json
 import types
 import typing
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, make_dataclass
 from typing import Any
 
 from rlkit import registry
 from rlkit.errors import InvalidSetting, UnknownSetting
-from rlkit.methods import aepo, aspo, grpo, gspo, hapo, spo
 from rlkit.tiny.sft import SFTConfig
 
-METHODS = ("grpo", "gspo", "aspo", "aepo", "spo", "hapo")
-"""The methods with a section in :class:`RLConfig` (``rlkit train --method``)."""
+METHODS = tuple(registry.list_methods()["method"])
+"""The registered methods, each with a section in :class:`RLConfig` (``rlkit train --method``)."""
 
 
 @dataclass
-class RLConfig:
-    """One tiny-engine run. Field names are the CLI's ``--set`` keys and the notebooks' parameters."""
+class RunSettings:
+    """The engine's settings of a run; :class:`RLConfig` adds one section per method."""
 
     method: str = "grpo"
-    """Which method: grpo, gspo, aspo, aepo, spo or hapo."""
+    """Which registered method (:data:`METHODS`)."""
     scale: str = "cpu"
     """The preset these settings started from (smoke, cpu, gpu; see ``SCALES``), recorded for figure captions."""
     seed: int = 0
@@ -79,53 +78,23 @@ class RLConfig:
     final_eval_size: int = 1000
     """Held-out problems of the last step's second, larger evaluation: ``val/acc_final`` and, per problem, the run's
     ``eval.jsonl`` (what accuracy claims are judged on: a paired bootstrap over problems resolves a few points)."""
-    dynamic_sampling: bool = False
-    """Drop groups whose rewards are all equal (DAPO), refilled from ``dynamic_oversample``× as many groups."""
-    dynamic_oversample: int = 2
-    """How many times ``prompts_per_step`` groups are sampled when ``dynamic_sampling`` is on."""
-    overlong_buffer: int = 0
-    """DAPO's soft overlong penalty: the last this-many tokens of the budget cost reward linearly (0: off)."""
-    overlong_penalty: float = 1.0
-    """Reward lost at the very end of the budget."""
     sft: SFTConfig = field(default_factory=SFTConfig)
     """The warm start (cached by its hash; the task knobs live here)."""
-    grpo: grpo.Config = field(default_factory=lambda: grpo.Config(clip_high=0.28, clip_c=3.0))
-    """GRPO's advantage and PPO-clip loss (also ASPO's base). Clip-higher 0.28 and dual clip 3 as in DAPO/verl."""
-    gspo: gspo.Config = field(default_factory=gspo.Config)
-    """GSPO's sequence-ratio loss."""
-    aspo: aspo.Config = field(default_factory=aspo.Config)
-    """ASPO's shaping of GRPO's advantage."""
-    aepo: aepo.Config = field(default_factory=aepo.Config)
-    """AEPO's entropy-aware advantage and stop-gradient clip."""
-    spo: spo.Config = field(default_factory=lambda: spo.Config(d_half=0.25))
-    """SPO's value tracker, forgetting factor, prompt sampler and PPO clip. D_half 0.25 instead of verl's hard-coded
-    0.06, matched to the tiny model's divergences: revisited prompts have D ≈ 0.02–0.05 here, and at 0.06 their ρ
-    sat at ρ_min for ~75% of prompts (ρ only acts for D in [0.059, 0.193]·D_half)."""
-    hapo: hapo.Config = field(default_factory=hapo.Config)
-    """HAPO's adaptive temperature, TLGA, redistribution and adaptive clip."""
-
     def __post_init__(self) -> None:
         check_settings(self)
         known = registry.list_methods()["method"]
         if self.method not in known:
             raise InvalidSetting(f"unknown method {self.method!r}; valid: {', '.join(known)}")
-        if self.method == "spo" and self.dynamic_sampling:
-            raise InvalidSetting("dynamic sampling filters groups; SPO has one response per prompt and no groups")
-        if self.method == "aspo" and self.aspo.base_advantage != "grpo":
-            raise InvalidSetting(f"aspo.base_advantage: the tiny engine shapes GRPO's advantage ('grpo'), "
-                             f"got {self.aspo.base_advantage!r}")
-        if self.method == "hapo":  # fields of hapo.Config that the tiny engine takes from elsewhere must agree
-            if self.hapo.adv_estimator not in ("hapo_tlga", "grpo"):
-                raise InvalidSetting(f"hapo.adv_estimator must be 'hapo_tlga' (component B) or 'grpo' (B off), "
-                                 f"got {self.hapo.adv_estimator!r}")
-            if self.hapo.temperature != self.temperature:
-                raise InvalidSetting(f"hapo.temperature ({self.hapo.temperature}) differs from temperature "
-                                 f"({self.temperature}): the tiny engine samples at `temperature`; set that one")
+        hooks = registry.make_hooks(self.method, self.method_configs)
+        try:  # what the method's own settings must agree with (rlkit.hooks.Hooks.check)
+            hooks.check(self)
+        except ValueError as e:
+            raise InvalidSetting(f"{self.method}: {e}") from None
         for name in ("steps", "prompts_per_step", "group_size", "pool_size", "mini_batches", "ppo_epochs",
                      "eval_every", "eval_size", "final_eval_size"):
             if getattr(self, name) < 1:
                 raise InvalidSetting(f"{name} must be ≥ 1, got {getattr(self, name)}")
-        if self.method != "spo" and self.group_size < 2:
+        if hooks.grouped and self.group_size < 2:
             raise InvalidSetting(f"group_size must be ≥ 2 (a group of one has no baseline: every advantage is 0), "
                                  f"got {self.group_size}")
         if self.staleness < 0:
@@ -144,6 +113,16 @@ class RLConfig:
         field here runs with its ``Config`` defaults)."""
         methods = set(registry.list_methods()["method"])
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name in methods}
+
+
+RLConfig = make_dataclass(
+    "RLConfig",
+    [(m.name, m.config, field(default_factory=m.default_config)) for m in map(registry.get_method, METHODS)],
+    bases=(RunSettings,), namespace={"__module__": __name__})
+RLConfig.__doc__ = """One tiny-engine run: the engine's settings (:class:`RunSettings`) and one section per registered
+method, its ``Config`` with the method's engine defaults (:attr:`rlkit.registry.Method.engine_defaults`): ``--set
+grpo.clip_high=0.28``. Field names are the CLI's ``--set`` keys and the notebooks' parameters. A method registered
+after this module is imported has no section: it runs with its ``Config``'s defaults."""
 
 
 # ------------------------------------------------------------------------------------------------ scales
@@ -187,7 +166,7 @@ def build_config(method: str, scale: str = "cpu", overrides: dict[str, Any] | No
     cfg = RLConfig(method=method, scale=scale)
     _apply(cfg, REGIMES[regime])
     _apply(cfg, SCALES[scale])
-    if method == "spo":  # one response per prompt, and as many prompts as GRPO has samples per step
+    if not registry.get_method(method).grouped:  # one response per prompt, as many prompts as samples
         _apply(cfg, {"group_size": 1, "prompts_per_step": cfg.samples_per_step})
     for key, value in (overrides or {}).items():
         set_field(cfg, key, value)
@@ -260,19 +239,19 @@ def _agg_modes() -> tuple[str, ...]:
 
 def _choices() -> dict[str, tuple]:
     """Field name (any group) → the values it may take."""
-    from rlkit.methods import aepo as aepo_m, gspo as gspo_m, spo as spo_m
     from rlkit.tasks import arithmetic
 
-    return {"agg": _agg_modes(), "gspo.variant": gspo_m.VARIANTS, "aepo.variant": aepo_m.VARIANTS,
-            "spo.rho_type": spo_m.RHO_TYPES, "aspo.shaping": ("advantage", "reward"), "sft.form": arithmetic.FORMS,
-            "scale": tuple(SCALES)}
+    methods = {f"{name}.{key}": tuple(values) for name in registry.list_methods()["method"]
+               for key, values in getattr(registry.get_method(name).config, "CHOICES", {}).items()}
+    return {"agg": _agg_modes(), **methods, "sft.form": arithmetic.FORMS, "scale": tuple(SCALES)}
 
 
 _POSITIVE = {"lr", "temperature", "grad_clip", "sft.lr", "sft.grad_clip", "sft.d_model", "sft.n_layers", "sft.n_heads",
              "sft.max_len", "sft.steps", "sft.batch_size", "sft.eval_size", "max_new_tokens", "sft.n_kv_heads",
-             "dynamic_oversample", "hapo.temperature_tau", "spo.d_half"}
+             "dapo.oversample", "hapo.temperature_tau", "spo.d_half"}
 """Fields that must be > 0 (when set: None stays allowed where the type allows it)."""
-_NON_NEGATIVE = {"warmup_steps", "overlong_buffer", "overlong_penalty", "staleness", "sft.warmup", "sft.weight_decay",
+_NON_NEGATIVE = {"warmup_steps", "dapo.overlong_buffer", "dapo.overlong_penalty", "staleness", "sft.warmup",
+                 "sft.weight_decay",
                  "spo.offline_N", "behav_imp_weight_cap"}
 """Fields that must be ≥ 0."""
 

@@ -1,32 +1,31 @@
 """The RL stage of the tiny engine: rollout → reward → advantage → loss → step, for every method.
 
 :func:`train` reads top to bottom. Each step samples responses to prompts from a fixed training pool (groups of
-``group_size`` answers per prompt; SPO: one answer per prompt drawn by its weighted sampler), scores them with
-rlkit's one answer rule, turns rewards into advantages with the method's estimator, and takes ``mini_batches``
-optimizer steps on the method's policy loss. Estimator and loss are called by method name through
-:mod:`rlkit.registry` (:func:`~rlkit.registry.advantage`, :func:`~rlkit.registry.policy_loss`), with the method's
-``Config`` as keyword arguments — the *same* functions and the same dispatch the verl plugin uses; the step knows no
-method's loss or estimator. Metric names are verl's, written to ``metrics.jsonl`` in verl's ``file`` logger format.
-The run's settings are :mod:`rlkit.tiny.config`; its state and checkpoints :mod:`rlkit.tiny.checkpoint`.
+``group_size`` answers per prompt), scores them with rlkit's one answer rule, turns rewards into advantages with
+the method's estimator, and takes ``mini_batches`` optimizer steps on the method's policy loss. Estimator and loss
+are called by method name through :mod:`rlkit.registry` (:func:`~rlkit.registry.advantage`,
+:func:`~rlkit.registry.policy_loss`), with the method's ``Config`` as keyword arguments — the *same* functions and
+the same dispatch the verl plugin uses. What a method does besides — prompts it draws itself, a per-token sampling
+temperature, rewards it reshapes, groups it drops, state it keeps — are its hooks (:mod:`rlkit.hooks`), called at
+fixed points of the step: the engine names no method. Metric names are verl's, written to ``metrics.jsonl`` in
+verl's ``file`` logger format. The run's settings are :mod:`rlkit.tiny.config`; its state and checkpoints
+:mod:`rlkit.tiny.checkpoint`.
 
-Nothing is lost when a run is killed: after every step the model, the optimizer, every random generator and the
-method's state (SPO's tracker, sampler and stored responses, HAPO's entropy statistics) are written atomically,
-and the metrics line of a step is written before its checkpoint, so ``resume=True`` truncates the metrics to the
-checkpoint's step and redoes the rest bit for bit.
-
-Options every method can use: dynamic sampling (DAPO; AReaL's GSPO example) — sample ``dynamic_oversample``
-times the groups, keep the first ``prompts_per_step`` whose rewards are not all equal — and DAPO's overlong
-penalty, a linear reward penalty over the last ``overlong_buffer`` tokens of the response budget.
+Nothing is lost when a run is killed: after every step the model, the optimizer, every random generator, the
+responses the method asked the engine to keep and the method's own state are written atomically, and the metrics
+line of a step is written before its checkpoint, so ``resume=True`` truncates the metrics to the checkpoint's
+step and redoes the rest bit for bit.
 """
 
 from __future__ import annotations
 
 import copy
+from math import nan
 import hashlib
 import json
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +34,9 @@ from tqdm.auto import tqdm
 
 from rlkit import registry
 from rlkit.core.masked import masked_mean
-from rlkit.methods import aspo, hapo, spo
+from rlkit.core.tool_use import tool_metrics
 from rlkit.errors import CannotResume, ResumeMismatch, RunExists
+from rlkit.hooks import Recalled, StepBatch, checked, draw, side_generator
 from rlkit.files import atomic_write, claim_dir, lock_dir, os_errors, write_text
 from rlkit.metrics import MetricsWriter, read_metrics
 from rlkit.tasks import arithmetic
@@ -56,23 +56,10 @@ Tensor = torch.Tensor
 LOGGED_BY_EVERY_METHOD = frozenset({
     "val/acc", "val/acc_final", "sft/val_acc", "timing_s/init", "timing_s/gen", "timing_s/update", "timing_s/step",
     "perf/throughput", "rollout/response_tokens", "critic/score/mean", "critic/rewards/mean", "critic/baseline_mse",
-    "response_length/mean", "actor/entropy", "adv/zero_frac", "actor/grad_norm",
+    "response_length/mean", "response_length/incorrect/mean", "actor/entropy", "adv/zero_frac", "actor/grad_norm",
     "actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl", "aspo/first_code_pos/mean",
     "aspo/code_ratio", "aspo/code_rounds/mean", "aspo/correct_code_ratio", "aspo/code_pass_ratio",
 })
-LOGGED_BY_METHOD = {
-    "grpo": frozenset(),
-    "gspo": frozenset({"actor/pg_clipfrac_seq", "gspo/seq_ratio/mean", "gspo/seq_ratio/max"}),
-    "aspo": frozenset({"aspo/shaped_frac", "aspo/bias_ratio"}),
-    "aepo": frozenset({"aepo/clipfrac_grad_kept", "aepo/adv_reshape/mean", "aepo/entropy_adv_scale/min"}),
-    "spo": frozenset({"spo/rho/mean", "spo/D/mean", "spo/rho_clip_ratio", "spo/rho_free_frac",
-                      "spo/sampling_focus", "spo/sampling_focus_uniform", "spo/weight_cv"}),
-    "hapo": frozenset({"hapo/temperature/mean", "hapo/temperature/std", "hapo/clip_low/mean", "hapo/clip_high/mean",
-                       "hapo/h_tilde/mean", "hapo/h_tilde/pos_frac", "hapo/redistributed_frac",
-                       "hapo/clip_changed_frac", "hapo/tlga_shift"}),
-}
-"""The metrics a tiny run of each method logs with its default options (a test checks them against runs); options
-add their own (``train/kept_groups`` with dynamic sampling, ``actor/behav_*`` with the decoupled loss)."""
 LOGGED_WHEN_STALE = frozenset({"policy/entropy", "policy/score/mean", "timing_s/policy_eval"})
 """What a run with ``staleness`` > 0 adds: the current policy's own rollout on the step's problems
 (:func:`_policy_eval`)."""
@@ -81,12 +68,11 @@ LOGGED_WHEN_STALE = frozenset({"policy/entropy", "policy/score/mean", "timing_s/
 def logged_metrics(method: str, *, regime: str = "standard") -> frozenset[str]:
     """Every metric a tiny-engine run of ``method`` in ``regime`` (:data:`rlkit.tiny.config.REGIMES`) logs (claims
     are checked against this when a spec loads)."""
-    if method not in LOGGED_BY_METHOD:
-        raise KeyError(f"no tiny-engine metrics for method {method!r}; valid: {', '.join(LOGGED_BY_METHOD)}")
+    logs = registry.get_method(method).logs  # a KeyError naming the valid methods
     if regime not in REGIMES:
         raise KeyError(f"unknown regime {regime!r}; valid: {', '.join(REGIMES)}")
     stale = REGIMES[regime].get("staleness", 0) > 0
-    return LOGGED_BY_EVERY_METHOD | LOGGED_BY_METHOD[method] | (LOGGED_WHEN_STALE if stale else frozenset())
+    return LOGGED_BY_EVERY_METHOD | logs | (LOGGED_WHEN_STALE if stale else frozenset())
 
 
 @dataclass
@@ -104,11 +90,49 @@ class Run:
     """Solution form of the SFT start (plain, tool, mixed)."""
     behaviour: Any = None
     """``staleness`` > 0: a second model holding the stale policy that samples the rollouts."""
+    hooks: Any = None
+    """The method's hooks (:mod:`rlkit.hooks`)."""
+    memory: dict = field(default_factory=dict)
+    """Responses the hooks asked to keep (:meth:`remember`), by prompt id: tokens, mask, temperatures, log-probs."""
+    sample_gen: torch.Generator | None = None
+    """The sampling generator (the offline pass draws from it)."""
+    sft_info: dict | None = None
+    sft_cache: str | Path | None = None
 
     @property
     def configs(self) -> dict[str, Any]:
         """Method name → its ``Config``, for :mod:`rlkit.registry`'s dispatch."""
         return self.cfg.method_configs
+
+    # ---- what the engine offers hooks (rlkit.hooks.Engine)
+    @property
+    def seed(self) -> int:
+        return self.cfg.seed
+
+    @property
+    def pool_ids(self) -> list[int]:
+        return list(range(len(self.pool)))
+
+    def offline_scores(self, n: int) -> dict[int, list[float]]:
+        return offline_scores(self, self.sample_gen, n, sft=self.sft_info, cache_dir=self.sft_cache)
+
+    def remember(self, batch: StepBatch, rows: dict[int, int]) -> None:
+        for pid, j in rows.items():
+            n = int(batch.lengths[j])
+            self.memory[pid] = {"tokens": batch.tokens[j, :n].cpu(), "mask": batch.mask[j, :n].cpu(),
+                                "temperature": batch.temperature[j, :n].cpu(), "logp": batch.old_logp[j, :n].cpu()}
+
+    def recall(self, prompt_ids: list) -> dict[int, Recalled]:
+        seen = [pid for pid in prompt_ids if pid in self.memory]
+        if not seen:
+            return {}
+        mem = [self.memory[pid] for pid in seen]
+        with torch.no_grad():
+            prompts = [arithmetic.prompt(self.pool[pid]) for pid in seen]
+            now = response_logprobs(self.model, self.tokenizer, prompts, [e["tokens"] for e in mem],
+                                    [e["temperature"] for e in mem]).cpu()
+        return {pid: Recalled(logp_then=e["logp"], logp_now=now[row, :len(e["tokens"])], mask=e["mask"])
+                for row, (pid, e) in enumerate(zip(seen, mem))}
 
 
 # ------------------------------------------------------------------------------------------------ the loop
@@ -161,22 +185,21 @@ def _train(cfg: RLConfig, out: Path, *, device: str, resume: bool, progress: boo
     final_held_out = arithmetic.make_split(cfg.final_eval_size, "test", seed=0, **knobs)
     max_new = cfg.max_new_tokens or max_response_tokens(cfg.sft.task, form)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=(0.9, 0.99))
+    state = RunState(sample_gen=torch.Generator(device=device))
     run = Run(cfg, model, tokenizer, opt, pool, max_new, form,
-              behaviour=copy.deepcopy(model) if cfg.staleness > 0 else None)
+              behaviour=copy.deepcopy(model) if cfg.staleness > 0 else None,
+              hooks=registry.make_hooks(cfg.method, cfg.method_configs), sample_gen=state.sample_gen,
+              sft_info=sft_info, sft_cache=sft_cache)
 
     t_init = time.perf_counter()
-    state = RunState(sample_gen=torch.Generator(device=device))
     state.prompt_gen.manual_seed(cfg.seed)
     state.sample_gen.manual_seed(cfg.seed + 1)
-    if cfg.method == "spo":  # a resumed run restores the tracker instead of re-estimating the offline values
-        offline = None if resumed else offline_scores(run, state.sample_gen, sft=sft_info, cache_dir=sft_cache)
-        pool_ids = range(len(pool))
-        state.tracker = spo.ValueTracker(pool_ids, offline_scores=offline,
-                                         **registry.kwargs_for(spo.ValueTracker, cfg.spo))
-        state.prompt_sampler = spo.PromptSampler(pool_ids, seed=cfg.seed)
+    run.hooks.start(run, resumed=resumed)  # e.g. an offline pass over the pool (a resumed run restores instead)
 
     if resumed:
         restore_checkpoint(blob, model, opt, state)
+        run.hooks.load_state_dict(state.method_state)
+        run.memory = state.memory
         del blob
     writer = MetricsWriter.open(metrics_path, resume_after=state.step if resumed else None)
     per_problem = MetricsWriter.open(out / "eval.jsonl", resume_after=state.step if resumed else None)
@@ -189,7 +212,7 @@ def _train(cfg: RLConfig, out: Path, *, device: str, resume: bool, progress: boo
             start_correct = evaluate(model, tokenizer, held_out, max_new_tokens=max_new, form=form)
         acc = accuracy(start_correct)
         writer.log({"val/acc": acc, "sft/val_acc": sft_info["val/acc"],
-                    "timing_s/init": time.perf_counter() - t_init}, step=0)  # SPO's offline pass, step-0 eval
+                    "timing_s/init": time.perf_counter() - t_init}, step=0)  # hooks' start (offline pass), eval
 
     last = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
     bar = tqdm(range(state.step + 1, last + 1), desc=f"{cfg.method} seed {cfg.seed}", disable=not progress)
@@ -211,6 +234,7 @@ def _train(cfg: RLConfig, out: Path, *, device: str, resume: bool, progress: boo
         metrics["timing_s/step"] = time.perf_counter() - t0
         metrics["perf/throughput"] = metrics.pop("_tokens") / metrics["timing_s/step"]
         state.step = step
+        state.method_state, state.memory = run.hooks.state_dict(), run.memory
         writer.log(metrics, step)  # the lines first, then the checkpoint: a kill in between redoes the step
         save_checkpoint(ckpt_path, model, opt, state, logged={"metrics": metrics, "eval": final}, config=config)
         bar.set_postfix(score=f"{metrics['critic/score/mean']:.2f}",
@@ -231,8 +255,12 @@ def _steps(path: Path) -> list[int]:
 
 
 def _differing(a: dict, b: dict) -> list[str]:
+    """Dotted keys whose values differ; a method section only one side has (a method registered since) is not a
+    difference, a setting of the engine or of a method both have that one side lacks is."""
     fa, fb = flat_settings(a), flat_settings(b)
-    return sorted(k for k in fa.keys() | fb.keys() if fa.get(k, "<unset>") != fb.get(k, "<unset>"))
+    sections = {k.split(".", 1)[0] for k in fa} ^ {k.split(".", 1)[0] for k in fb}
+    return sorted(k for k in fa.keys() | fb.keys() if fa.get(k, "<unset>") != fb.get(k, "<unset>")
+                  and not (k.split(".", 1)[0] in sections and k.split(".", 1)[0] in registry.list_methods()["method"]))
 
 
 def _resume_point(out: Path, config: dict) -> tuple[dict | None, dict[str, Any]]:
@@ -285,26 +313,25 @@ def _resume_point(out: Path, config: dict) -> tuple[dict | None, dict[str, Any]]
 
 def rl_step(run: Run, state: RunState) -> dict[str, float]:
     """One RL step of ``run`` from ``state`` (advanced in place): rollout, reward, advantage, update; its metrics."""
-    cfg, model, tokenizer, opt, pool = run.cfg, run.model, run.tokenizer, run.opt, run.pool
+    cfg, model, tokenizer, opt, pool, hooks = run.cfg, run.model, run.tokenizer, run.opt, run.pool, run.hooks
     metrics: dict[str, float] = {}
     step = state.step + 1  # the step being taken (seeds the metrics' own draws: resumed runs draw the same)
 
-    # ---- 1. choose prompts: groups of G answers per prompt; SPO: one answer per prompt, weighted by p̂(1−p̂)
-    if state.prompt_sampler is not None:
-        weights = state.tracker.weights(**registry.kwargs_for(spo.ValueTracker.weights, cfg.spo))
-        prompt_idx = torch.tensor(state.prompt_sampler.sample(weights, cfg.prompts_per_step))
+    # ---- 1. choose prompts: the method's (hook), else groups of G answers to prompts drawn uniformly
+    chosen = checked(hooks, "choose_prompts", hooks.choose_prompts(cfg.prompts_per_step, step),
+                     rows=cfg.prompts_per_step)
+    if chosen is not None:
+        prompt_idx = torch.tensor(chosen)
     else:
-        n_groups = cfg.prompts_per_step * (cfg.dynamic_oversample if cfg.dynamic_sampling else 1)
-        prompt_idx = _draw(len(pool), n_groups, state.prompt_gen)
+        n_groups = checked(hooks, "groups_to_draw", hooks.groups_to_draw(cfg.prompts_per_step),
+                           rows=cfg.prompts_per_step)
+        prompt_idx = draw(len(pool), n_groups, state.prompt_gen)
     group_ids = prompt_idx.repeat_interleave(cfg.group_size)  # (B,) the prompt each response answers (CPU)
     problems = [pool[i] for i in group_ids.tolist()]
 
-    # ---- 2. rollout: sample, with HAPO's per-token temperature from the previous step's entropy statistics
+    # ---- 2. rollout, at the method's per-token temperature where it sets one (hook)
     t0 = time.perf_counter()
-    temperature_fn = None
-    if cfg.method == "hapo" and cfg.hapo.adaptive_temperature and state.hapo_stats is not None:
-        stats, T, knobs = state.hapo_stats, cfg.temperature, registry.kwargs_for(hapo.adaptive_temperature, cfg.hapo)
-        temperature_fn = lambda logits: hapo.adaptive_temperature(logits, T, stats, **knobs)  # noqa: E731
+    temperature_fn = hooks.temperature_fn(cfg.temperature)
     sampler = _behaviour_policy(run, state)
     ro = rollout(sampler, tokenizer, problems, max_new_tokens=run.max_new, form=run.form,
                  temperature=cfg.temperature, temperature_fn=temperature_fn, generator=state.sample_gen)
@@ -314,16 +341,15 @@ def rl_step(run: Run, state: RunState) -> dict[str, float]:
     if cfg.staleness > 0:  # stale sampler: how the policy being trained does itself, on the same problems
         metrics.update(_policy_eval(run, problems, temperature_fn, step))
 
-    # ---- 3. reward: correctness (+ DAPO's overlong penalty); dynamic sampling keeps groups with signal
-    if cfg.dynamic_sampling:
-        rows, kept = _groups_with_signal(scored.rewards.cpu(), cfg.group_size, cfg.prompts_per_step)
+    # ---- 3. reward: correctness; the method may keep only some groups and reshape the rewards (hooks)
+    rows, kept = checked(hooks, "keep_groups", hooks.keep_groups(scored.rewards.cpu(), cfg.group_size,
+                                                                cfg.prompts_per_step))
+    if rows is not None:
         ro, scored = select_rows(ro, rows.to(ro.tokens.device)), _select_scored(scored, rows.to(ro.tokens.device))
         group_ids, problems = group_ids[rows], [problems[i] for i in rows.tolist()]
-        metrics["train/kept_groups"] = kept
-    rewards = scored.rewards
-    if cfg.overlong_buffer > 0:
-        over = ro.lengths.float() - (run.max_new - cfg.overlong_buffer)
-        rewards = rewards - cfg.overlong_penalty * (over / cfg.overlong_buffer).clamp(0.0, 1.0)
+        metrics.update(kept)
+    rewards = checked(hooks, "shape_rewards", hooks.shape_rewards(scored.rewards, ro.lengths, run.max_new),
+                      rows=len(scored.rewards))
     correct = scored.rewards > 0
     mask = ro.mask
     ids, attn, start = ro.sequences()
@@ -337,28 +363,17 @@ def rl_step(run: Run, state: RunState) -> dict[str, float]:
         with torch.no_grad():
             old_logp, _ = token_logprobs(model, ids, attn, start, temperature=ro.temperature)
         behav = {"behav_logp": ro.logp, "behav_imp_weight_cap": cfg.behav_imp_weight_cap}
+    batch = StepBatch(step=step, prompt_ids=group_ids.tolist(), rewards=rewards, mask=mask, lengths=ro.lengths,
+                      tokens=ro.tokens, old_logp=old_logp, entropy=old_entropy, temperature=ro.temperature)
 
-    # ---- 5. advantage: the method's estimator (rlkit.registry); SPO's baselines are its tracker's pre-update p̂
-    baselines = None
-    if state.tracker is not None:  # SPO: the divergence of each prompt's last response sets its forgetting factor ρ
-        divergence = _spo_divergence(run, state, prompt_idx)
-        baselines = state.tracker.baseline(prompt_idx.tolist()).to(rewards)  # (tracker: CPU)
+    # ---- 5. advantage: the method's estimator (rlkit.registry), with the inputs its hooks add (e.g. baselines)
+    extra = checked(hooks, "advantage_inputs", hooks.advantage_inputs(batch, run))
     inputs = registry.AdvantageInputs(rewards, group_ids, mask, correct=correct,
                                       first_code_pos=ro.first_tool_pos.float(),  # −1 = no call
-                                      lengths=ro.lengths, code_pass=scored.code_pass, baselines=baselines)
+                                      lengths=ro.lengths, code_pass=scored.code_pass, **extra)
     adv = registry.advantage(cfg.method, inputs, run.configs)
-    metrics["critic/baseline_mse"] = _baseline_mse(rewards, group_ids, baselines)
-    if cfg.method == "aspo":  # how much the shaping acted: the share of responses it changed and the bias's size
-        metrics.update(aspo.shaping_metrics(adv, registry.advantage("grpo", inputs, run.configs), mask))
-    if cfg.method == "hapo":  # component B's activity: Σ|A − A_GRPO| / Σ|A_GRPO| over valid tokens (0: B off)
-        metrics["hapo/tlga_shift"] = 0.0 if cfg.hapo.adv_estimator == "grpo" else aspo.shaping_metrics(
-            adv, registry.advantage("grpo", inputs, run.configs), mask)["aspo/bias_ratio"]
-    if state.tracker is not None:  # SPO's prioritised sampling: p̂(1 − p̂) of the drawn prompts over the pool's,
-        # against a uniform draw of as many prompts (its own generator), and how unequal the weights were
-        metrics["spo/sampling_focus"] = _sampling_focus(state.tracker, prompt_idx, len(pool))
-        uniform = _draw(len(pool), len(prompt_idx), _side_generator(cfg.seed, step, "spo-uniform-draw"))
-        metrics["spo/sampling_focus_uniform"] = _sampling_focus(state.tracker, uniform, len(pool))
-        metrics["spo/weight_cv"] = _coefficient_of_variation(weights)
+    metrics["critic/baseline_mse"] = _baseline_mse(rewards, group_ids, inputs.baselines)
+    metrics.update(checked(hooks, "advantage_metrics", hooks.advantage_metrics(adv, inputs, batch)))
 
     # ---- 6. policy update: ppo_epochs passes of mini_batches optimizer steps on the method's loss, each pass over
     # a new shuffled split of the batch's prompts (a group's responses stay in one mini-batch, as in verl, whose
@@ -385,32 +400,23 @@ def rl_step(run: Run, state: RunState) -> dict[str, float]:
                     for k, v in loss_metrics.items()})  # extremes over the mini-batches, means otherwise
     metrics["timing_s/update"] = time.perf_counter() - t0
 
-    # ---- 7. method state after the step: SPO's tracker and stored responses, HAPO's next temperature statistics
-    if state.tracker is not None:
-        tracked = state.tracker.update(prompt_idx.tolist(), scored.rewards.double(), divergence)
-        _remember(state, prompt_idx, ro, old_logp)
-        metrics.update({"spo/rho/mean": tracked["spo/rho_clipped"], "spo/D/mean": tracked["spo/D"],
-                        "spo/rho_clip_ratio": tracked["spo/rho_clip_ratio"],
-                        "spo/rho_free_frac": 1.0 - tracked["spo/rho_clip_ratio"]})  # ρ inside its window: ρ acts
-    if cfg.method == "hapo":
-        state.hapo_stats = hapo.entropy_stats(old_entropy, mask, **registry.kwargs_for(hapo.entropy_stats, cfg.hapo))
-        temps = ro.temperature[mask.bool()]
-        metrics["hapo/temperature/mean"] = temps.mean().item()
-        metrics["hapo/temperature/std"] = temps.std().item() if temps.numel() > 1 else 0.0
+    # ---- 7. the method's state after the step (hook: e.g. a value tracker, the next temperatures)
+    metrics.update(checked(hooks, "after_update", hooks.after_update(batch, run)))
 
-    # ---- 8. metrics every method logs (verl's names; ASPO's tool metrics on the tool task)
+    # ---- 8. metrics every method logs (verl's names; the tool metrics on the tool task)
     sample_adv = (adv.abs() * mask).sum(-1)
     metrics.update({
         "critic/score/mean": scored.rewards.mean().item(),
         "critic/rewards/mean": rewards.mean().item(),
         "response_length/mean": ro.lengths.float().mean().item(),
+        "response_length/incorrect/mean": ro.lengths[~correct].float().mean().item() if (~correct).any() else nan,
         "actor/entropy": masked_mean(old_entropy, mask).item(),
         "adv/zero_frac": (sample_adv == 0).float().mean().item(),
         "_tokens": ro.lengths.sum().item(),
     })
     if run.form != "plain":  # the tool metrics of every method, so curves compare
-        metrics.update(aspo.aspo_metrics(ro.first_tool_pos.float().masked_fill(ro.first_tool_pos < 0, float("nan")),
-                                         correct, ro.tool_calls, scored.code_pass))
+        metrics.update(tool_metrics(ro.first_tool_pos.float().masked_fill(ro.first_tool_pos < 0, float("nan")),
+                                    correct, ro.tool_calls, scored.code_pass))
     return metrics
 
 
@@ -450,9 +456,10 @@ def _mini_batches(group_ids: Tensor, n: int, gen: torch.Generator) -> list[Tenso
 
 
 def _baseline_mse(rewards: Tensor, group_ids: Tensor, baselines: Tensor | None) -> float:
-    """Mean (r − b)² of the baseline each response's reward is compared with, independent of that reward: SPO's
-    tracker value v̂ (taken before the update), else the mean reward of the response's *other* group members (NaN
-    for groups of one). Both share the floor p(1 − p); the rest is the baseline's own error."""
+    """Mean (r − b)² of the baseline each response's reward is compared with, independent of that reward: the
+    baselines the hooks gave (a value tracker's v̂, taken before the update), else the mean reward of the
+    response's *other* group members (NaN for groups of one). Both share the floor p(1 − p); the rest is the
+    baseline's own error."""
     r = rewards.double().cpu()
     if baselines is not None:
         b = baselines.double().cpu()
@@ -465,16 +472,9 @@ def _baseline_mse(rewards: Tensor, group_ids: Tensor, baselines: Tensor | None) 
     return ((r - b) ** 2).nanmean().item()
 
 
-def _side_generator(seed: int, step: int, purpose: str, device: Any = "cpu") -> torch.Generator:
-    """A generator of its own for a metric's draws, seeded from (``seed``, ``step``, ``purpose``): the training's
-    generators are not touched (the run stays bit for bit the same) and a resumed run draws the same."""
-    digest = hashlib.sha256(f"rlkit/{purpose}/{seed}/{step}".encode()).digest()
-    return torch.Generator(device=device).manual_seed(int.from_bytes(digest[:8], "little") >> 1)
-
-
 def _policy_eval(run: Run, problems: list, temperature_fn, step: int) -> dict[str, float]:
     """With a stale sampler (``staleness`` > 0): one rollout of the current policy (``run.model``, before this
-    step's update) on ``problems``, at the training's temperature (and HAPO's ``temperature_fn``), with its own
+    step's update) on ``problems``, at the training's temperature (and the hooks' ``temperature_fn``), with its own
     generator (:func:`_side_generator`). ``policy/entropy`` is its masked-mean token entropy (``actor/entropy``'s
     definition), ``policy/score/mean`` its mean correctness (``critic/score/mean``'s). No gradient is taken."""
     t0 = time.perf_counter()
@@ -482,7 +482,7 @@ def _policy_eval(run: Run, problems: list, temperature_fn, step: int) -> dict[st
     with torch.no_grad():
         ro = rollout(run.model, run.tokenizer, problems, max_new_tokens=run.max_new, form=run.form,
                      temperature=run.cfg.temperature, temperature_fn=temperature_fn,
-                     generator=_side_generator(run.cfg.seed, step, "policy-eval", device))
+                     generator=side_generator(run.cfg.seed, step, "policy-eval", device))
         scored = score_rollout(ro, problems)
         out = {"policy/entropy": masked_mean(ro.entropy, ro.mask).item(),
                "policy/score/mean": scored.rewards.mean().item()}
@@ -490,56 +490,23 @@ def _policy_eval(run: Run, problems: list, temperature_fn, step: int) -> dict[st
     return out
 
 
-def _coefficient_of_variation(weights: Tensor) -> float:
-    """std/mean (population std) of the sampler's weights over the pool: 0 for uniform weights."""
-    w = torch.as_tensor(weights, dtype=torch.float64).detach().cpu()
-    mean = w.mean().item()
-    return w.std(correction=0).item() / mean if mean > 0 else float("nan")
-
-
-def _sampling_focus(tracker, prompt_idx: Tensor, pool_size: int) -> float:
-    """Mean p̂(1 − p̂) of the prompts drawn this step over its mean across the pool (1: no concentration on the
-    prompts with p̂ near 1/2)."""
-    drawn = tracker.baseline(prompt_idx.tolist()).double()
-    pool = tracker.baseline(list(range(pool_size))).double()
-    base = (pool * (1 - pool)).mean().item()
-    return (drawn * (1 - drawn)).mean().item() / base if base > 0 else float("nan")
-
-
-def _draw(pool_size: int, n: int, gen: torch.Generator) -> Tensor:
-    """``n`` pool indices, without replacement while the pool lasts."""
-    reps = -(-n // pool_size)
-    return torch.cat([torch.randperm(pool_size, generator=gen) for _ in range(reps)])[:n]
-
-
-def _groups_with_signal(rewards: Tensor, group_size: int, wanted: int) -> tuple[Tensor, int]:
-    """Rows of the first ``wanted`` groups whose rewards are not all equal (DAPO's dynamic sampling)."""
-    grouped = rewards.view(-1, group_size)
-    mixed = (grouped.max(-1).values > grouped.min(-1).values).nonzero().squeeze(-1)[:wanted]
-    if mixed.numel() == 0:  # nothing to learn from: keep the first groups (their advantage is 0)
-        mixed = torch.arange(min(wanted, grouped.shape[0]))
-    rows = (mixed.unsqueeze(-1) * group_size + torch.arange(group_size)).flatten()
-    return rows, int(mixed.numel())
-
-
 def _select_scored(scored, rows: Tensor):
     return type(scored)(rewards=scored.rewards[rows], code_pass=scored.code_pass[rows])
 
 
-def offline_scores(run: Run, gen: torch.Generator, *, sft: dict | None = None,
+def offline_scores(run: Run, gen: torch.Generator, n: int, *, sft: dict | None = None,
                    cache_dir: str | Path | None = None) -> dict[int, list[float]]:
-    """SPO's offline value estimate: ``spo.offline_N`` samples per pool prompt from the SFT model.
+    """An offline value estimate: ``n`` scored samples per pool prompt from the SFT model.
 
     With ``sft`` (:func:`~rlkit.tiny.sft.warm_start`'s info, naming the start's weights by their SHA-256) the scores
     and ``gen``'s state after the pass are looked up, keyed by everything the pass reads — the start's weights, the
     pool, the sampling settings and ``gen``'s state before it — among the passes rlkit ships beside its SFT starts,
-    then in ``cache_dir`` (default: the SFT cache), where a new pass is written. Runs that share them (SPO's
+    then in ``cache_dir`` (default: the SFT cache), where a new pass is written. Runs that share them (a method's
     ablations on one seed, or a user's run on any CPU from a shipped start) continue bit for bit as if they had
     sampled the pass themselves.
     """
     from rlkit.tiny.sft import SHIPPED_DIR, default_cache_dir
 
-    n = run.cfg.spo.offline_N
     if n == 0:
         return {}
     path = None
@@ -549,7 +516,7 @@ def offline_scores(run: Run, gen: torch.Generator, *, sft: dict | None = None,
             "max_new": run.max_new, "form": run.form,
             "gen": hashlib.sha256(gen.get_state().numpy().tobytes()).hexdigest(),
         }, sort_keys=True, default=str).encode()).hexdigest()[:16]
-        name = f"spo-offline-{key}.pt"
+        name = f"offline-{key}.pt"
         path = Path(cache_dir or default_cache_dir()) / name
         for found in (SHIPPED_DIR / name, path):
             if found.exists():
@@ -571,27 +538,3 @@ def offline_scores(run: Run, gen: torch.Generator, *, sft: dict | None = None,
     return {i: per_prompt[i].tolist() for i in range(len(run.pool))}
 
 
-def _spo_divergence(run: Run, state: RunState, prompt_idx: Tensor) -> Tensor:
-    """D = mean |Δ log π| on each prompt's last response between the policy that sampled it and the current one;
-    0 for a prompt seen for the first time (verl: its stored log-probs equal the current ones)."""
-    divergence = torch.zeros(len(prompt_idx), dtype=torch.float64)
-    seen = [j for j, i in enumerate(prompt_idx.tolist()) if i in state.spo_memory]
-    if not seen:
-        return divergence
-    mem = [state.spo_memory[int(prompt_idx[j])] for j in seen]
-    with torch.no_grad():
-        prompts = [arithmetic.prompt(run.pool[int(prompt_idx[j])]) for j in seen]
-        cur = response_logprobs(run.model, run.tokenizer, prompts, [e["tokens"] for e in mem],
-                                [e["temperature"] for e in mem]).cpu()
-    for row, (j, e) in enumerate(zip(seen, mem)):
-        n = len(e["tokens"])
-        divergence[j] = masked_mean((cur[row, :n] - e["logp"]).abs(), e["mask"]).item()
-    return divergence
-
-
-def _remember(state: RunState, prompt_idx: Tensor, ro, old_logp: Tensor) -> None:
-    """Store each prompt's response (what SPO's next divergence is measured on)."""
-    for j, i in enumerate(prompt_idx.tolist()):
-        n = int(ro.lengths[j])
-        state.spo_memory[i] = {"tokens": ro.tokens[j, :n].cpu(), "mask": ro.mask[j, :n].cpu(),
-                               "temperature": ro.temperature[j, :n].cpu(), "logp": old_logp[j, :n].cpu()}

@@ -12,11 +12,44 @@
 The names below are importable without verl, so configs can be checked before verl is imported.
 """
 
-#: verl policy-loss name (``actor_rollout_ref.actor.policy_loss.loss_mode``) → rlkit method whose loss it runs.
-POLICY_LOSSES = {"rlkit_ppo": "grpo", "rlkit_gspo": "gspo", "rlkit_aepo": "aepo", "rlkit_hapo": "hapo"}
+from collections.abc import Iterator, Mapping
 
-#: verl advantage-estimator name (``algorithm.adv_estimator``) → rlkit method whose estimator it runs.
-ADV_ESTIMATORS = {"rlkit_grpo": "grpo", "rlkit_hapo_tlga": "hapo", "rlkit_aspo": "aspo", "rlkit_spo": "spo"}
+
+class _Registered(Mapping):
+    """verl name ``rlkit_<name>`` of every function of one kind in :mod:`rlkit.registry` → its home method, read
+    from the registry on first use (so a method module registered there is in verl's registries too)."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind, self._names = kind, None
+
+    def _table(self) -> dict[str, str]:
+        if self._names is None:
+            from rlkit import registry
+
+            self._names = {f"rlkit_{name}": registry.home_method(self.kind, name)
+                           for name in registry.list_methods()[self.kind]}
+        return self._names
+
+    def __getitem__(self, key: str) -> str:
+        return self._table()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._table())
+
+    def __len__(self) -> int:
+        return len(self._table())
+
+    def __repr__(self) -> str:
+        return repr(self._table())
+
+
+#: verl policy-loss name (``actor_rollout_ref.actor.policy_loss.loss_mode``) → rlkit method whose loss it runs
+#: (``rlkit_ppo`` → grpo, ``rlkit_gspo`` → gspo, ...: every registered loss).
+POLICY_LOSSES: Mapping[str, str] = _Registered("policy_loss")
+
+#: verl advantage-estimator name (``algorithm.adv_estimator``) → rlkit method whose estimator it runs
+#: (``rlkit_grpo`` → grpo, ``rlkit_spo`` → spo, ...: every registered estimator).
+ADV_ESTIMATORS: Mapping[str, str] = _Registered("advantage")
 
 #: verl trainer name (``trainer.v1.trainer_mode``) of :class:`rlkit.verl.trainer.RlkitTrainer`.
 TRAINER = "rlkit"

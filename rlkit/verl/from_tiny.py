@@ -92,6 +92,7 @@ def overrides(cfg: RLConfig) -> dict[str, Any]:
         raise ValueError(f"the verl twin of a tiny run uses the {DATA_FORM!r} form's calculator; sft.form is "
                          f"{cfg.sft.form!r}")
     loss = registry.loss_kwargs(cfg.method, cfg.method_configs)  # the clip range and aggregation of its loss
+    options = cfg.method_configs[cfg.method]
     prompts = cfg.prompts_per_step
     if prompts % cfg.mini_batches:
         raise ValueError(f"prompts_per_step {prompts} is not a multiple of mini_batches {cfg.mini_batches}")
@@ -124,12 +125,13 @@ def overrides(cfg: RLConfig) -> dict[str, Any]:
         actor + "clip_ratio_high": loss["clip_high"],
         actor + "loss_agg_mode": loss["agg"],
         "algorithm.norm_adv_by_std_in_grpo": (cfg.hapo if cfg.method == "hapo" else cfg.grpo).norm_by_std,
-        "algorithm.filter_groups.enable": cfg.dynamic_sampling,
+        "algorithm.filter_groups.enable": bool(getattr(options, "dynamic_sampling", False)),
     }
     if loss.get("clip_c") is not None:
         keys[actor + "clip_ratio_c"] = loss["clip_c"]
-    if cfg.overlong_buffer:
-        raise ValueError("the verl twin does not carry the tiny engine's overlong penalty (overlong_buffer > 0)")
+    if getattr(options, "overlong_buffer", 0):
+        raise ValueError(f"the verl twin does not carry the tiny engine's overlong penalty "
+                         f"({cfg.method}.overlong_buffer > 0)")
     if cfg.method in ("grpo", "gspo", "aepo", "aspo"):
         keys.update(_method_options("grpo", cfg.grpo))
     if cfg.method in ("gspo", "aspo", "aepo", "spo", "hapo"):
@@ -169,7 +171,8 @@ def prepare(cfg: RLConfig, root: str | os.PathLike, *, device: str = "cpu", prog
             pool = arithmetic.make_pool(cfg.pool_size, seed=cfg.sft.seed, **knobs)
             gen = torch.Generator(device=device).manual_seed(cfg.seed + 1)  # the tiny run's sampler seed
             max_new = cfg.max_new_tokens or max_response_tokens(cfg.sft.task, cfg.sft.form)
-            scores = offline_scores(Run(cfg, model, tokenizer, None, pool, max_new, cfg.sft.form), gen, sft=sft)
+            scores = offline_scores(Run(cfg, model, tokenizer, None, pool, max_new, cfg.sft.form), gen, cfg.spo.offline_N,
+                                    sft=sft)
             values = {prompt_id(pool[i].question): s for i, s in scores.items()}
             tmp = path.with_suffix(".tmp")
             tmp.write_text(json.dumps(values))

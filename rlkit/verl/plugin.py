@@ -10,35 +10,24 @@ Names. Each is ``rlkit_`` + a name of :mod:`rlkit.registry`; its function calls 
 :data:`rlkit.verl.POLICY_LOSSES` / :data:`rlkit.verl.ADV_ESTIMATORS`, exactly as the tiny trainer does (nothing is
 re-implemented, and no method is special-cased here):
 
-- policy losses (``actor_rollout_ref.actor.policy_loss.loss_mode``): ``rlkit_ppo`` (GRPO's loss, also ASPO's and
-  SPO's), ``rlkit_gspo``, ``rlkit_aepo`` and ``rlkit_hapo`` (the last two need the actor's entropies);
-- advantage estimators (``algorithm.adv_estimator``): ``rlkit_grpo`` (GRPO, GSPO, AEPO), ``rlkit_hapo_tlga`` (HAPO),
-  ``rlkit_aspo`` (its base estimator, shaped) and ``rlkit_spo`` (on the tracker's ``reward_baselines``; the last
-  two need the rlkit trainer).
+- policy losses (``actor_rollout_ref.actor.policy_loss.loss_mode``): ``rlkit_<loss>`` for every registered loss
+  (``rlkit_ppo`` is GRPO's PPO clip, which several methods train with);
+- advantage estimators (``algorithm.adv_estimator``): ``rlkit_<estimator>`` for every registered estimator.
 
-Trainer ``trainer.v1.trainer_mode=rlkit`` (:mod:`rlkit.verl.trainer`, registered here too) supplies what these
-signatures cannot carry: ASPO's correctness and first-code positions, SPO's baselines, tracker and prompt sampler,
-the actor's entropies for ``rlkit_aepo``/``rlkit_hapo``, and HAPO's sampler statistics.
+``rlkit methods`` lists them. Trainer ``trainer.v1.trainer_mode=rlkit`` (:mod:`rlkit.verl.trainer`, registered
+here too) supplies what these signatures cannot carry: the per-response inputs an estimator reads
+(:attr:`rlkit.registry.Method.inputs`), what a method's hooks add (:mod:`rlkit.hooks`), and the actor's entropies
+for losses that read them.
 
 Configuration. verl's own keys keep their meaning: ``actor_rollout_ref.actor.clip_ratio_low``/``clip_ratio_high``
-(ε_low/ε_high; ``clip_ratio`` when they are null), ``clip_ratio_c`` (dual clip, read by ``rlkit_ppo``,
-``rlkit_aepo``, ``rlkit_hapo``; GSPO has none), ``loss_agg_mode``, ``algorithm.norm_adv_by_std_in_grpo`` (GRPO's
-and TLGA's std division). Everything else comes from ``+algorithm.<method>.<field>`` with the field names of
-``rlkit.methods.<method>.Config``; a field that verl already owns is refused with the verl key to use:
-
-- ``algorithm.grpo``: ``eps``.
-- ``algorithm.gspo``: ``variant`` (``sequence`` | ``token``).
-- ``algorithm.aepo``: ``coef``, ``variant`` (``paper`` | ``arlarena``), ``use_entropy_advantage``.
-- ``algorithm.hapo``: ``adaptive_temperature``, ``temperature_tau``, ``entropy_pivot``, ``fallback_threshold``,
-  ``eps``, ``use_redistribution``, ``adv_beta``, ``use_adaptive_clip``, ``clip_alpha``, ``release_compat``; and the
-  verl-only ``stats_path`` (where the trainer writes the sampler's entropy statistics, read by
-  :mod:`rlkit.verl.sampling`).
-- ``algorithm.aspo``: ``enabled``, ``delta``, ``k``, ``require_code_pass``, ``base_advantage`` (``grpo`` |
-  ``hapo_tlga``); and the verl-only ``code_detection.{prefer_structured_tool_calls, markdown_backticks,
-  html_code_tags, tool_call_json, result_fences}`` (:class:`rlkit.tasks.tools.CodeDetection`: which detectors find
-  code calls in decoded responses).
-- ``algorithm.spo``: ``rho_type``, ``rho_value``, ``rho_min``, ``rho_max``, ``d_half``, ``offline_N``, ``eps``,
-  ``gamma``, ``adv_eps``, ``no_baseline``; and the verl-only ``offline_values`` (path of ``offline_values.json``).
+(ε_low/ε_high; ``clip_ratio`` when they are null), ``clip_ratio_c`` (dual clip, for the losses that have one),
+``loss_agg_mode``, ``algorithm.norm_adv_by_std_in_grpo`` (the group estimators' std division). Everything else
+comes from ``+algorithm.<method>.<field>`` with the field names of the method's ``Config``
+(``rlkit.methods.<method>.Config``), plus the verl-only keys of :data:`rlkit.verl.inputs.VERL_EXTRAS`
+(``stats_path``: where the trainer writes a per-token temperature's state for :mod:`rlkit.verl.sampling`;
+``code_detection``: which detectors of :class:`rlkit.tasks.tools.CodeDetection` find code calls in decoded
+responses; ``offline_values``: the path of ``offline_values.json``); a field that verl already owns is refused with
+the verl key to use.
 
 verl's own keys set the ``Config`` fields they own (:func:`verl_owned`) before the registry turns the ``Config``
 into keyword arguments. Refused, with the verl key named: ``clip_low`` → ``actor_rollout_ref.actor.clip_ratio_low``,
@@ -58,13 +47,12 @@ Deviations forced by verl's extension points:
 - Method options reach the losses through :func:`loss_inputs` (a context set by the rlkit trainer's actor loss
   around verl's own ``ppo_loss``), because ``ActorConfig`` refuses unknown keys and ``ppo_loss`` passes no
   entropy. Called by verl's stock ``ppo_loss`` the losses use the ``Config`` defaults; a loss whose entropy
-  switches are on (:attr:`rlkit.registry.Method.entropy_switches`: HAPO's ``use_redistribution`` and
-  ``use_adaptive_clip``, AEPO's ``use_entropy_advantage``) then refuses to run without entropies rather than
-  silently dropping a component. The per-response inputs of ``rlkit_aspo``/``rlkit_spo`` reach them through
-  :func:`estimator_inputs` the same way.
+  switches are on (:attr:`rlkit.registry.Method.entropy_switches`) then refuses to run without entropies rather
+  than silently dropping a component. Per-response inputs reach the estimators through :func:`estimator_inputs`
+  the same way.
 - verl's rollout-correction weights (``rollout_is_weights``) are refused: rlkit's losses weight off-policy tokens
   with their own decoupled-PPO form, which needs the rollout log-probs verl does not pass to a loss.
-- GRPO's ``clip_c=None`` (no dual clip) has no verl spelling: verl always dual-clips at ``clip_ratio_c``.
+- ``clip_c=None`` (no dual clip) has no verl spelling: verl always dual-clips at ``clip_ratio_c``.
 """
 
 from __future__ import annotations
@@ -182,7 +170,7 @@ def _verl_policy_loss(name: str) -> Callable:
 
 class _AlgorithmConfigs(Mapping):
     """rlkit method → its ``Config`` from ``algorithm.<method>`` (:func:`method_config`), read when the registry asks
-    for it, with ``norm_by_std`` from verl's ``algorithm.norm_adv_by_std_in_grpo``."""
+    for it, with ``norm_by_std`` from verl's ``algorithm.norm_adv_by_std_in_grpo`` (verl's key)."""
 
     def __init__(self, algorithm: Any) -> None:
         self.algorithm = algorithm

@@ -1,30 +1,31 @@
-"""HAPO's adaptive temperature (Eq. 8) as a vLLM v1 logits processor: T_t = T·(1 + τ·h̃_t).
+"""A method's per-token sampling temperature (:meth:`rlkit.hooks.Hooks.temperature_fn`; HAPO's Eq. 8,
+T_t = T·(1 + τ·h̃_t)) as a vLLM v1 logits processor.
 
-h̃_t is :func:`rlkit.methods.hapo.normalized_entropy` of the token's untempered next-token distribution under
-the previous training step's entropy statistics (Eq. 5), which the rlkit trainer writes to a JSON file after
-each old-log-prob pass (:func:`save_stats`). The processor re-reads the file when it changes; before the first
-file exists (step 1) it changes nothing, as in the released code.
+The processor builds the run's method's hooks (:func:`rlkit.registry.make_hooks`, from the method's name and
+``Config`` fields it is given) and loads their state from the file the rlkit trainer writes after each update
+(:func:`save_state`): the same hooks, and the same state, that set the tiny engine's temperatures. It re-reads the
+file when it changes; before the first file exists (step 1) it changes nothing.
 
 vLLM divides the logits by the request's temperature T *after* the logits processors that are not
-argmax-invariant have run. So :meth:`AdaptiveTemperatureProcessor.apply` divides each row by
-1 + τ·h̃ (:func:`rlkit.methods.hapo.adaptive_temperature` with T = 1, on the raw logits) and vLLM's division
-completes T·(1 + τ·h̃). The processor declares itself not argmax-invariant for that reason, though dividing by
-a positive number never changes an argmax (greedy rows are unaffected).
+argmax-invariant have run. So :meth:`AdaptiveTemperatureProcessor.apply` divides each row by the hooks'
+temperature at T = 1 on the raw logits (HAPO: 1 + τ·h̃), and vLLM's division completes T·(1 + τ·h̃). The processor
+declares itself not argmax-invariant for that reason, though dividing by a positive number never changes an
+argmax (greedy rows are unaffected).
 
 Interface: ``vllm.v1.sample.logits_processor.LogitsProcessor`` (vLLM ≥ 0.10.2, V1 model runner):
 ``__init__(vllm_config, device, is_pin_memory)``, ``is_argmax_invariant()``, ``update_state(batch_update)``,
 ``apply(logits)``, ``validate_params(sampling_params)``. vLLM is optional: without it this module still imports
 (the base class is then ``object``) so it can be tested on CPU. Settings come from vLLM's free-form
-``additional_config`` (``--additional-config``) under ``rlkit_hapo``: ``stats_path`` (required),
-``temperature_tau`` (default 0.05), ``release_compat`` (default false), ``hapo.Config``'s names. The rlkit trainer
-sets them, with ``logits_processors=["rlkit.verl.sampling:AdaptiveTemperatureProcessor"]``, in
-``actor_rollout_ref.rollout.engine_kwargs.vllm`` from ``+algorithm.hapo.*``.
+``additional_config`` (``--additional-config``) under :data:`CONFIG_KEY`: ``state_path``, ``method`` and
+``options`` (method → its ``Config`` fields), all required (:func:`processor_settings`). The rlkit trainer sets
+them, with ``logits_processors=["rlkit.verl.sampling:AdaptiveTemperatureProcessor"]``, in
+``actor_rollout_ref.rollout.engine_kwargs.vllm`` from ``+algorithm.<method>.*``.
 
 What the processor applied is recorded, so the run can log the temperatures vLLM actually sampled at: each
-process keeps running totals of the tokens it adapted and of their factors 1 + τ·h̃ (and squares), and writes
-them at most every :data:`FLUSH_S` seconds and whenever its batch empties to ``<stats_path stem>.applied.<pid>.json``
+process keeps running totals of the tokens it adapted and of their factors (and squares), and writes them at most
+every :data:`FLUSH_S` seconds and whenever its batch empties to ``<state_path stem>.applied.<pid>.json``
 (:func:`read_applied` sums every process's file; the rlkit trainer logs the step's difference as
-``hapo/sampler/temperature_mean`` and ``_std``).
+``<method>/sampler/temperature_mean`` and ``_std``).
 
 vLLM rejects custom logits processors together with speculative decoding. Every request the engine samples is
 adapted (verl gives a logits processor no per-request tag, so validation at T > 0 is adapted too).
@@ -32,6 +33,7 @@ adapted (verl gives a logits processor no per-request tag, so validation at T > 
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import os
@@ -42,15 +44,14 @@ from typing import Any
 
 import torch
 
-from rlkit.methods.hapo import EntropyStats, adaptive_temperature
+from rlkit import registry
 
-
-CONFIG_KEY = "rlkit_hapo"
+CONFIG_KEY = "rlkit_sampler"
 """Key of the processor's settings in vLLM's ``additional_config``."""
 FLUSH_S = 0.1
 """Longest time between two writes of a processor's applied totals."""
 APPLIED = ("tokens", "factor_sum", "factor_sq_sum")
-"""The applied totals: tokens adapted, Σ (1 + τ·h̃), Σ (1 + τ·h̃)²."""
+"""The applied totals: tokens adapted, Σ f, Σ f² of the factors f = T_t / T (HAPO: 1 + τ·h̃)."""
 
 
 def _applied_glob(stats_path: str) -> str:
@@ -71,65 +72,59 @@ def read_applied(stats_path: str) -> dict[str, float]:
     return totals
 
 
-def applied_metrics(before: Mapping[str, float], after: Mapping[str, float], temperature: float) -> dict[str, float]:
-    """The sampled temperatures T·(1 + τ·h̃) of the tokens adapted between two :func:`read_applied` totals."""
+def applied_metrics(before: Mapping[str, float], after: Mapping[str, float], temperature: float, *,
+                    prefix: str) -> dict[str, float]:
+    """The sampled temperatures T·f of the tokens adapted between two :func:`read_applied` totals, as
+    ``<prefix>/sampler/*``."""
     tokens = after["tokens"] - before["tokens"]
-    out = {"hapo/sampler/adapted_tokens": tokens}
+    out = {f"{prefix}/sampler/adapted_tokens": tokens}
     if tokens > 0:
         mean = (after["factor_sum"] - before["factor_sum"]) / tokens
         var = max((after["factor_sq_sum"] - before["factor_sq_sum"]) / tokens - mean * mean, 0.0)
-        out["hapo/sampler/temperature_mean"] = temperature * mean
-        out["hapo/sampler/temperature_std"] = temperature * var**0.5
+        out[f"{prefix}/sampler/temperature_mean"] = temperature * mean
+        out[f"{prefix}/sampler/temperature_std"] = temperature * var**0.5
     return out
 
 
-def save_stats(path: str, stats: EntropyStats) -> dict[str, float]:
-    """Write ``stats`` to ``path`` as JSON, atomically (the processors read the old file or the new one)."""
-    values = {name: float(value) for name, value in stats._asdict().items()}
+def processor_settings(method: str, options: Mapping[str, Any], state_path: str) -> dict[str, Any]:
+    """The processor's ``additional_config`` entry: the method, every method's ``Config`` fields (``options``:
+    method → ``Config``, as the trainer reads them) and the state file."""
+    return {"state_path": str(state_path), "method": method,
+            "options": {name: dataclasses.asdict(config) for name, config in options.items()}}
+
+
+def save_state(path: str, state: Any) -> None:
+    """Write the hooks' ``state`` to ``path`` atomically (the processors read the old file or the new one)."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(values, f)
+    torch.save(state, tmp)
     os.replace(tmp, path)
-    return values
-
-
-def load_stats(path: str, device: torch.device | str = "cpu") -> EntropyStats:
-    """The :class:`~rlkit.methods.hapo.EntropyStats` saved by :func:`save_stats`, as 0-dim float32 tensors."""
-    with open(path) as f:
-        values = json.load(f)
-    missing = [name for name in EntropyStats._fields if name not in values]
-    if missing:
-        raise ValueError(f"{path} lacks the entropy statistics {', '.join(missing)}")
-    return EntropyStats(*(torch.tensor(float(values[n]), dtype=torch.float32, device=device)
-                          for n in EntropyStats._fields))
 
 
 class _AdaptiveTemperature:
-    """Scales each row of logits by 1/(1 + τ·h̃) so that vLLM samples at T·(1 + τ·h̃) (module doc)."""
+    """Scales each row of logits by 1/f, the hooks' temperature at T = 1, so that vLLM samples at T·f (HAPO:
+    f = 1 + τ·h̃; module doc)."""
 
     def __init__(self, vllm_config: Any, device: torch.device | str, is_pin_memory: bool) -> None:
         settings = (getattr(vllm_config, "additional_config", None) or {}).get(CONFIG_KEY, None)
-        if not isinstance(settings, Mapping) or not settings.get("stats_path"):
-            raise ValueError(
-                f"AdaptiveTemperatureProcessor needs vLLM's additional_config.{CONFIG_KEY}.stats_path "
-                "(the rlkit trainer sets it from +algorithm.hapo.*)"
-            )
-        unknown = sorted(set(settings) - {"stats_path", "temperature_tau", "release_compat"})
+        need = ("method", "options", "state_path")
+        if not isinstance(settings, Mapping) or any(not settings.get(k) for k in need):
+            raise ValueError(f"AdaptiveTemperatureProcessor needs vLLM's additional_config.{CONFIG_KEY}."
+                             f"{{{', '.join(need)}}} (the rlkit trainer sets them from +algorithm.<method>.*)")
+        unknown = sorted(set(settings) - set(need))
         if unknown:
             raise ValueError(f"unknown key(s) additional_config.{CONFIG_KEY}.{', '.join(unknown)}; "
-                             "valid: release_compat, stats_path, temperature_tau")
-        self.stats_path = str(settings["stats_path"])
-        self.temperature_tau = float(settings.get("temperature_tau", 0.05))
-        if not 0.0 <= self.temperature_tau < 1.0:
-            raise ValueError(f"additional_config.{CONFIG_KEY}.temperature_tau must lie in [0, 1), "
-                             f"got {self.temperature_tau}")
-        self.release_compat = bool(settings.get("release_compat", False))
+                             f"valid: {', '.join(need)}")
+        self.method, self.state_path = str(settings["method"]), str(settings["state_path"])
+        configs = {name: registry.get_method(name).config(**dict(fields))
+                   for name, fields in dict(settings["options"]).items()}
+        self.hooks = registry.make_hooks(self.method, configs)
         self.device = torch.device(device)
-        self.stats: EntropyStats | None = None
+        self.fn = None
+        """The hooks' temperature function at T = 1 (None: sample at T)."""
         self._version: tuple[int, int] | None = None
         self.applied = dict.fromkeys(APPLIED, 0.0)
-        self.applied_path = _applied_glob(self.stats_path).replace("*", str(os.getpid()))
+        self.applied_path = _applied_glob(self.state_path).replace("*", str(os.getpid()))
         self._flushed_at, self._flush_failed = 0.0, False
         self.reload()
 
@@ -163,30 +158,31 @@ class _AdaptiveTemperature:
             os.replace(tmp, self.applied_path)
         except OSError as e:
             if not self._flush_failed:
-                warnings.warn(f"HAPO's sampler cannot record its temperatures in {self.applied_path}: {e}",
+                warnings.warn(f"{self.method}'s sampler cannot record its temperatures in {self.applied_path}: {e}",
                               stacklevel=2)
             self._flush_failed = True
 
     def reload(self) -> bool:
-        """Re-read the statistics file if it changed since the last read; True when new ones were loaded."""
+        """Re-read the state file if it changed since the last read; True when a new state was loaded."""
         try:
-            st = os.stat(self.stats_path)
+            st = os.stat(self.state_path)
         except (FileNotFoundError, NotADirectoryError):
             return False  # no training step has finished yet: sample at T
         version = (st.st_mtime_ns, st.st_size)
         if version == self._version:
             return False
-        self.stats, self._version = load_stats(self.stats_path, self.device), version
+        self.hooks.load_state_dict(torch.load(self.state_path, map_location=self.device, weights_only=False))
+        self.fn, self._version = self.hooks.temperature_fn(1.0), version
         return True
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        """``logits`` ``(rows, V)`` divided row-wise by 1 + τ·h̃ (unchanged before the first statistics)."""
-        if self.stats is None or logits.shape[0] == 0:
+        """``logits`` ``(rows, V)`` divided row-wise by the hooks' temperature at T = 1 (unchanged before the first
+        state)."""
+        if self.fn is None or logits.shape[0] == 0:
             return logits
-        # earlier processors may have masked tokens with -inf; 0·(-inf) would make the entropy NaN
+        # earlier processors may have masked tokens with -inf; 0·(-inf) would make an entropy NaN
         finite = torch.nan_to_num(logits.float(), neginf=torch.finfo(torch.float32).min / 2)
-        scale = adaptive_temperature(finite, 1.0, self.stats, temperature_tau=self.temperature_tau,
-                                     release_compat=self.release_compat)
+        scale = self.fn(finite)
         self.applied["tokens"] += scale.numel()
         self.applied["factor_sum"] += scale.double().sum().item()
         self.applied["factor_sq_sum"] += scale.double().square().sum().item()

@@ -1,52 +1,52 @@
 """The rlkit trainer for verl 0.9.1's v1 loop: ``trainer.use_v1=true trainer.v1.trainer_mode=rlkit``.
 
 verl's estimator call carries only rewards, mask, index and config, and its loss only four tensors
-(:mod:`rlkit.verl.plugin`). :class:`RlkitTrainer` is verl's synchronous trainer (``PPOTrainerSync``) plus what
-the methods need beyond that, each at the verl hook where the data exists:
+(:mod:`rlkit.verl.plugin`). :class:`RlkitTrainer` is verl's synchronous trainer (``PPOTrainerSync``) that calls the
+run's method's hooks (:mod:`rlkit.hooks`) at the verl step where the data exists, the same hooks the tiny engine
+calls; it names no method. The run's method (:class:`MethodSetup`) is the loss mode's (``rlkit_<loss>``) when that
+method trains with ``algorithm.adv_estimator``, else the estimator's.
 
-- ASPO (``algorithm.adv_estimator=rlkit_aspo``), in ``_compute_advantage``: every response is decoded with the
-  run's tokenizer and searched with :mod:`rlkit.tasks.tools` (``algorithm.aspo.code_detection``) for its first
-  code/tool call; the call's token index (binary search over decoded prefixes), the response length in the same
-  tokens (tool output included), correctness (``reward_extra_info["acc"]`` when the reward function reports it,
-  else reward > 0) and, with ``require_code_pass``, ``code_pass`` (``reward_extra_info["code_pass"]``, else every
-  tool reward verl's ToolAgentLoop recorded in ``extra_fields["tool_rewards"]`` is > 0 and there is one) go to
-  ``rlkit_aspo`` through :func:`rlkit.verl.plugin.estimator_inputs`. Metrics: :func:`rlkit.methods.aspo.aspo_metrics`.
-- AEPO and HAPO (``policy_loss.loss_mode=rlkit_aepo|rlkit_hapo``): the trainer switches on
-  ``actor.calculate_entropy`` and gives the actor workers :func:`actor_loss` (verl's ``set_loss_fn``), which
-  runs verl's own ``ppo_loss`` with the forward pass's entropies and the method options in
-  :func:`rlkit.verl.plugin.loss_inputs`. Every rlkit loss gets its ``+algorithm.<method>.*`` options this way.
-- HAPO's adaptive temperature (``+algorithm.hapo.adaptive_temperature=true``, the default): after each
-  old-log-prob pass the trainer writes :func:`rlkit.methods.hapo.entropy_stats` of that pass's entropies to
-  ``algorithm.hapo.stats_path`` (default ``<trainer.default_local_dir>/hapo_entropy_stats.json``), and before the
-  rollout servers start it adds :class:`rlkit.verl.sampling.AdaptiveTemperatureProcessor` and its settings to
-  ``actor_rollout_ref.rollout.engine_kwargs.vllm`` (``logits_processors``, ``additional_config.rlkit_hapo``).
-  vLLM only. The temperatures the processor applied in the step's rollout are logged as
-  ``hapo/sampler/temperature_mean``/``_std`` (:func:`rlkit.verl.sampling.applied_metrics`).
-- SPO (``algorithm.adv_estimator=rlkit_spo``, ``rollout.n=1``): a :class:`~rlkit.methods.spo.ValueTracker` and a
-  :class:`~rlkit.methods.spo.PromptSampler` over the whole training set, keyed by each row's
-  ``extra_info["prompt_id"]``, initialised from ``+algorithm.spo.offline_values`` (``offline_values.json``:
-  prompt id → scores). Each step's prompts are drawn by the sampler (verl's dataloader order is not used); the
-  tracker's pre-update v̂ reach ``rlkit_spo`` as ``reward_baselines``; after the actor update the tracker folds in
-  the rewards with ρ from D, the mean |Δ log π| between each prompt's last response's log-probs when it was
-  sampled and the current policy's, which the trainer gets with one extra ``compute_log_prob`` pass over those
-  stored responses (kept in the TransferQueue partition ``rlkit_spo_memory``). Tracker and sampler are saved
-  in each checkpoint folder (``rlkit_spo.pt``).
+- Prompts (``_fetch_one_gen_batch``): hooks that choose the step's prompts (:meth:`~rlkit.hooks.Hooks.choose_prompts`)
+  draw them from the whole training set, keyed by each row's ``extra_info["prompt_id"]``; verl's dataloader order
+  is then not used.
+- Per-response inputs (``_compute_advantage``): the estimator's :attr:`rlkit.registry.Method.inputs` are found in
+  the responses — each response is decoded with the run's tokenizer and searched with :mod:`rlkit.tasks.tools`
+  (``+algorithm.<method>.code_detection``) for its first code/tool call; the call's token index (binary search over
+  decoded prefixes), the response length in the same tokens (tool output included), correctness
+  (``reward_extra_info["acc"]`` when the reward function reports it, else reward > 0) and ``code_pass``
+  (``reward_extra_info["code_pass"]``, else every tool reward verl's ToolAgentLoop recorded in
+  ``extra_fields["tool_rewards"]`` is > 0 and there is one); the tool metrics every run logs
+  (:func:`rlkit.core.tool_use.tool_metrics`). With the hooks' :meth:`~rlkit.hooks.Hooks.advantage_inputs` (e.g. a
+  value tracker's baselines) they reach the estimator through :func:`rlkit.verl.inputs.estimator_inputs`.
+- After the actor update: the hooks' :meth:`~rlkit.hooks.Hooks.after_update`. Responses they ask to keep live in
+  the TransferQueue partition :data:`MEMORY`; asked for them again, the trainer scores them with one extra
+  ``compute_log_prob`` pass (:class:`VerlEngine`).
+- Losses that read the token entropies (:attr:`rlkit.registry.Method.entropy_switches`): the trainer switches on
+  ``actor.calculate_entropy`` and gives the actor workers :func:`actor_loss` (verl's ``set_loss_fn``), which runs
+  verl's own ``ppo_loss`` with the forward pass's entropies and the method options in
+  :func:`rlkit.verl.inputs.loss_inputs`. Every rlkit loss gets its ``+algorithm.<method>.*`` options this way.
+- A per-token sampling temperature (:meth:`~rlkit.hooks.Hooks.sets_temperature`): before the rollout servers
+  start the trainer adds :class:`rlkit.verl.sampling.AdaptiveTemperatureProcessor` to
+  ``actor_rollout_ref.rollout.engine_kwargs.vllm``; after each update it writes the hooks' state (set from the
+  step's old-log-prob entropies) to ``+algorithm.<method>.stats_path`` (default
+  ``<trainer.default_local_dir>/rlkit_<method>_sampler.pt``), from which the processor builds the next rollout's
+  temperatures with the same hooks. vLLM only. The temperatures it applied are logged as
+  ``<method>/sampler/temperature_mean``/``_std``.
+- Checkpoints: the hooks' state is saved in each checkpoint folder (``rlkit_method.pt``) and restored on resume.
 
 Deviations forced by verl's extension points (for the methods' book pages):
 
 - verl picks the trainer class by ``trainer.v1.trainer_mode`` and also treats every mode other than ``sync`` as
   asynchronous; the rlkit trainer sets its own mode back to ``sync`` so verl runs it synchronously.
-- SPO: the sampler draws from the whole training set (the verl recipe draws from each 14,000-prompt dataloader
-  batch); D is measured before the update between the stored sampling-time log-probs and the current policy
-  (the recipe: after the update, between the post-update log-probs stored at the last visit and now). The stored
-  responses live in TransferQueue, which is not checkpointed: after a resume D is 0 until a prompt is drawn
-  again. Rows verl adds to fill a mini-batch (``is_padding``, a copy of the first row's metadata) take no part in
-  SPO's batch normalisation or the tracker.
-- HAPO: the sampler's statistics are the previous step's old-log-prob entropies at the rollout temperature (the
-  released code's as well); verl gives a logits processor no way to tell validation requests apart, so sampled
-  validation at T > 0 is adapted too.
-- Losses see the entropies of verl's micro-batch, so AEPO's and HAPO's entropy statistics are per micro-batch
-  (as in the released codes, whose actors ran per micro-batch too).
+- Prompts chosen by the hooks come from the whole training set (a recipe may draw from each dataloader batch).
+  Kept responses live in TransferQueue, which is not checkpointed: after a resume a prompt has none until it is
+  drawn again. Rows verl adds to fill a mini-batch (``is_padding``, a copy of the first row's metadata) are left out
+  of the hooks' batch and get zero inputs.
+- The per-token temperature's statistics are the previous step's old-log-prob entropies at the rollout
+  temperature; verl gives a logits processor no way to tell validation requests apart, so sampled validation at
+  T > 0 is adapted too.
+- Losses see the entropies of verl's micro-batch, so entropy statistics inside a loss are per micro-batch (as in
+  the released codes, whose actors ran per micro-batch too).
 """
 
 from __future__ import annotations
@@ -78,22 +78,22 @@ from verl.workers.utils.losses import ppo_loss
 from verl.workers.utils.padding import no_padding_2_padding, response_from_nested
 
 from rlkit import registry
-from rlkit.methods import aspo, hapo, spo
+from rlkit.core.tool_use import tool_metrics
+from rlkit.hooks import Hooks, Recalled, StepBatch, checked
 from rlkit.tasks.tools import CodeDetection, count_code_calls, first_code_char
 from rlkit.verl import ADV_ESTIMATORS, POLICY_LOSSES, TRAINER
 from rlkit.verl.inputs import estimator_inputs, loss_inputs, method_config
-from rlkit.verl.sampling import APPLIED, CONFIG_KEY, applied_metrics, read_applied, save_stats
+from rlkit.verl.sampling import APPLIED, CONFIG_KEY, applied_metrics, processor_settings, read_applied, save_state
 
 Tensor = torch.Tensor
 _log = logging.getLogger("rlkit.verl")
 
-SPO_MEMORY = "rlkit_spo_memory"
-"""TransferQueue partition holding each SPO prompt's last response (key: the prompt id)."""
-ADVANTAGE_FIELDS = {"rlkit_aspo": ["responses", "response_mask", "rm_scores", "extra_fields"],
-                    "rlkit_spo": ["response_mask", "rm_scores", "extra_info"]}
-"""TransferQueue fields the advantage step reads, per estimator (beyond what verl's own step reads)."""
+MEMORY = "rlkit_memory"
+"""TransferQueue partition holding the responses a method's hooks asked to keep (key: the prompt id)."""
+STATE_FILE = "rlkit_method.pt"
+"""The hooks' state in each checkpoint folder."""
 SAMPLER_PROCESSOR = "rlkit.verl.sampling:AdaptiveTemperatureProcessor"
-"""vLLM's ``logits_processors`` entry for HAPO's adaptive temperature (qualified class name)."""
+"""vLLM's ``logits_processors`` entry for a method's per-token temperature (qualified class name)."""
 
 
 # --------------------------------------------------------------------------- the method a config asks for
@@ -101,37 +101,52 @@ SAMPLER_PROCESSOR = "rlkit.verl.sampling:AdaptiveTemperatureProcessor"
 
 @dataclass
 class MethodSetup:
-    """Which rlkit names a verl config uses, and their ``+algorithm.<method>.*`` options."""
+    """Which rlkit names a verl config uses, the run's method (whose hooks run) and its ``+algorithm.<m>.*``
+    options."""
 
     adv_estimator: str
     loss_mode: str
+    name: str | None = None
+    """The run's method, whose hooks run: the loss's when the loss's method trains with this estimator, else the
+    estimator's (a method that reshapes or replaces the advantage of another's loss); None when neither is rlkit's."""
     options: dict[str, Any] = field(default_factory=dict)
     """rlkit method → its ``Config`` for every rlkit name in use."""
     extras: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """rlkit method → its verl-only keys (``stats_path``, ``offline_values``)."""
+    """rlkit method → its verl-only keys (``stats_path``, ``offline_values``, ``code_detection``)."""
 
     @classmethod
     def from_config(cls, config: Any) -> MethodSetup:
         """Read and check the methods of a full verl config (``algorithm``, ``actor_rollout_ref``, ...)."""
         adv = str(config.algorithm.adv_estimator)
         loss = str(config.actor_rollout_ref.actor.policy_loss.get("loss_mode", "vanilla"))
+        by_estimator, by_loss = ADV_ESTIMATORS.get(adv), POLICY_LOSSES.get(loss)
         setup = cls(adv, loss)
-        methods = [m for name, m in {**ADV_ESTIMATORS, **POLICY_LOSSES}.items() if name in (adv, loss)]
-        if adv == "rlkit_aspo":  # the base estimator's options are read too
-            methods.append(ADV_ESTIMATORS[f"rlkit_{method_config(config.algorithm, 'aspo')[0].base_advantage}"])
+        methods = [m for m in (by_estimator, by_loss) if m is not None]
+        if by_estimator is not None:  # a method whose Config names a base estimator: its options are read too
+            base = getattr(method_config(config.algorithm, by_estimator)[0], "base_advantage", None)
+            if base is not None:
+                methods.append(ADV_ESTIMATORS[f"rlkit_{base}"])
         for method in dict.fromkeys(methods):
             setup.options[method], setup.extras[method] = method_config(config.algorithm, method)
+        own = by_loss is not None and f"rlkit_{registry.get_method(by_loss).estimator(setup.options[by_loss])}" == adv
+        setup.name = by_loss if own or by_estimator is None else by_estimator
         setup._check(config)
         return setup
 
+    def hooks(self) -> Any:
+        """A run's instance of the method's hooks (:mod:`rlkit.hooks`; the do-nothing defaults without a method)."""
+        return registry.make_hooks(self.name, self.options) if self.name is not None else Hooks(None, {})
+
     def _check(self, config: Any) -> None:
-        if self.adv_estimator == "rlkit_spo" and int(config.actor_rollout_ref.rollout.n) != 1:
-            raise ValueError(f"SPO samples one response per prompt: set actor_rollout_ref.rollout.n=1 "
+        hooks = self.hooks()
+        if not hooks.grouped and int(config.actor_rollout_ref.rollout.n) != 1:
+            raise ValueError(f"{self.name} samples one response per prompt: set actor_rollout_ref.rollout.n=1 "
                              f"(got {config.actor_rollout_ref.rollout.n})")
-        if self.adaptive_temperature and str(config.actor_rollout_ref.rollout.name) != "vllm":
+        if hooks.sets_temperature() and str(config.actor_rollout_ref.rollout.name) != "vllm":
             raise ValueError(
-                "HAPO's adaptive temperature is a vLLM logits processor: set actor_rollout_ref.rollout.name=vllm "
-                f"(got {config.actor_rollout_ref.rollout.name}) or +algorithm.hapo.adaptive_temperature=false"
+                f"{self.name}'s per-token sampling temperature is a vLLM logits processor: set "
+                f"actor_rollout_ref.rollout.name=vllm (got {config.actor_rollout_ref.rollout.name}) or switch it off "
+                f"in +algorithm.{self.name}.*"
             )
         distillation = config.get("distillation", None)
         if self.loss_mode in POLICY_LOSSES and distillation is not None and distillation.get("enabled", False):
@@ -140,16 +155,20 @@ class MethodSetup:
 
     @property
     def needs_entropy(self) -> bool:
-        """The loss reads the actor's entropies (:meth:`rlkit.registry.Method.needs_entropy`: AEPO's reshaping,
-        HAPO's redistribution and clip)."""
+        """The loss reads the actor's entropies (:meth:`rlkit.registry.Method.needs_entropy`)."""
         method = POLICY_LOSSES.get(self.loss_mode)
         return method is not None and registry.get_method(method).needs_entropy(self.options[method])
 
     @property
-    def adaptive_temperature(self) -> bool:
-        """HAPO is the run's method (its loss or estimator, not ASPO's base) and its sampler switch is on."""
-        hapo_run = self.loss_mode == "rlkit_hapo" or self.adv_estimator == "rlkit_hapo_tlga"
-        return hapo_run and self.options["hapo"].adaptive_temperature
+    def inputs(self) -> tuple[str, ...]:
+        """Per-response inputs the estimator reads from the responses (:attr:`rlkit.registry.Method.inputs`)."""
+        method = ADV_ESTIMATORS.get(self.adv_estimator)
+        return registry.get_method(method).inputs if method is not None else ()
+
+    @property
+    def extra(self) -> dict[str, Any]:
+        """The run's method's verl-only keys."""
+        return self.extras.get(self.name, {})
 
 
 # --------------------------------------------------------------------------- the actor loss
@@ -168,7 +187,7 @@ def actor_loss(config: Any, model_output: Mapping[str, Any], data: Any, dp_group
         return ppo_loss(config, model_output, data, dp_group)
 
 
-# --------------------------------------------------------------------------- ASPO's per-response inputs
+# --------------------------------------------------------------------------- per-response inputs
 
 
 def first_code_token(ids: Sequence[int], decode: Callable[[Sequence[int]], str],
@@ -225,12 +244,12 @@ def code_pass_flags(extra_fields: Sequence[Any] | None, batch: int) -> Tensor:
 
 
 def prompt_ids_of(extra_info: Sequence[Any]) -> list[str]:
-    """SPO's stable prompt id of each row: ``extra_info["prompt_id"]`` (written by ``rlkit data``)."""
+    """The stable prompt id of each row: ``extra_info["prompt_id"]`` (written by ``rlkit data``)."""
     ids = []
     for i, info in enumerate(extra_info):
         pid = info.get("prompt_id", None) if isinstance(info, Mapping) else None
         if pid is None:
-            raise ValueError(f"row {i} has no extra_info['prompt_id']: SPO keys its tracker and offline values by it "
+            raise ValueError(f"row {i} has no extra_info['prompt_id']: the method keeps state per prompt by it "
                              "(prepare the data with `rlkit data`)")
         ids.append(str(pid))
     return ids
@@ -239,25 +258,92 @@ def prompt_ids_of(extra_info: Sequence[Any]) -> list[str]:
 # --------------------------------------------------------------------------- the trainer
 
 
+class VerlEngine:
+    """What verl offers a method's hooks (:class:`rlkit.hooks.Engine`): the training set's prompts, the offline
+    values file, and responses kept in the TransferQueue partition :data:`MEMORY` (key: the prompt id), scored
+    again with one ``compute_log_prob`` pass as verl's own old-log-prob pass runs it."""
+
+    def __init__(self, trainer: RlkitTrainer) -> None:
+        self.trainer = trainer
+        self.pool_ids: list[str] = []
+        self.step_meta: KVBatchMeta | None = None
+        """The step's TransferQueue meta (what :meth:`remember` copies from)."""
+        self.step_rows: list[int] = []
+        """The step batch's rows → rows of :attr:`step_meta` (padding rows left out)."""
+
+    @property
+    def seed(self) -> int:
+        return int(self.trainer.config.data.get("seed", None) or 0)
+
+    def offline_scores(self, n: int) -> Mapping[Any, list[float]] | None:
+        path = self.trainer.method.extra.get("offline_values")
+        if path is None:
+            _log.warning(f"{self.trainer.method.name} without +algorithm.{self.trainer.method.name}.offline_values: "
+                         "every prompt starts without offline scores")
+            return None
+        with open(path) as f:
+            return json.load(f)
+
+    def remember(self, batch: StepBatch, rows: Mapping[Any, int]) -> None:
+        meta = self.step_meta
+        keys = [meta.keys[self.step_rows[j]] for j in rows.values()]
+        record = tq.kv_batch_get(keys=keys, partition_id=meta.partition_id)
+        record["rlkit_log_probs_then"] = record["old_log_probs"]
+        stored = list(rows)
+        replaced = [k for k in stored if k in tq.kv_list(MEMORY).get(MEMORY, {})]
+        if replaced:  # TransferQueue refuses an empty key list
+            tq.kv_clear(keys=replaced, partition_id=MEMORY)
+        tq.kv_batch_put(keys=stored, partition_id=MEMORY, fields=record,
+                        tags=[{k: v for k, v in meta.tags[self.step_rows[j]].items() if k != "status"}
+                              for j in rows.values()])
+
+    def recall(self, prompt_ids: list) -> dict[Any, Recalled]:
+        stored = tq.kv_list(MEMORY).get(MEMORY, {})
+        seen = sorted({pid for pid in prompt_ids if pid in stored})
+        if not seen:
+            return {}
+        t = self.trainer
+        # the log-prob pass as verl's own old-log-prob pass runs it (the step's meta no longer carries its settings)
+        meta = KVBatchMeta(partition_id=MEMORY, keys=seen, tags=[dict(stored[pid]) for pid in seen],
+                           extra_info={**self.step_meta.extra_info, "calculate_entropy": False, "compute_loss": False,
+                                       "temperature": t.config.actor_rollout_ref.rollout.temperature})
+        meta = upsample_batch_to_divisible_size(meta, t._log_prob_batch_multiple(), t.tokenizer.eos_token_id)
+        t.actor_rollout_wg.compute_log_prob(meta)
+        now = tq.kv_batch_get(keys=seen, partition_id=MEMORY,
+                              select_fields=["log_probs", "rlkit_log_probs_then", "response_mask"])
+        mask = _padded(now["response_mask"])
+        logp_now = _padded(response_from_nested(now["log_probs"], now["response_mask"]))
+        then = _padded(now["rlkit_log_probs_then"])
+        padding = [k for k in meta.keys if k not in set(seen)]
+        if padding:
+            tq.kv_clear(keys=padding, partition_id=MEMORY)
+        out = {}
+        for row, pid in enumerate(seen):
+            n = int(mask[row].sum())
+            out[pid] = Recalled(logp_then=then[row, :n], logp_now=logp_now[row, :n], mask=mask[row, :n])
+        return out
+
+
 @register_trainer(TRAINER)
 class RlkitTrainer(PPOTrainerSync):
-    """verl's synchronous v1 trainer with rlkit's method hooks (module doc)."""
+    """verl's synchronous v1 trainer that calls the run's method's hooks (module doc)."""
 
     def __init__(self, config: Any):
         self.method = MethodSetup.from_config(config)
-        self.spo_tracker: spo.ValueTracker | None = None
-        self.spo_sampler: spo.PromptSampler | None = None
-        self._pending: tuple | None = None  # (batch, data) of the step, for SPO's update after the actor step
-        self._hapo_applied = dict.fromkeys(APPLIED, 0.0)
-        if self.method.adaptive_temperature:
-            path = self.method.extras["hapo"]["stats_path"]
-            self.hapo_stats_path = os.path.abspath(
-                path if path is not None else os.path.join(config.trainer.default_local_dir, "hapo_entropy_stats.json"))
-            self._hapo_applied = read_applied(self.hapo_stats_path)  # totals an earlier launch left behind
+        self.hooks = self.method.hooks()
+        self.engine = VerlEngine(self)
+        self._step: dict[str, Any] = {}  # what the step's hooks see: its StepBatch, the entropies of its pass
+        self._applied = dict.fromkeys(APPLIED, 0.0)
+        self.sampler_state_path: str | None = None
+        if self.hooks.sets_temperature():
+            path = self.method.extra.get("stats_path")
+            self.sampler_state_path = os.path.abspath(path if path is not None else os.path.join(
+                config.trainer.default_local_dir, f"rlkit_{self.method.name}_sampler.pt"))
+            self._applied = read_applied(self.sampler_state_path)  # totals an earlier launch left behind
         with open_dict(config):
-            if self.method.needs_entropy:
+            if self.method.needs_entropy or self.sampler_state_path is not None:
                 config.actor_rollout_ref.actor.calculate_entropy = True
-            if self.method.adaptive_temperature:
+            if self.sampler_state_path is not None:
                 self._add_sampler_processor(config)
         super().__init__(config)
 
@@ -273,8 +359,7 @@ class RlkitTrainer(PPOTrainerSync):
         if SAMPLER_PROCESSOR not in processors:
             processors.append(SAMPLER_PROCESSOR)
         additional = dict(vllm_kwargs.get("additional_config", None) or {})
-        additional[CONFIG_KEY] = {"stats_path": self.hapo_stats_path,  # and temperature_tau, release_compat
-                                  **registry.kwargs_for(hapo.adaptive_temperature, self.method.options["hapo"])}
+        additional[CONFIG_KEY] = processor_settings(self.method.name, self.method.options, self.sampler_state_path)
         vllm_kwargs.logits_processors = processors
         vllm_kwargs.additional_config = additional
 
@@ -286,78 +371,109 @@ class RlkitTrainer(PPOTrainerSync):
 
     def _init_dataloader(self):
         super()._init_dataloader()
-        if self.method.adv_estimator == "rlkit_spo":
-            self._init_spo()
+        self.start_hooks()
 
-    # ----------------------------------------------------------------------- HAPO: sampler statistics
+    def start_hooks(self) -> None:
+        """The hooks' start, over the training set's prompts (by ``extra_info["prompt_id"]``) when they choose
+        prompts or keep state per prompt."""
+        if _overrides(self.hooks, "choose_prompts", "advantage_inputs", "after_update"):
+            pool = prompt_ids_of(self.train_dataset.dataframe["extra_info"])
+            self._rows = {pid: i for i, pid in enumerate(pool)}
+            if len(self._rows) != len(pool):
+                raise ValueError(f"{self.method.name} needs one training row per prompt id "
+                                 "(extra_info['prompt_id'] repeats)")
+            self.engine.pool_ids = pool
+        self.hooks.start(self.engine, resumed=False)
+
+    def _fetch_one_gen_batch(self):
+        """The step's prompts: the hooks' (e.g. drawn by weight) instead of verl's dataloader order, when they
+        choose."""
+        n = int(self.config.data.get("gen_batch_size", None) or self.config.data.train_batch_size)
+        ids = checked(self.hooks, "choose_prompts", self.hooks.choose_prompts(n, self._step_number()), rows=n)
+        if ids is None:
+            return super()._fetch_one_gen_batch()
+        batch_dict = collate_fn([self.train_dataset[self._rows[pid]] for pid in ids])
+        batch_dict["uid"] = np.array([str(uuid.uuid4()) for _ in ids], dtype=object)
+        return tu.get_tensordict(batch_dict)
+
+    # ----------------------------------------------------------------------- the step's entropies
 
     def _compute_old_log_prob(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         batch = super()._compute_old_log_prob(batch, metrics)
-        if self.method.adaptive_temperature:
+        if self.sampler_state_path is not None:  # the entropies the next temperatures are set from
             data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
                                    select_fields=["entropy", "response_mask"])
-            entropy, mask = _padded(data["entropy"]), _padded(data["response_mask"])
             real = _real_rows(batch)
-            metrics.update(self.write_sampler_stats(entropy[real], mask[real]))
-            applied = read_applied(self.hapo_stats_path)  # what vLLM sampled at in this step's rollout
-            metrics.update(applied_metrics(self._hapo_applied, applied,
-                                           float(self.config.actor_rollout_ref.rollout.temperature)))
-            self._hapo_applied = applied
+            self._step["entropy"] = _padded(data["entropy"])[real]
+            self._step["mask"] = _padded(data["response_mask"])[real]
         return batch
-
-    def write_sampler_stats(self, entropy: Tensor, mask: Tensor) -> dict[str, float]:
-        """HAPO Eq. 5's statistics of this step's entropies → ``stats_path`` (atomic), for the next rollout."""
-        stats = hapo.entropy_stats(entropy, mask,
-                                   **registry.kwargs_for(hapo.entropy_stats, self.method.options["hapo"]))
-        values = save_stats(self.hapo_stats_path, stats)
-        return {f"hapo/sampler_stats/{name}": value for name, value in values.items()}
 
     # ----------------------------------------------------------------------- advantages
 
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
-        if self.method.adv_estimator not in ("rlkit_aspo", "rlkit_spo"):
+        keyed = _overrides(self.hooks, "advantage_inputs", "after_update")
+        if not self.method.inputs and not keyed:
             return super()._compute_advantage(batch, metrics)
-        data = self._fetch(batch, ADVANTAGE_FIELDS[self.method.adv_estimator])
+        fields = ["response_mask", "rm_scores"] + ["extra_info"] * keyed
+        if self.method.inputs:
+            fields += ["responses", "extra_fields"]
+        data = self._fetch(batch, fields)
         data.non_tensor_batch["is_padding"] = np.array([t.get("is_padding", False) for t in batch.tags])
-        if self.method.adv_estimator == "rlkit_spo":
-            data.batch["rlkit_spo_divergence"] = self._spo_divergence(batch, data)
+        self.engine.step_meta = batch
         inputs = self.advantage_inputs(data, metrics)
-        self._pending = (batch, data)
         with estimator_inputs(**inputs):
             return super()._compute_advantage(batch, metrics)
 
     def advantage_inputs(self, data: DataProto, metrics: dict) -> dict[str, Any]:
-        """What ``rlkit_aspo`` / ``rlkit_spo`` need beyond verl's call, from a batch of responses (``DataProto``).
+        """What the estimator needs beyond verl's call, from a batch of responses (``DataProto``): the
+        per-response inputs its method names (:attr:`MethodSetup.inputs`) and what the hooks add
+        (:meth:`rlkit.hooks.Hooks.advantage_inputs`), for :func:`estimator_inputs`.
 
-        ``data.batch``: ``rm_scores`` ``(B, T)``; ASPO: ``responses`` ``(B, T)`` right-padded token ids and
-        ``response_lengths`` ``(B,)`` (tool output included); ``data.non_tensor_batch``: ``extra_fields`` (ASPO,
-        optional), ``extra_info`` (SPO) and ``is_padding`` (optional). Returns fields of
-        :class:`rlkit.registry.AdvantageInputs` (and SPO's ``real_rows``), for :func:`estimator_inputs`.
+        ``data.batch``: ``rm_scores`` ``(B, T)``, ``response_mask``; with per-response inputs ``responses`` ``(B, T)``
+        right-padded token ids and ``response_lengths`` ``(B,)`` (tool output included); ``data.non_tensor_batch``:
+        ``extra_fields`` (optional), ``extra_info`` (prompt ids, for hooks that keep state per prompt) and
+        ``is_padding`` (optional: rows verl added to fill a mini-batch, left out of the hooks' batch).
         """
         rewards = data.batch["rm_scores"].sum(-1)
-        extra_fields = data.non_tensor_batch.get("extra_fields", None)
-        if self.method.adv_estimator == "rlkit_aspo":
-            detection = self.method.extras["aspo"]["code_detection"]
-            lengths = data.batch["response_lengths"]
-            positions, calls = [], []
-            for ids, n in zip(data.batch["responses"].tolist(), lengths.tolist()):
-                pos, count = first_code_token(ids[:n], self._decode, detection)
-                positions.append(pos if pos >= 0 else math.nan)
-                calls.append(count)
-            pos = torch.tensor(positions, dtype=torch.float64)
-            correct = correctness(rewards, extra_fields)
-            passed = code_pass_flags(extra_fields, len(rewards))
-            metrics.update(aspo.aspo_metrics(pos, correct, torch.tensor(calls), passed))
-            return {"correct": correct, "first_code_pos": pos, "lengths": lengths, "code_pass": passed}
-        # SPO
+        out: dict[str, Any] = {}
+        if self.method.inputs:
+            out.update(self.response_inputs(data, rewards, metrics))
+        if not _overrides(self.hooks, "advantage_inputs", "after_update"):
+            return out
+        real = ~torch.as_tensor(np.asarray(data.non_tensor_batch.get("is_padding", [False] * len(rewards)),
+                                           dtype=bool))
+        rows = real.nonzero().squeeze(-1)
+        mask = data.batch["response_mask"]
         ids = prompt_ids_of(data.non_tensor_batch["extra_info"])
-        real = ~torch.as_tensor(np.asarray(data.non_tensor_batch.get("is_padding", [False] * len(ids)), dtype=bool))
-        baselines = torch.zeros(len(ids), dtype=torch.float64)
-        if not self.method.options["spo"].no_baseline:
-            kept = [pid for pid, keep in zip(ids, real.tolist()) if keep]
-            baselines[real] = self.spo_tracker.baseline(kept)
-        metrics["spo/baseline/mean"] = baselines[real].mean().item()
-        return {"baselines": baselines.to(rewards.dtype), "real_rows": real}
+        step = StepBatch(step=self._step_number(), prompt_ids=[ids[i] for i in rows.tolist()], rewards=rewards[real],
+                         mask=mask[real], lengths=mask[real].sum(-1))
+        self.engine.step_rows = rows.tolist()
+        self._step["batch"] = step
+        extra = checked(self.hooks, "advantage_inputs", self.hooks.advantage_inputs(step, self.engine))
+        for name, value in extra.items():  # padding rows get zeros and are left out of the estimator
+            full = torch.zeros(len(rewards), dtype=value.dtype)
+            full[real] = value.cpu()
+            out[name] = full
+        if extra:
+            out["real_rows"] = real
+        return out
+
+    def response_inputs(self, data: DataProto, rewards: Tensor, metrics: dict) -> dict[str, Any]:
+        """Correctness, the first code call's token, lengths and code success of each response (the inputs of
+        :attr:`rlkit.registry.Method.inputs`), and the tool metrics every run logs."""
+        detection = self.method.extra.get("code_detection")
+        lengths = data.batch["response_lengths"]
+        extra_fields = data.non_tensor_batch.get("extra_fields", None)
+        positions, calls = [], []
+        for ids, n in zip(data.batch["responses"].tolist(), lengths.tolist()):
+            pos, count = first_code_token(ids[:n], self._decode, detection)
+            positions.append(pos if pos >= 0 else math.nan)
+            calls.append(count)
+        pos = torch.tensor(positions, dtype=torch.float64)
+        correct = correctness(rewards, extra_fields)
+        passed = code_pass_flags(extra_fields, len(rewards))
+        metrics.update(tool_metrics(pos, correct, torch.tensor(calls), passed))
+        return {"correct": correct, "first_code_pos": pos, "lengths": lengths, "code_pass": passed}
 
     def advantage_step(self, data: DataProto, metrics: dict) -> DataProto:
         """The advantage step on an in-memory batch: :meth:`advantage_inputs`, then verl's ``compute_advantage``.
@@ -388,60 +504,7 @@ class RlkitTrainer(PPOTrainerSync):
         tensors["response_lengths"] = lengths
         return DataProto(batch=tensors, non_tensor_batch=non_tensor)
 
-    # ----------------------------------------------------------------------- SPO
-
-    def _init_spo(self) -> None:
-        opts, extras = self.method.options["spo"], self.method.extras["spo"]
-        pool = prompt_ids_of(self.train_dataset.dataframe["extra_info"])
-        self._spo_rows = {pid: i for i, pid in enumerate(pool)}
-        if len(self._spo_rows) != len(pool):
-            raise ValueError("SPO needs one training row per prompt id (extra_info['prompt_id'] repeats)")
-        offline = None
-        if extras["offline_values"] is not None:
-            with open(extras["offline_values"]) as f:
-                offline = json.load(f)
-        elif opts.offline_N:
-            _log.warning("SPO without +algorithm.spo.offline_values: every prompt starts at α = β = ½")
-        self.spo_tracker = spo.ValueTracker(pool, offline_scores=offline, **registry.kwargs_for(spo.ValueTracker, opts))
-        self.spo_sampler = spo.PromptSampler(pool, seed=int(self.config.data.get("seed", None) or 0))
-
-    def _fetch_one_gen_batch(self):
-        """SPO draws the step's prompts by the tracker's weights instead of verl's dataloader order."""
-        if self.spo_sampler is None:
-            return super()._fetch_one_gen_batch()
-        knobs = registry.kwargs_for(spo.ValueTracker.weights, self.method.options["spo"])
-        n = self.config.data.get("gen_batch_size", None) or self.config.data.train_batch_size
-        ids = self.spo_sampler.sample(self.spo_tracker.weights(**knobs), int(n))
-        batch_dict = collate_fn([self.train_dataset[self._spo_rows[pid]] for pid in ids])
-        batch_dict["uid"] = np.array([str(uuid.uuid4()) for _ in ids], dtype=object)
-        return tu.get_tensordict(batch_dict)
-
-    def _spo_divergence(self, batch: KVBatchMeta, data: DataProto) -> Tensor:
-        """D per row: mean |log π_then − log π_now| on the prompt's stored last response (0 when none)."""
-        ids = prompt_ids_of(data.non_tensor_batch["extra_info"])
-        divergence = torch.zeros(len(ids), dtype=torch.float64)
-        if self.method.options["spo"].rho_type != "kl":
-            return divergence
-        stored = tq.kv_list(SPO_MEMORY).get(SPO_MEMORY, {})
-        seen = sorted({pid for pid in ids if pid in stored})
-        if not seen:
-            return divergence
-        # the log-prob pass as verl's own old-log-prob pass runs it (the step's meta no longer carries its settings)
-        meta = KVBatchMeta(partition_id=SPO_MEMORY, keys=seen, tags=[dict(stored[pid]) for pid in seen],
-                           extra_info={**batch.extra_info, "calculate_entropy": False, "compute_loss": False,
-                                       "temperature": self.config.actor_rollout_ref.rollout.temperature})
-        meta = upsample_batch_to_divisible_size(meta, self._log_prob_batch_multiple(), self.tokenizer.eos_token_id)
-        self.actor_rollout_wg.compute_log_prob(meta)
-        now = tq.kv_batch_get(keys=seen, partition_id=SPO_MEMORY,
-                              select_fields=["log_probs", "rlkit_log_probs_then", "response_mask"])
-        mask = now["response_mask"]
-        logp_now = _padded(response_from_nested(now["log_probs"], mask))
-        d = spo.spo_divergence(_padded(now["rlkit_log_probs_then"]), logp_now, _padded(mask))
-        padding = [k for k in meta.keys if k not in set(seen)]
-        if padding:
-            tq.kv_clear(keys=padding, partition_id=SPO_MEMORY)
-        by_id = dict(zip(seen, d.tolist()))
-        return torch.tensor([by_id.get(pid, 0.0) for pid in ids], dtype=torch.float64)
+    # ----------------------------------------------------------------------- after the update
 
     def _log_prob_batch_multiple(self) -> int:
         """Rows a log-prob pass must come in multiples of: the data-parallel ranks, times each rank's micro-batch
@@ -458,64 +521,61 @@ class RlkitTrainer(PPOTrainerSync):
 
     def _update_actor(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         batch = super()._update_actor(batch, metrics)
-        if self.method.adv_estimator == "rlkit_spo":
-            kv_batch, data = self._pending
-            metrics.update(self.update_spo(data))
-            self._remember_spo(kv_batch, data)
-        self._pending = None
+        metrics.update(self.after_update(metrics))
         return batch
 
-    def update_spo(self, data: DataProto) -> dict[str, float]:
-        """Fold the step's rewards into the tracker (after the actor update); padding rows are left out."""
-        real = ~np.asarray(data.non_tensor_batch.get("is_padding", [False] * len(data)), dtype=bool)
-        ids = [pid for pid, keep in zip(prompt_ids_of(data.non_tensor_batch["extra_info"]), real) if keep]
-        rewards = data.batch["rm_scores"].sum(-1)[torch.as_tensor(real)].double()
-        divergence = data.batch["rlkit_spo_divergence"][torch.as_tensor(real)]
-        return self.spo_tracker.update(ids, rewards, divergence)
+    def after_update(self, metrics: dict | None = None) -> dict[str, float]:
+        """The hooks' :meth:`~rlkit.hooks.Hooks.after_update` on the step's batch; the per-token temperature's
+        state handed to vLLM's processor for the next rollout, and the temperatures it applied in this one."""
+        step, self._step = self._step.get("batch"), {**self._step, "batch": None}
+        out: dict[str, float] = {}
+        if self.sampler_state_path is not None:
+            entropy, mask = self._step.get("entropy"), self._step.get("mask")
+            step = step if step is not None else StepBatch(step=self._step_number(), prompt_ids=[],
+                                                           rewards=torch.zeros(0), mask=mask, lengths=mask.sum(-1))
+            step.entropy, step.mask = entropy, mask
+        if step is not None:
+            out.update(checked(self.hooks, "after_update", self.hooks.after_update(step, self.engine)))
+        if self.sampler_state_path is not None:
+            save_state(self.sampler_state_path, self.hooks.state_dict())
+            applied = read_applied(self.sampler_state_path)  # what vLLM sampled at in this step's rollout
+            out.update(applied_metrics(self._applied, applied, float(self.config.actor_rollout_ref.rollout.temperature),
+                                       prefix=self.method.name))
+            self._applied = applied
+        self._step = {}
+        return out
 
-    def _remember_spo(self, batch: KVBatchMeta, data: DataProto) -> None:
-        """Store each prompt's newest response and its sampling-time log-probs for the next D."""
-        if self.method.options["spo"].rho_type != "kl":
-            return
-        latest = {}  # prompt id → row (a prompt drawn twice keeps its last response)
-        ids = prompt_ids_of(data.non_tensor_batch["extra_info"])
-        for row, (pid, tag) in enumerate(zip(ids, batch.tags)):
-            if not tag.get("is_padding", False):
-                latest[pid] = row
-        keys = [batch.keys[row] for row in latest.values()]
-        record = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id)
-        record["rlkit_log_probs_then"] = record["old_log_probs"]
-        stored = list(latest)
-        replaced = [k for k in stored if k in tq.kv_list(SPO_MEMORY).get(SPO_MEMORY, {})]
-        if replaced:  # TransferQueue refuses an empty key list
-            tq.kv_clear(keys=replaced, partition_id=SPO_MEMORY)
-        tq.kv_batch_put(keys=stored, partition_id=SPO_MEMORY, fields=record,
-                        tags=[{k: v for k, v in batch.tags[row].items() if k != "status"} for row in latest.values()])
+    def _step_number(self) -> int:
+        return int(getattr(self, "global_steps", 0) or 0)
 
-    # ----------------------------------------------------------------------- checkpoints (SPO's state)
+    # ----------------------------------------------------------------------- checkpoints (the hooks' state)
 
     def _save_checkpoint(self):
-        # SPO's state first: verl writes latest_checkpointed_iteration.txt last, so a checkpoint it names is whole
-        if self.spo_tracker is not None:
+        # the hooks' state first: verl writes latest_checkpointed_iteration.txt last, so a checkpoint it names is whole
+        state = self.hooks.state_dict()
+        if state is not None:
             folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
             os.makedirs(folder, exist_ok=True)
-            torch.save({"tracker": self.spo_tracker.state_dict(), "sampler": self.spo_sampler.state_dict()},
-                       os.path.join(folder, "rlkit_spo.pt"))
+            torch.save(state, os.path.join(folder, STATE_FILE))
         super()._save_checkpoint()
 
     def _load_checkpoint(self):
         super()._load_checkpoint()
-        if self.spo_tracker is None or self.global_steps == 0:
+        if self.hooks.state_dict() is None or self.global_steps == 0:
             return
         folder = self.config.trainer.default_local_dir
         if self.config.trainer.resume_mode == "resume_path":
             folder = os.path.dirname(os.path.normpath(self.config.trainer.resume_from_path))
-        path = os.path.join(folder, f"global_step_{self.global_steps}", "rlkit_spo.pt")
+        path = os.path.join(folder, f"global_step_{self.global_steps}", STATE_FILE)
         if not os.path.exists(path):
-            raise FileNotFoundError(f"resuming SPO at step {self.global_steps} needs its tracker: {path} is missing")
-        state = torch.load(path, weights_only=True)
-        self.spo_tracker.load_state_dict(state["tracker"])
-        self.spo_sampler.load_state_dict(state["sampler"])
+            raise FileNotFoundError(f"resuming {self.method.name} at step {self.global_steps} needs its state: "
+                                    f"{path} is missing")
+        self.hooks.load_state_dict(torch.load(path, weights_only=False))
+
+
+def _overrides(hooks: Any, *names: str) -> bool:
+    """Whether ``hooks`` defines any of the hooks ``names`` itself (not :class:`rlkit.hooks.Hooks`'s default)."""
+    return any(getattr(type(hooks), n) is not getattr(Hooks, n) for n in names)
 
 
 # --------------------------------------------------------------------------- helpers
