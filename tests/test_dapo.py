@@ -15,7 +15,7 @@ from conftest import make_batch
 from rlkit import registry
 from rlkit.errors import InvalidSetting
 from rlkit.methods import dapo
-from rlkit.methods.dapo import groups_with_signal, overlong_penalty
+from rlkit.methods.dapo import overlong_penalty
 from rlkit.methods.grpo import grpo_advantage, ppo_clip_loss
 from rlkit.tiny.config import build_config
 
