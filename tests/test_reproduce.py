@@ -31,7 +31,7 @@ def test_every_spec_loads_and_names_its_notebook():
     specs = load_specs()
     names = [s.name for s in specs]
     assert names == ["overview", "grpo", "gspo", "aspo", "aepo", "spo", "hapo", "comparison",
-                     "two_engines"]  # notebook order
+                     "two_engines", "dapo", "dr_grpo", "cispo"]  # notebook order
     for s in specs:
         assert (Path(__file__).parent.parent / s.notebook).exists(), s.notebook
         if s.method:

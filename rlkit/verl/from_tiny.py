@@ -124,7 +124,7 @@ def overrides(cfg: RLConfig) -> dict[str, Any]:
         actor + "clip_ratio_low": loss["clip_low"],
         actor + "clip_ratio_high": loss["clip_high"],
         actor + "loss_agg_mode": loss["agg"],
-        "algorithm.norm_adv_by_std_in_grpo": (cfg.hapo if cfg.method == "hapo" else cfg.grpo).norm_by_std,
+        "algorithm.norm_adv_by_std_in_grpo": _norm_by_std(cfg),
         "algorithm.filter_groups.enable": bool(getattr(options, "dynamic_sampling", False)),
     }
     if loss.get("clip_c") is not None:
@@ -132,13 +132,31 @@ def overrides(cfg: RLConfig) -> dict[str, Any]:
     if getattr(options, "overlong_buffer", 0):
         raise ValueError(f"the verl twin does not carry the tiny engine's overlong penalty "
                          f"({cfg.method}.overlong_buffer > 0)")
-    if cfg.method in ("grpo", "gspo", "aepo", "aspo"):
-        keys.update(_method_options("grpo", cfg.grpo))
-    if cfg.method in ("gspo", "aspo", "aepo", "spo", "hapo"):
-        keys.update(_method_options(cfg.method, getattr(cfg, cfg.method)))
-    if cfg.method == "aspo":
-        keys.pop("+algorithm.aspo.base_advantage", None)
+    configs = cfg.method_configs
+    for name in _homes(cfg):  # the options of every method whose Config the run's functions read
+        keys.update(_method_options(name, configs[name]))
+    keys.pop(f"+algorithm.{cfg.method}.base_advantage", None)  # the tiny engine's base: the registry's default
     return keys
+
+
+def _homes(cfg: RLConfig) -> list[str]:
+    """The methods whose ``Config`` the run's estimator and loss read: their home methods, then the run's own."""
+    from rlkit import registry
+
+    m = registry.get_method(cfg.method)
+    estimator = m.estimator(cfg.method_configs[cfg.method])
+    homes = [registry.home_method("advantage", estimator), registry.home_method("policy_loss", m.policy_loss)]
+    base = getattr(cfg.method_configs[cfg.method], "base_advantage", None)  # an estimator shaping another's
+    if base is not None:
+        homes.append(registry.home_method("advantage", base))
+    return [h for h in dict.fromkeys([*homes, cfg.method]) if h is not None]
+
+
+def _norm_by_std(cfg: RLConfig) -> bool:
+    """``norm_by_std`` of the first of the run's methods (:func:`_homes`, estimators first) whose Config has one."""
+    configs = cfg.method_configs
+    values = [getattr(configs[h], "norm_by_std") for h in _homes(cfg) if hasattr(configs[h], "norm_by_std")]
+    return bool(values[0]) if values else True
 
 
 def prepare(cfg: RLConfig, root: str | os.PathLike, *, device: str = "cpu", progress: bool = True) -> dict[str, Path]:
