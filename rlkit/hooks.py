@@ -112,6 +112,9 @@ class Hooks:
     """Set by :func:`rlkit.registry.register_method` to the method's name (for messages)."""
     grouped: ClassVar[bool] = True
     """Whether the method samples groups of responses per prompt (SPO: one response per prompt)."""
+    keyed: ClassVar[bool] = False
+    """Whether the hooks keep state per prompt: the engine then gives them stable prompt ids (the pool's, verl's
+    ``extra_info["prompt_id"]``) and its pool; otherwise a step's ``prompt_ids`` only tell its groups apart."""
 
     def __init__(self, config: Any, configs: Mapping[str, Any]) -> None:
         self.config, self.configs = config, configs

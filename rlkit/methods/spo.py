@@ -501,6 +501,7 @@ class SpoHooks(Hooks):
     """
 
     grouped = False  # one response per prompt: no groups
+    keyed = True  # a tracker value and a kept response per prompt
 
     def start(self, engine: Any, *, resumed: bool) -> None:
         # a resumed run restores the tracker instead of re-estimating the offline values

@@ -374,9 +374,9 @@ class RlkitTrainer(PPOTrainerSync):
         self.start_hooks()
 
     def start_hooks(self) -> None:
-        """The hooks' start, over the training set's prompts (by ``extra_info["prompt_id"]``) when they choose
-        prompts or keep state per prompt."""
-        if _overrides(self.hooks, "choose_prompts", "advantage_inputs", "after_update"):
+        """The hooks' start, over the training set's prompts (by ``extra_info["prompt_id"]``) when they keep state
+        per prompt (:attr:`rlkit.hooks.Hooks.keyed`)."""
+        if self.hooks.keyed or _overrides(self.hooks, "choose_prompts"):
             pool = prompt_ids_of(self.train_dataset.dataframe["extra_info"])
             self._rows = {pid: i for i, pid in enumerate(pool)}
             if len(self._rows) != len(pool):
@@ -411,10 +411,10 @@ class RlkitTrainer(PPOTrainerSync):
     # ----------------------------------------------------------------------- advantages
 
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
-        keyed = _overrides(self.hooks, "advantage_inputs", "after_update")
-        if not self.method.inputs and not keyed:
+        hooked = _overrides(self.hooks, "advantage_inputs", "after_update")
+        if not self.method.inputs and not hooked:
             return super()._compute_advantage(batch, metrics)
-        fields = ["response_mask", "rm_scores"] + ["extra_info"] * keyed
+        fields = ["response_mask", "rm_scores"] + ["extra_info"] * self.hooks.keyed
         if self.method.inputs:
             fields += ["responses", "extra_fields"]
         data = self._fetch(batch, fields)
@@ -431,7 +431,8 @@ class RlkitTrainer(PPOTrainerSync):
 
         ``data.batch``: ``rm_scores`` ``(B, T)``, ``response_mask``; with per-response inputs ``responses`` ``(B, T)``
         right-padded token ids and ``response_lengths`` ``(B,)`` (tool output included); ``data.non_tensor_batch``:
-        ``extra_fields`` (optional), ``extra_info`` (prompt ids, for hooks that keep state per prompt) and
+        ``extra_fields`` (optional), ``extra_info`` (prompt ids, for hooks that keep state per prompt:
+        :attr:`rlkit.hooks.Hooks.keyed`) and
         ``is_padding`` (optional: rows verl added to fill a mini-batch, left out of the hooks' batch).
         """
         rewards = data.batch["rm_scores"].sum(-1)
@@ -444,7 +445,7 @@ class RlkitTrainer(PPOTrainerSync):
                                            dtype=bool))
         rows = real.nonzero().squeeze(-1)
         mask = data.batch["response_mask"]
-        ids = prompt_ids_of(data.non_tensor_batch["extra_info"])
+        ids = prompt_ids_of(data.non_tensor_batch["extra_info"]) if self.hooks.keyed else list(range(len(rewards)))
         step = StepBatch(step=self._step_number(), prompt_ids=[ids[i] for i in rows.tolist()], rewards=rewards[real],
                          mask=mask[real], lengths=mask[real].sum(-1))
         self.engine.step_rows = rows.tolist()
