@@ -126,9 +126,9 @@ OWN_METRICS = {  # each method's own metrics, and one that must move in a 5-step
     "aspo": (["aspo/first_code_pos/mean", "aspo/code_ratio", "aspo/correct_code_ratio"], "aspo/code_ratio"),
     "aepo": (["actor/aepo/clipfrac_grad_kept", "actor/aepo/adv_reshape/mean"],
              "actor/aepo/entropy_adv_scale/min"),
-    "spo": (["spo/baseline/mean"], "spo/baseline/mean"),
-    "hapo": (["hapo/sampler_stats/median", "actor/hapo/h_tilde/mean", "actor/hapo/redistributed_frac",
-              "hapo/sampler/temperature_mean"], "hapo/sampler/temperature_std"),
+    "spo": (["critic/baseline/mean", "spo/rho/mean", "spo/D/mean"], "critic/baseline/mean"),
+    "hapo": (["actor/hapo/h_tilde/mean", "actor/hapo/redistributed_frac", "hapo/sampler/temperature_mean"],
+             "hapo/sampler/temperature_std"),
 }
 
 

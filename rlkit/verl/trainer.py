@@ -455,6 +455,8 @@ class RlkitTrainer(PPOTrainerSync):
             full = torch.zeros(len(rewards), dtype=value.dtype)
             full[real] = value.cpu()
             out[name] = full
+        if "baselines" in extra:  # the baselines the hooks gave (e.g. a value tracker's v̂), over the real rows
+            metrics["critic/baseline/mean"] = extra["baselines"].double().mean().item()
         if extra:
             out["real_rows"] = real
         return out
