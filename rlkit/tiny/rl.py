@@ -258,9 +258,10 @@ def _differing(a: dict, b: dict) -> list[str]:
     """Dotted keys whose values differ; a method section only one side has (a method registered since) is not a
     difference, a setting of the engine or of a method both have that one side lacks is."""
     fa, fb = flat_settings(a), flat_settings(b)
-    sections = {k.split(".", 1)[0] for k in fa} ^ {k.split(".", 1)[0] for k in fb}
+    one_sided = ({k.split(".", 1)[0] for k in fa} ^ {k.split(".", 1)[0] for k in fb})
+    ignored = one_sided & set(registry.list_methods()["method"])  # looked up once, not per key
     return sorted(k for k in fa.keys() | fb.keys() if fa.get(k, "<unset>") != fb.get(k, "<unset>")
-                  and not (k.split(".", 1)[0] in sections and k.split(".", 1)[0] in registry.list_methods()["method"]))
+                  and k.split(".", 1)[0] not in ignored)
 
 
 def _resume_point(out: Path, config: dict) -> tuple[dict | None, dict[str, Any]]:
