@@ -112,6 +112,24 @@ def test_fused_equals_eager(rows, agg, monkeypatch):
                 assert f_metrics[key] == pytest.approx(value, rel=1e-6, abs=1e-9), (name, key)
 
 
+@pytest.mark.parametrize("spread", [1.0, 1e-2, 1e-4])
+def test_fused_aepo_keeps_float32_digits_when_entropies_cluster(spread):
+    """A tiny random model's entropies sit near log(vocab) ≈ 11.9 with a spread ≪ 1: H̃ = (H − μ)/σ must be formed
+    by centring first, as the eager loss does (folding μ/σ into one affine term lost ~3 digits at spread 1e-4)."""
+    b = make_batch(7, B=6, T=40, noise=0.05)
+    b = {k: v.float() if torch.is_tensor(v) and v.is_floating_point() else v for k, v in b.items()}
+    ent = 11.9 + spread * torch.randn(b["logp"].shape, generator=torch.Generator().manual_seed(1))
+    exact, _ = aepo_loss(*(b[k].double() for k in ("logp", "old_logp", "adv", "mask")), entropy=ent.double(),
+                         coef=0.3)
+
+    def fn(lp, old, agg):
+        return aepo_loss(lp, old, b["adv"], b["mask"], entropy=ent, coef=0.3, agg=agg)
+
+    f, e = _run(fn, b, "token-mean", eager=False), _run(fn, b, "token-mean", eager=True)
+    for loss in (f[0], e[0]):
+        assert loss.item() == pytest.approx(exact.item(), rel=1e-6)
+
+
 def test_fused_gradcheck():
     # GSPO-token and AEPO's stop-gradient bound are, by design, not the derivative of their value
     b = make_batch(3, B=5, T=4, noise=0.5)

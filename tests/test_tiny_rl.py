@@ -191,7 +191,7 @@ def test_spo_offline_pass_is_sampled_once_per_seed_and_reused_bit_for_bit(tmp_pa
     monkeypatch.setattr(rl, "rollout", lambda *a, **k: calls.append(1) or real(*a, **k))
 
     def kept():
-        return len(list(cache.glob("spo-offline-*.pt")))
+        return len(list(cache.glob("offline-*.pt")))
 
     before = kept()
     first = train(cfg, tmp_path / "first", progress=False, sft_cache=cache)

@@ -146,8 +146,9 @@ def aepo_loss(
             return fused.TokenTerms(adv[blk.rows], clip_low, clip_high, stop_grad_upper=True)
         st = stats(blk.safe)
         h = entropy[blk.rows].detach()
-        # 1 + a·H̃ = (a/σ)·H + (1 − a·(pivot + μ)/σ): two ops a token (masked positions: ignored by the loss)
-        scale = torch.mul(h, coef / st.std).add_(1.0 - coef * (st.pivot + st.mean) / st.std)
+        # 1 + a·H̃ = ((H − pivot) − μ)·(a/σ) + 1, centred first as _z_score does: folding the centre into one
+        # affine term loses digits to cancellation when σ ≪ H (masked positions: ignored by the loss)
+        scale = torch.sub(h, st.pivot).sub_(st.mean).mul_(coef / st.std).add_(1.0)
         gate = True if variant == "paper" else fused.indicator(torch.le, aepo._z_score(h, st), 0.0)  # H̃ ≤ 0
         reshape = (scale - 1.0).abs_()  # |a·H̃| = |Ã − A|/|A|, summed over the valid tokens (the metric)
         return fused.TokenTerms(adv[blk.rows] * scale, clip_low, clip_high, (reshape,), stop_grad_upper=gate)
