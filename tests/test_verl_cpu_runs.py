@@ -121,14 +121,20 @@ def test_a_failure_inside_vllm_ends_the_launch_with_its_error(workdir, capsys):
     assert not runner.marked_pids(record["marker"])
 
 
-OWN_METRICS = {  # each method's own metrics, and one that must move in a 5-step run
+OWN_METRICS = {  # each method's own metrics (its loss's, its hooks'), and one that must move in a 5-step run
     "gspo": (["actor/pg_clipfrac_seq", "actor/gspo/seq_ratio/mean"], "actor/gspo/seq_ratio/max"),
-    "aspo": (["aspo/first_code_pos/mean", "aspo/code_ratio", "aspo/correct_code_ratio"], "aspo/code_ratio"),
+    "aspo": (["aspo/first_code_pos/mean", "aspo/code_ratio", "aspo/correct_code_ratio", "aspo/shaped_frac",
+              "aspo/bias_ratio"], "aspo/code_ratio"),
     "aepo": (["actor/aepo/clipfrac_grad_kept", "actor/aepo/adv_reshape/mean"],
              "actor/aepo/entropy_adv_scale/min"),
-    "spo": (["critic/baseline/mean", "spo/rho/mean", "spo/D/mean"], "critic/baseline/mean"),
-    "hapo": (["actor/hapo/h_tilde/mean", "actor/hapo/redistributed_frac", "hapo/sampler/temperature_mean"],
-             "hapo/sampler/temperature_std"),
+    "spo": (["critic/baseline/mean", "spo/rho/mean", "spo/D/mean", "spo/sampling_focus"], "critic/baseline/mean"),
+    "hapo": (["actor/hapo/h_tilde/mean", "actor/hapo/redistributed_frac", "hapo/sampler/temperature_mean",
+              "hapo/tlga_shift"], "hapo/sampler/temperature_std"),
+    # DAPO's preset trains GRPO's estimator and loss with verl's own filter_groups (dynamic sampling)
+    "dapo": (["training/filter_groups/evicted_samples"], "training/filter_groups/evicted_samples"),
+    "dr_grpo": (["dr_grpo/length_cv", "dr_grpo/group_std_cv"], "dr_grpo/length_cv"),
+    # CISPO's clip does not bind in 5 steps of the untrained model (clipped_frac 0.0 at every step): present only
+    "cispo": (["actor/cispo/clipped_frac"], "actor/pg_loss"),
 }
 
 

@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from conftest import make_batch
-from rlkit.methods import aepo, aspo, grpo, hapo, spo
+from rlkit.methods import aepo, aspo, dr_grpo, grpo, hapo, spo
+from rlkit.core.groups import group_advantage
 from rlkit.tasks.tools import CodeDetection, first_code_char
 from rlkit.tasks.tools import first_code_token as first_code_token_by_offsets
 
@@ -520,6 +521,31 @@ def test_aspo_through_verls_transferqueue_path(tokenizer, fake_tq):
     torch.testing.assert_close(got, expected[:, : got.shape[1]])
     assert got[0, 0] > got[1, 0] > 0  # the earlier call is favoured
     assert metrics["aspo/code_ratio"] == pytest.approx(0.5)
+    # the hooks' advantage_metrics see the advantages the estimator computed: how far the shaping moved GRPO's
+    valid = torch.ones_like(got)
+    for i, r in enumerate(responses):
+        valid[i, len(r):] = 0
+    base = group_advantage(torch.tensor(rewards), torch.zeros(4, dtype=torch.long), valid)
+    want = aspo.shaping_metrics(got, base, valid)
+    assert want["aspo/shaped_frac"] == pytest.approx(0.5)  # the two right answers that call the tool
+    for key, value in want.items():
+        assert metrics[key] == pytest.approx(value, rel=1e-6), key
+
+
+def test_dr_grpo_hooks_metrics_through_verls_transferqueue_path(tokenizer, fake_tq):
+    """A method whose hooks only measure (Dr. GRPO's) still gets the advantages verl's estimator call computed."""
+    t = trainer_for("algorithm.adv_estimator=rlkit_dr_grpo", "algorithm.norm_adv_by_std_in_grpo=false")
+    actor = FakeActor(fake_tq)
+    responses = [torch.arange(8, 8 + n) for n in (2, 5, 3, 4)]
+    meta = put_step(fake_tq, actor, ["a", "a", "b", "b"], [1.0, 0.0, 1.0, 1.0], responses)
+    for key, uid in zip(meta.keys, ["a", "a", "b", "b"]):
+        fake_tq.records["train"][key]["uid"] = uid
+    metrics = {}
+    t._compute_advantage(meta, metrics)
+    got = fake_tq.kv_batch_get(meta.keys, "train", ["advantages"])["advantages"].to_padded_tensor(0.0)
+    torch.testing.assert_close(got[:2, 0], torch.tensor([0.5, -0.5]))  # R − mean R, no std; group b: all 0
+    assert metrics["dr_grpo/length_cv"] == pytest.approx(dr_grpo.coefficient_of_variation(torch.tensor([2.0, 5.0])))
+    assert metrics["dr_grpo/group_std_cv"] == 0.0  # one group with a spread
 
 
 def test_spo_state_is_saved_in_and_restored_from_verls_checkpoint_folder(tmp_path, monkeypatch):

@@ -145,10 +145,30 @@ ESTIMATOR_INPUTS: ContextVar[Mapping[str, Any] | None] = ContextVar("rlkit_estim
 def estimator_inputs(**per_response: Any) -> Iterator[None]:
     """Within the block, ``rlkit_*`` estimators read these per-response inputs, which verl's ``compute_advantage``
     does not pass: fields of :class:`rlkit.registry.AdvantageInputs` (``correct``, ``first_code_pos``,
-    ``lengths``, ``code_pass``, ``baselines``) and ``real_rows`` ``(B,)`` bool, the rows that are not verl's
-    padding (the others get advantage 0 and stay out of the estimate)."""
+    ``lengths``, ``code_pass``, ``baselines``), ``real_rows`` ``(B,)`` bool, the rows that are not verl's
+    padding (the others get advantage 0 and stay out of the estimate), and ``on_advantage(adv, inputs)``, called
+    with the advantages and :class:`~rlkit.registry.AdvantageInputs` of those rows once computed (the hooks'
+    :meth:`~rlkit.hooks.Hooks.advantage_metrics`)."""
     token = ESTIMATOR_INPUTS.set(per_response)
     try:
         yield
     finally:
         ESTIMATOR_INPUTS.reset(token)
+
+
+def rows_of(inputs: registry.AdvantageInputs, keep: Any) -> registry.AdvantageInputs:
+    """``inputs`` restricted to the ``keep`` rows (``(B,)`` bool): each per-response field, whether a tensor, a
+    numpy array (verl's ``uid``) or a list."""
+    import numpy as np
+    import torch
+
+    keep = torch.as_tensor(np.asarray(keep) if not isinstance(keep, torch.Tensor) else keep, dtype=torch.bool)
+
+    def rows(value: Any) -> Any:
+        if value is None or isinstance(value, torch.Tensor):
+            return value if value is None else value[keep.to(value.device)]
+        if isinstance(value, np.ndarray):
+            return value[keep.cpu().numpy()]
+        return [v for v, k in zip(value, keep.tolist()) if k]
+
+    return dataclasses.replace(inputs, **{f.name: rows(getattr(inputs, f.name)) for f in dataclasses.fields(inputs)})

@@ -57,12 +57,10 @@ Deviations forced by verl's extension points:
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-import numpy as np
 import torch
 
 from rlkit import registry
@@ -76,6 +74,7 @@ from rlkit.verl.inputs import (  # noqa: F401  (method_config, loss_inputs, esti
     estimator_inputs,
     loss_inputs,
     method_config,
+    rows_of,
     verl_owned,
 )
 
@@ -191,15 +190,6 @@ VERL_INPUT_NAMES = {"group_ids": "index, the batch's 'uid'", "baselines": "rewar
 """Fields of :class:`~rlkit.registry.AdvantageInputs` → what verl calls them, for error messages."""
 
 
-def _rows(value: Any, keep: Tensor) -> Any:
-    """The ``keep`` rows of a per-response input (tensor, numpy array or list)."""
-    if value is None or isinstance(value, Tensor):
-        return value if value is None else value[keep.to(value.device)]
-    if isinstance(value, np.ndarray):
-        return value[keep.cpu().numpy()]
-    return [v for v, k in zip(value, keep.tolist()) if k]
-
-
 def _verl_estimator(name: str) -> Callable:
     method = ADV_ESTIMATORS[name]
 
@@ -209,18 +199,22 @@ def _verl_estimator(name: str) -> Callable:
         if reward_baselines is not None:
             given["baselines"] = reward_baselines
         real = given.pop("real_rows", None)
+        report = given.pop("on_advantage", None)
         rewards = token_level_rewards.sum(-1)  # verl's outcome estimators: the sum of the token rewards
         inputs = AdvantageInputs(rewards, index, response_mask, **given)
         configs = _AlgorithmConfigs(config)
         try:
             if real is None:
-                adv = registry.advantage(method, inputs, configs)
+                kept, adv = inputs, registry.advantage(method, inputs, configs)
+                if report is not None:
+                    report(adv, kept)
             else:
                 real = torch.as_tensor(real, dtype=torch.bool, device=rewards.device)
-                kept = dataclasses.replace(inputs, **{f.name: _rows(getattr(inputs, f.name), real)
-                                                      for f in dataclasses.fields(inputs)})
+                kept = rows_of(inputs, real)
                 adv = torch.zeros(response_mask.shape, dtype=rewards.dtype, device=rewards.device)
                 adv[real] = registry.advantage(method, kept, configs)
+                if report is not None:
+                    report(adv[real], kept)
         except MissingInputs as e:
             verl_names = ", ".join(f"{n}: {VERL_INPUT_NAMES[n]}" for n in e.names if n in VERL_INPUT_NAMES)
             raise ValueError(f"{name}: {e}{f' ({verl_names})' if verl_names else ''}, which verl's estimator call "

@@ -17,7 +17,9 @@ method trains with ``algorithm.adv_estimator``, else the estimator's.
   (``reward_extra_info["code_pass"]``, else every tool reward verl's ToolAgentLoop recorded in
   ``extra_fields["tool_rewards"]`` is > 0 and there is one); the tool metrics every run logs
   (:func:`rlkit.core.tool_use.tool_metrics`). With the hooks' :meth:`~rlkit.hooks.Hooks.advantage_inputs` (e.g. a
-  value tracker's baselines) they reach the estimator through :func:`rlkit.verl.inputs.estimator_inputs`.
+  value tracker's baselines) they reach the estimator through :func:`rlkit.verl.inputs.estimator_inputs`, which
+  also hands the advantages it computed, over the step's real rows, to the hooks'
+  :meth:`~rlkit.hooks.Hooks.advantage_metrics` (e.g. how far a shaping moved the base advantage).
 - After the actor update: the hooks' :meth:`~rlkit.hooks.Hooks.after_update`. Responses they ask to keep live in
   the TransferQueue partition :data:`MEMORY`; asked for them again, the trainer scores them with one extra
   ``compute_log_prob`` pass (:class:`VerlEngine`).
@@ -82,7 +84,7 @@ from rlkit.core.tool_use import tool_metrics
 from rlkit.hooks import Hooks, Recalled, StepBatch, checked
 from rlkit.tasks.tools import CodeDetection, count_code_calls, first_code_char
 from rlkit.verl import ADV_ESTIMATORS, POLICY_LOSSES, TRAINER
-from rlkit.verl.inputs import estimator_inputs, loss_inputs, method_config
+from rlkit.verl.inputs import estimator_inputs, loss_inputs, method_config, rows_of
 from rlkit.verl.sampling import APPLIED, CONFIG_KEY, applied_metrics, processor_settings, read_applied, save_state
 
 Tensor = torch.Tensor
@@ -411,7 +413,7 @@ class RlkitTrainer(PPOTrainerSync):
     # ----------------------------------------------------------------------- advantages
 
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
-        hooked = _overrides(self.hooks, "advantage_inputs", "after_update")
+        hooked = _overrides(self.hooks, "advantage_inputs", "after_update", "advantage_metrics")
         if not self.method.inputs and not hooked:
             return super()._compute_advantage(batch, metrics)
         fields = ["response_mask", "rm_scores"] + ["extra_info"] * self.hooks.keyed
@@ -421,8 +423,23 @@ class RlkitTrainer(PPOTrainerSync):
         data.non_tensor_batch["is_padding"] = np.array([t.get("is_padding", False) for t in batch.tags])
         self.engine.step_meta = batch
         inputs = self.advantage_inputs(data, metrics)
+        if _overrides(self.hooks, "advantage_metrics"):
+            padding = data.non_tensor_batch["is_padding"]
+            inputs["on_advantage"] = lambda adv, given: metrics.update(self.advantage_metrics(adv, given, padding))
         with estimator_inputs(**inputs):
             return super()._compute_advantage(batch, metrics)
+
+    def advantage_metrics(self, adv: Tensor, inputs: Any, padding: np.ndarray) -> dict[str, float]:
+        """The hooks' :meth:`~rlkit.hooks.Hooks.advantage_metrics` on the advantages rlkit's estimator just
+        computed, over the step's real rows (``padding``: verl's filler rows, left out where the estimator got them)."""
+        if len(adv) == len(padding) and padding.any():
+            keep = torch.as_tensor(~padding)
+            adv, inputs = adv[keep.to(adv.device)], rows_of(inputs, keep)
+        step = self._step.get("batch")
+        if step is None:
+            step = StepBatch(step=self._step_number(), prompt_ids=list(range(len(inputs.rewards))),
+                             rewards=inputs.rewards, mask=inputs.mask, lengths=inputs.mask.sum(-1))
+        return checked(self.hooks, "advantage_metrics", self.hooks.advantage_metrics(adv, inputs, step))
 
     def advantage_inputs(self, data: DataProto, metrics: dict) -> dict[str, Any]:
         """What the estimator needs beyond verl's call, from a batch of responses (``DataProto``): the
