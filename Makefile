@@ -7,15 +7,16 @@ PIP    := $(PY) -m pip
 TORCH  := torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test test-fast reproduce book lab clean help
+.PHONY: venv test test-fast test-verl-all reproduce book lab clean help
 
 help:
 	@echo "make reproduce make venv, execute every notebook at cpu scale (papermill), build the book (book/_build/html)"
 	@echo "make book      rebuild the book from the executed notebooks in reproductions/results"
 	@echo "make lab       JupyterLab on notebooks/ (127.0.0.1, port LAB_PORT=8888 or the next free one); .md opens as a notebook"
 	@echo "make venv      create .venv and install rlkit with all extras (+ torch, verl, vLLM's CPU build)"
-	@echo "make test      make venv, then run the whole test suite (verl's main_ppo on the CPU included)"
+	@echo "make test      make venv, then run the test suite CI runs (verl's main_ppo on the CPU included)"
 	@echo "make test-fast the test suite without verl's main_ppo runs on the CPU"
+	@echo "make test-verl-all every main_ppo run on the CPU, the per-method ones CI leaves out included"
 	@echo "make clean     remove .venv and caches"
 
 venv: $(STAMP)
@@ -34,11 +35,15 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 test: venv
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider -m "not verl_cpu_more"
 
-# Everything but verl's real main_ppo runs on the CPU (tests/test_verl_cpu_runs.py, about 20 minutes)
+# Everything but verl's real main_ppo runs on the CPU (tests/test_verl_cpu_runs.py, about 45 minutes on 2 cores)
 test-fast: venv
 	$(PY) -m pytest -q -p no:cacheprovider -m "not verl_cpu"
+
+# Every main_ppo run on the CPU, the per-method ones CI leaves out included (about 55 minutes on 2 cores)
+test-verl-all: venv
+	$(PY) -m pytest -q -p no:cacheprovider -m verl_cpu tests/test_verl_cpu_runs.py
 
 # Re-uses finished runs in reproductions/results and resumes killed ones; delete a run directory to redo it.
 reproduce: venv

@@ -23,7 +23,8 @@ pytest.importorskip("verl")
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "verl_cpu_actor_step.py")
 METRICS = {"rlkit_ppo": "actor/pg_clipfrac", "rlkit_gspo": "gspo/seq_ratio/mean",
-           "rlkit_aepo": "aepo/adv_reshape/mean", "rlkit_hapo": "hapo/redistributed_frac"}
+           "rlkit_aepo": "aepo/adv_reshape/mean", "rlkit_hapo": "hapo/redistributed_frac",
+           "rlkit_cispo": "cispo/clipped_frac"}
 
 
 @pytest.fixture(scope="module")

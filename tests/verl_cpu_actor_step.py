@@ -109,7 +109,7 @@ def main() -> None:
     from verl.workers.engine import EngineRegistry
     from verl.workers.utils.padding import response_from_nested
 
-    from rlkit.methods import aepo, gspo, grpo, hapo
+    from rlkit.methods import aepo, cispo, gspo, grpo, hapo
     from rlkit.verl.plugin import ensure_registered
     from rlkit.verl.trainer import actor_loss
 
@@ -153,6 +153,7 @@ def main() -> None:
                                                            agg="token-mean", variant="token"),
         "rlkit_aepo": lambda lp, adv, m, h: aepo.aepo_loss(lp, lp, adv, m, entropy=h, coef=0.3, clip_c=3.0),
         "rlkit_hapo": lambda lp, adv, m, h: hapo.hapo_loss(lp, lp, adv, m, entropy=h, adv_beta=0.8, clip_c=3.0),
+        "rlkit_cispo": lambda lp, adv, m, h: cispo.cispo_loss(lp, lp, adv, m, clip_low=0.2, clip_high=0.28),
     }
     report = {}
     for name, expected_fn in direct.items():
