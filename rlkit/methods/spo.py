@@ -529,7 +529,10 @@ class SpoHooks(Hooks):
     def advantage_metrics(self, adv: Tensor, inputs: AdvantageInputs, batch: StepBatch) -> dict[str, float]:
         uniform = draw(len(self.pool), len(batch.prompt_ids), side_generator(self.seed, batch.step,
                                                                                "spo-uniform-draw"))
-        w = self.weights.double().detach().cpu()
+        weights = self.weights  # the draw's; a batch these hooks did not draw (a test's): the tracker's now
+        if weights is None:
+            weights = self.tracker.weights(**kwargs_for(ValueTracker.weights, self.config))
+        w = weights.double().detach().cpu()
         mean = w.mean().item()
         return {"spo/sampling_focus": self._focus(batch.prompt_ids),
                 "spo/sampling_focus_uniform": self._focus([self.pool[i] for i in uniform.tolist()]),
