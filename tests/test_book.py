@@ -8,6 +8,7 @@ import functools
 import http.server
 import json
 import os
+import re
 import shutil
 import threading
 from pathlib import Path
@@ -77,6 +78,9 @@ def test_every_notebook_executes_without_errors(smoke):
         assert not errors, f"{path.name}: {errors[0]['ename']}: {errors[0]['evalue']}"
         params = [c for c in nb["cells"] if "injected-parameters" in c.get("metadata", {}).get("tags", [])]
         assert params and "scale = \"smoke\"" in "".join(params[0]["source"]), f"{path.name}: scale not injected"
+        warned = [line for c in nb["cells"] for o in c.get("outputs", []) if o.get("output_type") == "stream"
+                  for line in "".join(o.get("text", "")).splitlines() if re.search(r"\b[A-Z]\w*Warning: ", line)]
+        assert not warned, f"{path.name} prints a warning a reader would see: {warned[0]}"
     for spec in load_specs():
         if spec.method:  # each method's run sits beside its executed notebook
             run = root / "results" / spec.name / "seed0"
@@ -118,6 +122,10 @@ def test_book_builds_with_warnings_as_errors(book):
         assert (html / "notebooks" / f"{page}.html").exists(), page
     assert (html / "papers.html").exists() and (html / "full_scale_runs.html").exists()
     assert (html / "method_notes.html").exists()
+    for staged in sorted((html.parent.parent / "notebooks").glob("*.ipynb")):  # what the pages were built from
+        tags = [c.get("metadata", {}).get("tags", []) for c in json.loads(staged.read_text())["cells"]]
+        assert sum("parameters" in t for t in tags) == 1, f"{staged.name}: one parameters cell a page"
+        assert not any("injected-parameters" in t for t in tags), staged.name
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):
@@ -169,10 +177,13 @@ def test_every_page_shows_its_figures_and_its_links_resolve(book, served, browse
     assert "method_notes.html" in pages and len(pages) >= len(METHOD_PAGES) + 3
     anchors_seen: dict[str, set[str]] = {}
     links: set[str] = set()
+    script_errors: list[str] = []
+    page.on("pageerror", lambda error: script_errors.append(str(error)))
     for name in pages:
         url = urljoin(served, name)
         response = page.goto(url, wait_until="load")
         assert response is not None and response.ok, f"{name}: HTTP {response and response.status}"
+        assert not script_errors, f"{name}: JavaScript errors: {script_errors}"
         images = page.eval_on_selector_all("img", "els => els.map(e => [e.getAttribute('src'), e.naturalWidth])")
         broken = [src for src, width in images if width == 0]
         assert not broken, f"{name}: images that did not load: {broken}"

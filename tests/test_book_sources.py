@@ -11,7 +11,7 @@ import pytest
 
 from rlkit.cli import main
 from rlkit.lab import paths
-from rlkit.lab.book import executed_notebooks
+from rlkit.lab.book import executed_notebooks, one_parameters_cell
 from rlkit.lab.notebook import fold_checks, tail
 
 REPO, BOOK_DIR = paths.project_root(), paths.book_dir()
@@ -135,3 +135,30 @@ def test_book_on_results_without_runs_names_what_is_missing(tmp_path, capsys):
             assert f"{name}: {path.relative_to(results)}" in message
     assert "rlkit reproduce --only grpo" in message and str(results) in message
     assert not (book / "notebooks").exists() and not (book / "_build").exists()  # nothing staged, nothing built
+
+
+def test_one_parameters_cell_puts_the_values_run_with_beside_the_notebooks_comments():
+    def cell(tag, source):
+        return {"cell_type": "code", "metadata": {"tags": [tag]}, "source": source, "outputs": []}
+
+    nb = {"cells": [{"cell_type": "markdown", "metadata": {}, "source": "# page"},
+                    cell("parameters", 'scale = "cpu"   # smoke | cpu\nresults = None  # where runs go\nseeds = 3'),
+                    cell("injected-parameters", '# Parameters\nscale = "smoke"\nresults = "out/results"\nextra = 1\n'),
+                    cell("", "print(scale)")]}
+    out = one_parameters_cell(nb)
+    assert [c["source"] for c in out["cells"]][1:] == [
+        'scale = "smoke" # smoke | cpu\nresults = "out/results" # where runs go\nseeds = 3\nextra = 1', "print(scale)"]
+    assert one_parameters_cell(out) == out  # nothing injected: unchanged
+
+
+TYPED_SETTINGS = re.compile(r"every \d+ steps|\b\d+ RL steps|policy of step \$n ?- ?\d+|\b\d+ optimizer steps per")
+"""Run settings typed into a page's text (the evaluation interval, the number of steps, the staleness, the updates
+per batch): a page quotes them from the config it runs (glue, or a generated paragraph) instead."""
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "notebooks").glob("*.md")), ids=lambda p: p.stem)
+def test_pages_quote_run_settings_from_the_config(path):
+    text = re.sub(r"```\{code-cell\}.*?```", "", path.read_text(), flags=re.S)  # the prose, not the code
+    typed = [m.group(0) for m in TYPED_SETTINGS.finditer(text)]
+    assert not typed, f"{path.name} types run settings the config sets: {typed}"
+

@@ -328,3 +328,50 @@ def test_mirror_shift_and_margin_invariants(tmp_path_factory, ours, base, tol, s
     assert verdict("lower", [v + shift for v in ours], [v + shift for v in base]) == lower
     # a larger margin never turns a verdict into "holds"
     assert lower == HOLDS or verdict("lower", ours, base, tol + 1) != HOLDS
+
+
+def _record(cid, verdict, estimate=None, interval=None, margin=0.05, direction="higher"):
+    return {"id": cid, "notebook": "n.md", "run": "x", "baseline": "grpo", "statement": f"claim {cid}",
+            "paper": "Paper §1", "metric": "val/acc_final", "direction": direction, "rule": "r", "margin": margin,
+            "margin_source": "tolerance", "estimate": estimate, "interval": interval, "seeds": [0, 1, 2],
+            "verdict": verdict, "activity": None, "finding": f"Finding of {cid}, +2.0 points.", "over": "3 seeds"}
+
+
+def test_what_we_found_counts_every_verdict_and_puts_decided_claims_first():
+    from rlkit.lab.claims import summary
+
+    records = [_record("a", claims.INCONCLUSIVE, 0.01, [-0.02, 0.04]), _record("b", claims.UNTESTABLE),
+               _record("c", claims.HOLDS, 0.2, [0.1, 0.3]), _record("d", claims.OPPOSITE, -0.1, [-0.2, -0.05])]
+    lines = summary(records)
+    assert lines[0] == ("Of the 4 claims judged on these runs: 1 holds, 1 does not hold: opposite effect, "
+                        "1 inconclusive, 1 not testable on a CPU.")
+    assert lines[1].startswith("claim c — holds: finding of c") and lines[2].startswith("claim d — does not hold")
+    assert lines[3].startswith("claim a — inconclusive") and len(lines) == 4  # the untestable one only counted
+    assert len(summary(records * 3)) == 5  # at most 5 sentences
+
+
+def test_claims_html_is_three_columns_with_the_details_folded():
+    from rlkit.lab.claims import html
+
+    out = html([_record("a", claims.HOLDS, 0.2, [0.1, 0.3]), _record("b", claims.DROPPED)], method_column=True)
+    assert out.count("<th>") == 4 and out.count("<tr>") == 3
+    assert out.count("<details>") == 2 and "Paper §1" in out and "+0.2 [+0.1, +0.3]" in out
+
+
+def test_forest_plots_judged_claims_in_units_of_their_margin():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from rlkit.lab.claims import forest
+
+    records = [_record("up", claims.HOLDS, 0.2, [0.1, 0.3], margin=0.05),
+               _record("down", claims.HOLDS, -0.2, [-0.3, -0.1], margin=0.1, direction="lower"),
+               _record("zero", claims.INCONCLUSIVE, 0.0, [-0.1, 0.1], margin=0.0), _record("u", claims.UNTESTABLE)]
+    fig = forest(records)
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["down", "up"]
+    spans = sorted(tuple(line.get_xdata()) for line in ax.get_lines()
+                   if len(line.get_xdata()) == 2 and line.get_xdata()[0] != line.get_xdata()[1])  # not the zero line
+    # "down" flipped: −0.3..−0.1 over 0.1 → 1..3; "up": 0.1..0.3 over 0.05 → 2..6
+    assert spans == [pytest.approx((1.0, 3.0)), pytest.approx((2.0, 6.0))]
+    assert "zero" in fig.texts[-1].get_text()  # a margin of 0 has no unit: named in the caption

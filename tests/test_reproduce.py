@@ -184,6 +184,31 @@ def test_variants_of_one_method_are_told_apart_by_line_style_and_marker(tmp_path
     assert lines["grpo-stress"].get_linestyle() == "--"  # a method's only variant: dashed, as before
 
 
+def test_panels_do_not_turn_noise_into_trends(tmp_path):
+    fake_run(tmp_path, "grpo", 0, {"val/acc": [0.3, 0.35], "m": [0.1988, 0.2000]})
+    fig = plots.curves(plots.load_runs([tmp_path]), ["val/acc", "m"])
+    share, other = fig.axes[:2]
+    assert share.get_ylim() == (0.0, 1.0)  # a share spans 0..1
+    low, high = other.get_ylim()
+    assert high - low >= plots.MIN_SPAN * 0.2 * 0.999  # a 0.6% wiggle is drawn within a 2% span: flat
+    assert other.yaxis.get_major_formatter().get_useOffset() is False
+
+
+def test_an_ablation_dot_plot_has_a_row_per_run_and_a_dot_per_seed(tmp_path):
+    for name, acc in (("hapo", [0.5, 0.52]), ("hapo-only-a", [0.48, 0.5]), ("grpo", [0.47, 0.49])):
+        for seed, value in enumerate(acc):
+            run = fake_run(tmp_path, name, seed, {"val/acc_final": [None, value]})
+            config = json.loads((run / "config.json").read_text())
+            (run / "config.json").write_text(json.dumps({**config, "method": name.split("-")[0]}))
+    groups = plots.by_method(plots.load_runs([tmp_path]))
+    fig = plots.final_dots(groups)
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == list(reversed(list(groups)))
+    dots = [line for line in ax.get_lines() if line.get_marker() == "o"]
+    assert sorted(x for line in dots for x in line.get_xdata()) == [0.47, 0.48, 0.49, 0.5, 0.5, 0.52]
+    assert {line.get_color() for line in dots} == {plots.COLORS["hapo"], plots.COLORS["grpo"]}  # variants: theirs
+
+
 def test_a_published_run_without_its_checkpoint_says_why_and_what_to_run(tmp_path):
     from rlkit.lab.notebook import final_state
 

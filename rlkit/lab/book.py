@@ -13,10 +13,13 @@ of the hand-written *Full-scale runs* page (presets table, launch commands) come
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from rlkit.errors import NotABook
 from rlkit.files import claim_dir, lock_dir, os_errors, record_files, remove_owned
@@ -70,7 +73,44 @@ def stage(book: Path | None = None, results: Path | None = None, specs_dir: Path
     with lock_dir(target, "book"), os_errors():
         remove_owned(target, keep=names)
         record_files(target, names)
-        return [Path(shutil.copy2(path, target / path.name)) for path in notebooks.values()]
+        staged = [Path(shutil.copy2(path, target / path.name)) for path in notebooks.values()]
+        for path in staged:
+            path.write_text(json.dumps(one_parameters_cell(json.loads(path.read_text())), indent=1,
+                                       ensure_ascii=False) + "\n")
+        return staged
+
+
+_ASSIGNMENT = re.compile(r"^(?P<name>[A-Za-z_]\w*)\s*=\s*(?P<value>[^#]*?)\s*(?P<comment>#.*)?$")
+
+
+def one_parameters_cell(nb: dict[str, Any]) -> dict[str, Any]:
+    """A page's two parameter cells made one: papermill leaves the notebook's own ``parameters`` cell (defaults,
+    with a comment on each) and adds an ``injected-parameters`` cell (the values it ran with). The values go into
+    the notebook's cell, each beside its comment, and the injected cell is dropped; a value the notebook's cell
+    does not name is appended."""
+    cells = nb["cells"]
+
+    def tagged(tag: str) -> int | None:
+        return next((i for i, c in enumerate(cells) if tag in c.get("metadata", {}).get("tags", [])), None)
+
+    own, injected = tagged("parameters"), tagged("injected-parameters")
+    if own is None or injected is None:
+        return nb
+    values = {m["name"]: m["value"] for line in "".join(cells[injected]["source"]).splitlines()
+              if (m := _ASSIGNMENT.match(line))}
+    lines = []
+    for line in "".join(cells[own]["source"]).splitlines():
+        m = _ASSIGNMENT.match(line)
+        if m is None or m["name"] not in values:
+            lines.append(line)
+            continue
+        code = f"{m['name']} = {values.pop(m['name'])}"
+        comment = m["comment"] or ""
+        column = line.index(comment) if comment else 0
+        lines.append(f"{code.ljust(column - 1)} {comment}".rstrip() if comment else code)
+    lines += [f"{name} = {value}" for name, value in values.items()]
+    merged = {**cells[own], "source": "\n".join(lines)}
+    return {**nb, "cells": [merged if i == own else c for i, c in enumerate(cells) if i != injected]}
 
 
 def build(book: Path | None = None, results: Path | None = None, *, strict: bool = True,

@@ -64,11 +64,12 @@ _BLOCK = re.compile(r"<!-- rlkit (presets|launch (\w+) (\w+)) -->\n.*?<!-- end -
 
 
 def presets_table() -> str:
-    """The page's table of presets: what each method sets, on DAPO-Math as in its paper."""
-    header = ["method", "`adv_estimator`", "`loss_mode`", "clip ε_low / ε_high / c", "loss aggregation",
-              "responses per prompt", "optimizer steps per batch", "DAPO-Math prompts per step",
-              "DAPO-Math max response", "DAPO mechanics", "tools"]
-    rows = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    """The page's tables of presets, two narrow ones that fit the text column: what each method's loss is, and how
+    its batch is drawn on DAPO-Math, as in its paper."""
+    loss = ["method", "`adv_estimator`", "`loss_mode`", "clip ε_low / ε_high / c", "loss aggregation"]
+    batch = ["method", "responses per prompt", "updates per batch", "prompts per step", "max response",
+             "DAPO mechanics", "tools"]
+    tables = {"loss": [loss], "batch": [batch]}
     actor = "actor_rollout_ref.actor."
     for method in BOOK_METHODS:
         preset = PRESETS[method]
@@ -77,12 +78,20 @@ def presets_table() -> str:
         mechanics = [name for name, on in (
             ("dynamic sampling", keys.get("algorithm.filter_groups.enable")),
             ("overlong penalty", keys.get("reward.reward_manager.name") == "dapo")) if on]
-        cells = [method, keys["algorithm.adv_estimator"], keys[actor + "policy_loss.loss_mode"], clip,
-                 keys[actor + "loss_agg_mode"], preset.n, preset.updates, preset.dapo_prompts,
-                 f"{keys['data.max_response_length']:,}", ", ".join(mechanics) or "—",
-                 "Python sandbox" if preset.tools else "—"]
-        rows.append("| " + " | ".join(map(str, cells)) + " |")
-    return "<!-- rlkit presets -->\n" + "\n".join(rows) + "\n<!-- end -->"
+        tables["loss"].append([method, keys["algorithm.adv_estimator"], keys[actor + "policy_loss.loss_mode"], clip,
+                               keys[actor + "loss_agg_mode"]])
+        tables["batch"].append([method, preset.n, preset.updates, preset.dapo_prompts,
+                                f"{keys['data.max_response_length']:,}", ", ".join(mechanics) or "—",
+                                "Python sandbox" if preset.tools else "—"])
+
+    def markdown(rows: list[list]) -> list[str]:
+        return ["| " + " | ".join(map(str, rows[0])) + " |", "|" + "---|" * len(rows[0])] + [
+            "| " + " | ".join(map(str, r)) + " |" for r in rows[1:]]
+
+    lines = ["The loss:", "", *markdown(tables["loss"]), "", "The batch, on DAPO-Math as in each paper (prompts and "
+             "responses per step, optimizer updates per batch, the response budget in tokens):", "",
+             *markdown(tables["batch"])]
+    return "<!-- rlkit presets -->\n" + "\n".join(lines) + "\n<!-- end -->"
 
 
 def book_block(method: str, dataset: str) -> str:

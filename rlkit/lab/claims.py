@@ -544,6 +544,116 @@ def table(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
                                        "verdict", "finding"])
 
 
+GLOSSARY = {
+    HOLDS: "the 90% interval of the difference lies wholly beyond the margin, in the claimed direction",
+    NO_EFFECT: "any effect is smaller than the margin: the interval sits inside it",
+    OPPOSITE: "the interval lies on the wrong side of zero: the effect runs against the claim",
+    DIFFERS: "the claim says the two are equal; the interval leaves the ±margin band",
+    INCONCLUSIVE: "the interval straddles the margin: more seeds or problems would be needed to decide",
+    IDLE: "the mechanism the claim is about stayed below its activity gate, so the runs say nothing about it",
+    UNTESTABLE: "the claim needs something the tiny engine does not have (experts, long contexts, real benchmarks)",
+    DROPPED: "the claim could not be set up fairly at this scale; the reason is given",
+    "margin": "the smallest difference that counts: the larger of the claim's tolerance and the null (how far the "
+              "metric moves between seeds of the baseline and for methods without the mechanism)",
+    "90% CI": "the range of differences compatible with the runs at 90% confidence (a t-interval over seeds, or "
+              "over seeds and held-out problems for accuracy)",
+    "not lower": "non-inferiority: holds when the interval's lower end stays above −margin",
+}
+"""The verdict words and the statistics behind them, in a sentence each (shown beside the claims tables)."""
+
+
+def summary(records: Sequence[Mapping[str, Any]], limit: int = 4) -> list[str]:
+    """What was found, in at most ``limit`` + 1 plain sentences: the verdict counts, then the judged claims' findings
+    (claims that hold or do not first, then the undecided ones), each with its direction and size."""
+    if not records:
+        return ["No claims were judged."]
+    counts = {v: sum(r["verdict"] == v for r in records) for v in VERDICTS}
+    said = [f"{n} {v}" for v, n in counts.items() if n]
+    out = [f"Of the {len(records)} claim{'s' * (len(records) > 1)} judged on these runs: {', '.join(said)}."]
+    order = {HOLDS: 0, OPPOSITE: 1, NO_EFFECT: 1, DIFFERS: 1, INCONCLUSIVE: 2}
+    judged = sorted((r for r in records if r["verdict"] in order), key=lambda r: order[r["verdict"]])
+    for r in judged[:limit]:
+        finding = r["finding"].rstrip(".")
+        out.append(f"{r['statement']} — {r['verdict']}: {finding[0].lower()}{finding[1:]}.")
+    return out
+
+
+def html(records: Sequence[Mapping[str, Any]], *, method_column: bool = False) -> str:
+    """The claims as a narrow HTML table — claim (with its finding), estimate [90% CI], verdict (coloured) — whose
+    details (the paper's numbers, metric, margin and its source, the mechanism's activity) fold into a dropdown
+    under each claim, so the table fits a laptop's text column."""
+    from html import escape
+
+    rows = []
+    for r, t in zip(records, table(records).to_dict("records")):
+        details = "".join(f"<li><b>{k}</b>: {escape(str(t[k]))}</li>" for k in ("paper", "metric", "margin",
+                                                                                "activity") if t[k])
+        claim = (f"<b>{escape(r['statement'])}</b><br><span class='rlkit-finding'>{escape(r['finding'])}</span>"
+                 f"<details><summary>details</summary><ul>{details}</ul></details>")
+        method = f"<td>{escape(r['id'].rsplit('-', 1)[0])}</td>" if method_column else ""
+        rows.append(f"<tr>{method}<td>{claim}</td><td style='white-space:nowrap'>{escape(t['estimate [90% CI]'])}"
+                    f"</td><td style='background-color:{COLOURS.get(r['verdict'], 'white')}'>"
+                    f"{escape(r['verdict'])}</td></tr>")
+    head = ("<th>method</th>" if method_column else "") + "<th>claim and finding</th><th>estimate [90% CI]</th>" \
+        "<th>verdict</th>"
+    return (f"<table class='rlkit-claims'><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
+
+
+def found_box(records: Sequence[Mapping[str, Any]]) -> str:
+    """:func:`summary` as the page's "What we found" box (HTML, styled as the book's tip boxes)."""
+    from html import escape
+
+    items = "".join(f"<li>{escape(s)}</li>" for s in summary(records))
+    return (f"<div class='admonition tip'><p class='admonition-title'>What we found</p><ul>{items}</ul></div>")
+
+
+def glossary_html() -> str:
+    """:data:`GLOSSARY` as a folded list (HTML)."""
+    from html import escape
+
+    items = "".join(f"<dt>{escape(k)}</dt><dd>{escape(v)}</dd>" for k, v in GLOSSARY.items())
+    return f"<details><summary>What the verdict words mean</summary><dl>{items}</dl></details>"
+
+
+MARKERS = {HOLDS: "#009E73", NO_EFFECT: "#D55E00", OPPOSITE: "#CC79A7", DIFFERS: "#D55E00",
+           INCONCLUSIVE: "#E69F00", IDLE: "#999999"}
+"""Marker colours of the forest plot by verdict (Okabe–Ito: distinguishable with the common colour-vision
+deficiencies)."""
+
+
+def forest(records: Sequence[Mapping[str, Any]]):
+    """Each judged claim's estimate and 90% interval in units of its margin, signed so that the claimed direction
+    points right (a claim that something is lower is flipped): the band [−1, 1] is "smaller than the margin", a
+    claim that is higher/lower/a rise holds right of +1, a non-inferiority claim holds when its interval stays right
+    of −1, an equality claim when it stays inside the band. Claims with a margin of 0 have no unit and are listed
+    in the caption. Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    from rlkit.lab.plots import PAGE_WIDTH, add_caption
+
+    shown = [r for r in records if r["interval"] is not None and None not in r["interval"] and r["margin"]]
+    unitless = [r["id"] for r in records if r["interval"] is not None and not r["margin"]]
+    fig, ax = plt.subplots(figsize=(PAGE_WIDTH, 0.32 * len(shown) + 1.6))
+    ax.axvspan(-1, 1, color="#dddddd", alpha=0.6, lw=0, label="within the margin")
+    ax.axvline(0, color="#777777", lw=0.8)
+    for y, r in enumerate(reversed(shown)):
+        sign = -1.0 if r["direction"] == "lower" else 1.0
+        lo, hi = sorted(sign * v / r["margin"] for v in r["interval"])
+        colour = MARKERS.get(r["verdict"], "#999999")
+        ax.plot([lo, hi], [y, y], color=colour, lw=2)
+        ax.plot(sign * r["estimate"] / r["margin"], y, "o", color=colour, ms=5)
+    ax.set_yticks(range(len(shown)), [r["id"] for r in reversed(shown)], fontsize=9)
+    ax.set_ylim(-0.8, len(shown) - 0.2)
+    ax.set_xlabel("difference in the claimed direction, in units of the claim's margin (90% CI)")
+    handles = [plt.Line2D([], [], color=c, marker="o", lw=2, label=v) for v, c in MARKERS.items()
+               if any(r["verdict"] == v for r in shown)]
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3, frameon=False)
+    fig.tight_layout()
+    left = f" Left out (margin 0, no unit): {', '.join(unitless)}." if unitless else ""
+    add_caption(fig, f"{len(shown)} judged claims. Grey band: smaller than the margin.{left}")
+    return fig
+
+
 def judge_claims(spec, results: str | Path, seeds: Sequence[int] | None = None) -> pd.DataFrame:
     """The claims table of ``spec`` (:func:`table` of :func:`judge_spec`)."""
     return table(judge_spec(spec, results, seeds))

@@ -164,13 +164,31 @@ def compare_runs(
     return runs, fig
 
 
+def regime_settings(method: str, scale: str, regime: str = "stress") -> str:
+    """The sentences that explain ``regime``'s settings, with the values ``method``'s runs at ``scale`` use
+    (:data:`rlkit.tiny.config.REGIMES` under the scale's sizes), beside the standard run's: a page quotes the
+    config, never a typed number."""
+    from rlkit.tiny.config import build_config
+
+    std, cfg = build_config(method, scale), build_config(method, scale, regime=regime)
+    return (f"`staleness`: the rollouts of each step are sampled by the policy of {cfg.staleness} steps earlier, as "
+            "in an asynchronous trainer; the loss's ratio is taken against that policy, so it leaves 1 from the "
+            f"first mini-batch on. `mini_batches`: {cfg.mini_batches} optimizer steps per rollout batch (standard: "
+            f"{std.mini_batches}), each further from the sampling policy than the last. `lr`, `warmup_steps`: "
+            f"{cfg.lr:g} (standard: {std.lr:g}), reached after {cfg.warmup_steps} steps. `steps`: {cfg.steps} RL "
+            f"steps (standard: {std.steps}). Everything else is the standard run's.")
+
+
 def claims_table(name: str, *, seed: int | None = None, seeds: int | None = None,
                  results: str | Path | None = None):
-    """The spec's claims as a styled table whose verdict column is coloured (the rules: :data:`rlkit.lab.claims.RULES`):
-    the records of ``claims.json`` beside the runs when they were judged on the same seeds (one ``seed``, or seeds
-    0..``seeds``−1), else judged now from the runs."""
+    """The spec's claims (the rules: :data:`rlkit.lab.claims.RULES`) as HTML: a "What we found" box in plain
+    sentences, the narrow table (claim and finding, estimate, coloured verdict; details folded) and the verdict
+    words' glossary. The records are those of ``claims.json`` beside the runs when they were judged on the same
+    seeds (one ``seed``, or seeds 0..``seeds``−1), else judged now from the runs."""
     spec = get_spec(name)
     chosen = [seed] if seed is not None else list(range(seeds or spec.seeds))
     root = results_dir(results)
     records = claims.load(root, spec.notebook, chosen) or claims.judge_spec(spec, root, chosen)
-    return claims.style(claims.table(records))
+    from IPython.display import HTML
+
+    return HTML(claims.found_box(records) + claims.html(records) + claims.glossary_html())

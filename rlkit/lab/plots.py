@@ -31,10 +31,11 @@ X_AXES = {
 ORDER = ("grpo", "gspo", "aspo", "aepo", "spo", "hapo")
 """The methods every figure and table shows first, in this order: GRPO, the baseline, then the book's chapters
 (notebooks 01–06); every other registered method follows by name (:func:`methods`)."""
-COLORS = {"grpo": "#4c4c4c", "gspo": "#1f77b4", "aspo": "#2ca02c", "aepo": "#d62728", "spo": "#9467bd",
-          "hapo": "#ff7f0e"}
-"""One colour per method in every figure of the book (GRPO, the baseline, in grey); others: :func:`method_color`."""
-PALETTE = ("#8c564b", "#e377c2", "#17becf", "#bcbd22", "#393b79", "#637939", "#843c39", "#7b4173")
+COLORS = {"grpo": "#7f7f7f", "gspo": "#0072B2", "aspo": "#009E73", "aepo": "#D55E00", "spo": "#CC79A7",
+          "hapo": "#E69F00", "dapo": "#56B4E9", "dr_grpo": "#9A8200", "cispo": "#000000"}
+"""One colour per method in every figure of the book: GRPO, the baseline, in grey, the others Okabe and Ito's
+colour-blind-safe hues (their yellow darkened to read on white); others: :func:`method_color`."""
+PALETTE = ("#8c564b", "#882255", "#44AA99", "#332288", "#117733", "#AA4499", "#661100", "#6699CC")
 """The colours of the methods :data:`COLORS` does not name (none of them is one of its colours)."""
 
 
@@ -300,11 +301,37 @@ def curves(
         ax.set_title(titles[i] if titles else metric)
         ax.set_xlabel(X_AXES[xi])
         ax.grid(alpha=0.3)
+        steady_axis(ax, metric)
     fig.tight_layout()
     legend_outside(fig, axes, spare)
     if caption:
         add_caption(fig, describe(runs))
     return fig
+
+
+SHARES = ("val/acc", "val/acc_final", "sft/val_acc", "critic/score/mean", "policy/score/mean",
+          "critic/rewards/mean", "adv/zero_frac", "aspo/code_ratio", "aspo/correct_code_ratio")
+"""Metrics that are shares of responses or problems: their panels span 0 to 1, whatever the runs reached."""
+MIN_SPAN = 0.02
+"""An auto-scaled panel spans at least this share of its values' size: noise in the 4th digit stays flat."""
+
+
+def steady_axis(ax, metric: str) -> None:
+    """Fixed y-limits where auto-scaling would mislead: a share spans [0, 1]; any other panel spans at least
+    :data:`MIN_SPAN` of its magnitude around its data (0.1988–0.2000 is drawn flat, not as a trend); no offset
+    notation on the tick labels."""
+    if metric in SHARES:
+        ax.set_ylim(0.0, 1.0)
+    else:
+        low, high = ax.get_ylim()
+        size = max(abs(low), abs(high))
+        if size > 0 and high - low < MIN_SPAN * size:
+            middle = (low + high) / 2
+            ax.set_ylim(middle - MIN_SPAN * size / 2, middle + MIN_SPAN * size / 2)
+    try:
+        ax.ticklabel_format(axis="y", useOffset=False, style="plain")
+    except AttributeError:  # a formatter other than matplotlib's scalar one (a log axis): left as it is
+        pass
 
 
 #: Line style and marker of a method's variants, in the order they appear (the method itself: solid, circles).
@@ -324,6 +351,28 @@ def line_styles(groups: dict[str, list[Run]]) -> dict[str, tuple]:
         seen[group[0].method] = k + 1
         styles[label] = VARIANT_STYLES[k % len(VARIANT_STYLES)]
     return styles
+
+
+def final_dots(groups: dict[str, list[Run]], metric: str = "val/acc_final", *, xlabel: str | None = None):
+    """An ablation as a dot plot: one row per run label, each seed's last ``metric`` a dot and the seeds' mean a
+    bar, in the label's method colour — the end points side by side, where curves of variants in one colour
+    overlap. Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    labels = list(groups)
+    fig, ax = plt.subplots(figsize=(PAGE_WIDTH * 0.75, 0.45 * len(labels) + 1.2))
+    for y, label in enumerate(reversed(labels)):
+        values = [r.frame[metric].dropna().iloc[-1] for r in groups[label] if metric in r.frame]
+        colour = method_color(groups[label][0].method)
+        ax.plot(values, [y] * len(values), "o", color=colour, alpha=0.7, ms=6)
+        if values:
+            ax.plot([sum(values) / len(values)] * 2, [y - 0.3, y + 0.3], color=colour, lw=2.5)
+    ax.set_yticks(range(len(labels)), list(reversed(labels)))
+    ax.set_ylim(-0.7, len(labels) - 0.3)
+    ax.set_xlabel(xlabel or f"{metric} at the last step (dots: seeds; bar: their mean)")
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    return fig
 
 
 def save(fig, path: str | Path, dpi: int = 110) -> Path:
