@@ -1,6 +1,7 @@
 """End to end at smoke scale: every notebook executes with papermill, the book builds with warnings as errors, and a
 real browser (headless Chromium driven by Playwright) loads every page's figures, checks they are shown at a readable
-size, and follows its internal links."""
+size, follows its internal links, and reads each page at a laptop's width: no equation and no table wider than the
+text column, at most a tenth of the code blocks scrolling sideways, no JavaScript error."""
 
 from __future__ import annotations
 
@@ -30,6 +31,18 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
 VIEWPORT = {"width": 1280, "height": 900}  # a laptop screen
 MIN_SHOWN_WIDTH = 500  # CSS px
 MIN_SHOWN_SCALE = 0.6  # shown width / natural width
+MAX_SCROLLING = 0.10  # share of code blocks (code and printed output) allowed to scroll sideways
+TYPESET = "() => [...document.querySelectorAll('div.math')].every(d => d.querySelector('mjx-container'))"
+WIDTH = """() => {
+  const column = document.querySelector('article.bd-article');
+  const limit = column.getBoundingClientRect().width + 1;
+  const wide = e => e.getBoundingClientRect().width > limit || e.scrollWidth > e.clientWidth + 1;
+  const text = e => e.textContent.trim().replace(/\\s+/g, ' ').slice(0, 60);
+  const blocks = [...column.querySelectorAll('pre')];
+  return {equations: [...column.querySelectorAll('mjx-container[display="true"]')].filter(wide).map(text),
+          tables: [...column.querySelectorAll('table')].filter(t => t.getBoundingClientRect().width > limit).map(text),
+          blocks: blocks.length, scrolling: blocks.filter(e => e.scrollWidth > e.clientWidth + 1).map(text)};
+}"""
 
 
 def toc_pages(book: Path = BOOK_DIR) -> list[str]:
@@ -179,6 +192,7 @@ def test_every_page_shows_its_figures_and_its_links_resolve(book, served, browse
     links: set[str] = set()
     script_errors: list[str] = []
     page.on("pageerror", lambda error: script_errors.append(str(error)))
+    code_blocks, scrolling = 0, []
     for name in pages:
         url = urljoin(served, name)
         response = page.goto(url, wait_until="load")
@@ -195,6 +209,12 @@ def test_every_page_shows_its_figures_and_its_links_resolve(book, served, browse
             assert len(images) >= 2, f"{name}: expected the method's figures, found {len(images)} images"
         if name == "notebooks/01_grpo.html":  # MathJax is served by the book itself: equations render offline
             page.wait_for_selector("mjx-container", timeout=20_000)
+        page.wait_for_function(TYPESET, timeout=30_000)
+        width = page.evaluate(WIDTH)
+        assert not width["equations"], f"{name}: equations wider than the text column: {width['equations']}"
+        assert not width["tables"], f"{name}: tables wider than the text column: {width['tables']}"
+        code_blocks += width["blocks"]
+        scrolling.extend(f"{name}: {text}" for text in width["scrolling"])
         anchors_seen[urldefrag(url)[0]] = set(page.eval_on_selector_all("[id]", "els => els.map(e => e.id)"))
         for href in page.eval_on_selector_all("a[href]", "els => els.map(e => e.href)"):
             if urlparse(href).netloc == urlparse(served).netloc:
@@ -213,3 +233,5 @@ def test_every_page_shows_its_figures_and_its_links_resolve(book, served, browse
             continue
         assert not fragment or fragment in anchors_seen[target], f"broken anchor {link}"
     page.close()
+    assert len(scrolling) <= MAX_SCROLLING * code_blocks, \
+        f"{len(scrolling)} of {code_blocks} code blocks scroll sideways at {VIEWPORT['width']} px: {scrolling[:5]}"
