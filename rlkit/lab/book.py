@@ -88,7 +88,7 @@ def one_parameters_cell(nb: dict[str, Any]) -> dict[str, Any]:
     with a comment on each) and adds an ``injected-parameters`` cell (the values it ran with). The values go into
     the notebook's cell, each beside its comment, and the injected cell is dropped; a value the notebook's cell
     does not name is appended."""
-    cells = nb["cells"]
+    cells = nb.get("cells", [])
 
     def tagged(tag: str) -> int | None:
         return next((i for i, c in enumerate(cells) if tag in c.get("metadata", {}).get("tags", [])), None)
