@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -73,10 +72,11 @@ def stage(book: Path | None = None, results: Path | None = None, specs_dir: Path
     with lock_dir(target, "book"), os_errors():
         remove_owned(target, keep=names)
         record_files(target, names)
-        staged = [Path(shutil.copy2(path, target / path.name)) for path in notebooks.values()]
-        for path in staged:
-            path.write_text(json.dumps(one_parameters_cell(json.loads(path.read_text())), indent=1,
-                                       ensure_ascii=False) + "\n")
+        staged = []
+        for path in notebooks.values():  # each page with one parameters cell, written once
+            page = one_parameters_cell(json.loads(path.read_text()))
+            staged.append(target / path.name)
+            staged[-1].write_text(json.dumps(page, indent=1, ensure_ascii=False) + "\n")
         return staged
 
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import json
 import math
+from html import escape
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,7 +51,7 @@ import pandas as pd
 from scipy import stats
 
 from rlkit.metrics import read_metrics
-from rlkit.lab.plots import Run, load_run
+from rlkit.lab.plots import SHARES, Run, load_run
 from rlkit.tiny.config import REGIMES
 
 EXPECT = ("lower", "higher", "not_lower", "equal", "rise", "at_least")
@@ -76,9 +77,6 @@ RULES = (
     "interval lies within ±margin. A claim whose mechanism stayed idle (its activity metric below the gate) is "
     "not exercised.")
 
-POINTS = ("val/acc", "val/acc_final", "sft/val_acc", "critic/score/mean", "policy/score/mean", "adv/zero_frac",
-          "aspo/code_ratio")
-"""Metrics that are shares (accuracy, reward, fractions of samples): differences are written in points (× 100)."""
 
 
 @dataclass
@@ -406,7 +404,7 @@ def _rule(claim: Claim) -> str:
 
 def finding(claim: Claim, r: Mapping[str, Any]) -> str:
     """One sentence: what was found, with direction and size (its 90% CI), and what it means for the claim."""
-    points = claim.metric in POINTS
+    points = claim.metric in SHARES  # a share's differences are written in points (× 100)
     unit = " points" if points else ""
 
     def num(x: float, signed: bool = False) -> str:
@@ -582,8 +580,6 @@ def html(records: Sequence[Mapping[str, Any]], *, method_column: bool = False) -
     """The claims as a narrow HTML table — claim (with its finding), estimate [90% CI], verdict (coloured) — whose
     details (the paper's numbers, metric, margin and its source, the mechanism's activity) fold into a dropdown
     under each claim, so the table fits a laptop's text column."""
-    from html import escape
-
     rows = []
     for r, t in zip(records, table(records).to_dict("records")):
         details = "".join(f"<li><b>{k}</b>: {escape(str(t[k]))}</li>" for k in ("paper", "metric", "margin",
@@ -601,16 +597,12 @@ def html(records: Sequence[Mapping[str, Any]], *, method_column: bool = False) -
 
 def found_box(records: Sequence[Mapping[str, Any]]) -> str:
     """:func:`summary` as the page's "What we found" box (HTML, styled as the book's tip boxes)."""
-    from html import escape
-
     items = "".join(f"<li>{escape(s)}</li>" for s in summary(records))
     return (f"<div class='admonition tip'><p class='admonition-title'>What we found</p><ul>{items}</ul></div>")
 
 
 def glossary_html() -> str:
     """:data:`GLOSSARY` as a folded list (HTML)."""
-    from html import escape
-
     items = "".join(f"<dt>{escape(k)}</dt><dd>{escape(v)}</dd>" for k, v in GLOSSARY.items())
     return f"<details><summary>What the verdict words mean</summary><dl>{items}</dl></details>"
 

@@ -20,6 +20,9 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+import numpy as np
+import torch
+
 from rlkit import registry
 from rlkit.tasks.tools import CodeDetection
 from rlkit.verl import VERL_OWNED
@@ -159,9 +162,6 @@ def estimator_inputs(**per_response: Any) -> Iterator[None]:
 def rows_of(inputs: registry.AdvantageInputs, keep: Any) -> registry.AdvantageInputs:
     """``inputs`` restricted to the ``keep`` rows (``(B,)`` bool): each per-response field, whether a tensor, a
     numpy array (verl's ``uid``) or a list."""
-    import numpy as np
-    import torch
-
     keep = torch.as_tensor(np.asarray(keep) if not isinstance(keep, torch.Tensor) else keep, dtype=torch.bool)
 
     def rows(value: Any) -> Any:
