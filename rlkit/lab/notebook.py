@@ -1,8 +1,9 @@
 """What the method notebooks share: rlkit's own source on the page, the run-and-compare section, and small helpers.
 
 Notebooks never copy library code: :func:`show_source` displays it with :mod:`inspect`, so the page always shows
-the code that ran. By default it folds a function's argument checks (``if …: raise``, ``warnings.warn``,
-``check_shapes(…)``) into one comment that says where they are, so the page shows the math.
+the code that ran. By default it shows the math first: a function's argument checks (``if …: raise``,
+``warnings.warn``, ``check_shapes(…)``) fold into one comment that says where they are, the decorator that enters it
+into the registry moves to the line above the code, and every line stays one click away in a dropdown.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import ast
 import inspect
 import textwrap
 from collections.abc import Sequence
+from dataclasses import dataclass
+from html import escape
 from pathlib import Path
 from typing import Any
 
@@ -19,58 +22,112 @@ from rlkit.lab.plots import Run
 from rlkit.lab.reproduce import ensure_run, get_spec
 
 
-def show_source(*objects: Any, checks: bool = False) -> None:
-    """Display the source of functions, classes or modules, highlighted, each under its qualified name.
+REGISTRATION = "register"
+"""A decorator whose name starts with this enters the function into :mod:`rlkit.registry`: plumbing, which
+:func:`source_view` moves from the code to the line above it."""
 
-    ``checks=False`` folds a function's argument checks into comments naming their lines (:func:`fold_checks`);
-    ``checks=True`` shows every line."""
-    from IPython.display import Code, Markdown, display
+
+@dataclass(frozen=True)
+class SourceView:
+    """One object's source as a page shows it: ``shown`` (the math: registration decorators and argument checks
+    folded), ``full`` (every line), and ``notes`` saying what was folded and where it lives."""
+
+    name: str
+    where: str
+    shown: str
+    full: str
+    notes: tuple[str, ...]
+
+
+def source_view(obj: Any, *, checks: bool = False) -> SourceView:
+    """:class:`SourceView` of a function, class or module: ``checks=True`` folds nothing."""
+    name = f"{obj.__module__}.{obj.__qualname__}" if hasattr(obj, "__qualname__") else obj.__name__
+    path = Path(inspect.getsourcefile(obj)).resolve()
+    lines, line = inspect.getsourcelines(obj)
+    full = textwrap.dedent("".join(lines))
+    shown, notes = full, [f"line {line}"]
+    if not checks:
+        shown, decorators = fold_registration(shown)
+        notes += [f"registered by `{d}`" for d in decorators]
+        offset = len(full.splitlines()) - len(shown.splitlines())
+        shown, folded = fold_checks(shown, first_line=line + offset, filename=path.name)
+        if folded:
+            notes.append(f"{folded} line{'s' if folded > 1 else ''} of argument checks folded")
+    return SourceView(name, f"{path.parent.name}/{path.name}", shown, full, tuple(notes))
+
+
+def fold_registration(source: str) -> tuple[str, list[str]]:
+    """``source`` (dedented) without the decorators that register it (:data:`REGISTRATION`), and those
+    decorators as written."""
+    tree = ast.parse(source)
+    node = tree.body[0] if tree.body else None
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return source, []
+    lines = source.splitlines(keepends=True)
+    plumbing = [d for d in node.decorator_list if _call_name(d).startswith(REGISTRATION)]
+    for d in sorted(plumbing, key=lambda d: d.lineno, reverse=True):
+        del lines[d.lineno - 1:d.end_lineno]
+    return "".join(lines), [f"@{ast.get_source_segment(source, d)}" for d in plumbing]
+
+
+def show_source(*objects: Any, checks: bool = False) -> None:
+    """Display the source of functions, classes or modules, highlighted, each under its qualified name: the math
+    first (:func:`source_view`: registration and argument checks folded), then, where anything was folded, every
+    line in a dropdown. ``checks=True`` shows every line at once."""
+    from IPython.display import HTML, Code, Markdown, display
 
     for obj in objects:
-        name = f"{obj.__module__}.{obj.__qualname__}" if hasattr(obj, "__qualname__") else obj.__name__
-        path = Path(inspect.getsourcefile(obj)).resolve()
-        lines, line = inspect.getsourcelines(obj)
-        source, folded = textwrap.dedent("".join(lines)), 0
-        if not checks:
-            source, folded = fold_checks(source, first_line=line, filename=path.name)
-        note = f" ({folded} lines of argument checks folded)" if folded else ""
-        display(Markdown(f"`{name}` — `{path.parent.name}/{path.name}`, line {line}{note}"))
-        display(Code(source, language="python"))
+        view = source_view(obj, checks=checks)
+        display(Markdown(f"`{view.name}` — `{view.where}`, {'; '.join(view.notes)}"))
+        display(Code(view.shown, language="python"))
+        if view.shown != view.full:
+            display(HTML(f'<details class="rlkit-source"><summary>Full source of <code>{escape(view.name)}</code>, '
+                         f"every line</summary>{Code(view.full, language='python')._repr_html_()}</details>"))
+
+
+def _call_name(node: ast.AST) -> str:
+    """The name a call or decorator calls: ``f`` for ``f(…)``, ``m.f(…)`` or a bare ``f``."""
+    func = node.func if isinstance(node, ast.Call) else node
+    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
 
 
 def _is_check(stmt: ast.stmt) -> bool:
     """An argument check: ``if …: raise …`` / ``warnings.warn(…)``, or a call to ``check_*`` / ``_check_*``."""
-    def call_name(node: ast.AST) -> str:
-        func = node.func if isinstance(node, ast.Call) else None
-        return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
-
     def raises_or_warns(s: ast.stmt) -> bool:
-        return isinstance(s, ast.Raise) or (isinstance(s, ast.Expr) and call_name(s.value) == "warn")
+        return isinstance(s, ast.Raise) or (isinstance(s, ast.Expr) and _call_name(s.value) == "warn")
 
     if isinstance(stmt, ast.If):
         return not stmt.orelse and all(raises_or_warns(s) for s in stmt.body)
-    return isinstance(stmt, ast.Expr) and call_name(stmt.value).lstrip("_").startswith("check")
+    return (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
+            and _call_name(stmt.value).lstrip("_").startswith("check"))
 
 
-def _check_runs(body: list[ast.stmt]) -> list[list[ast.stmt]]:
-    """Runs of consecutive argument checks in ``body`` and, recursively, in the blocks it contains; a block made
-    of checks only is left alone (folding it would leave an empty block)."""
-    runs: list[list[ast.stmt]] = []
+def _check_runs(body: list[ast.stmt], lines: list[str]) -> list[tuple[int, int, int]]:
+    """The line spans ``(first, last, indent)`` of ``body``'s runs of consecutive argument checks and,
+    recursively, of the blocks it contains; a block made of checks only is left alone (folding it would leave an
+    empty block), but for an ``else:`` that only raises, which folds with its ``else:`` line."""
+    runs: list[tuple[int, int, int]] = []
     if not all(_is_check(s) for s in body):
         previous = None
         for stmt in body:
             if _is_check(stmt):
                 if previous is not None and _is_check(previous):
-                    runs[-1].append(stmt)
+                    runs[-1] = (runs[-1][0], stmt.end_lineno, runs[-1][2])
                 else:
-                    runs.append([stmt])
+                    runs.append((stmt.lineno, stmt.end_lineno, stmt.col_offset))
             previous = stmt
     for stmt in body:
-        if not _is_check(stmt):
-            for block in ("body", "orelse", "finalbody"):
-                inner = getattr(stmt, block, None)
-                if isinstance(inner, list) and inner and isinstance(inner[0], ast.stmt):
-                    runs += _check_runs(inner)
+        if _is_check(stmt):
+            continue
+        for block in ("body", "orelse", "finalbody"):
+            inner = getattr(stmt, block, None)
+            if not (isinstance(inner, list) and inner and isinstance(inner[0], ast.stmt)):
+                continue
+            runs += _check_runs(inner, lines)
+            head = lines[inner[0].lineno - 2] if inner[0].lineno > 1 else ""
+            if block == "orelse" and isinstance(stmt, ast.If) and head.strip() == "else:" and all(
+                    isinstance(s, ast.Raise) for s in inner):
+                runs.append((inner[0].lineno - 1, inner[-1].end_lineno, len(head) - len(head.lstrip())))
     return runs
 
 
@@ -84,16 +141,19 @@ def fold_checks(source: str, *, first_line: int = 1, filename: str = "") -> tupl
         return source, 0
     lines = code.splitlines()
     folded = 0
-    for run in sorted(_check_runs(func.body), key=lambda r: r[0].lineno, reverse=True):
-        start, end = run[0].lineno, run[-1].end_lineno
+    for start, end, indent in sorted(_check_runs(func.body, lines), reverse=True):
         a, b = first_line + start - 1, first_line + end - 1
         where = f"{filename} line {a}" if a == b else f"{filename} lines {a}–{b}"
-        lines[start - 1:end] = [" " * run[0].col_offset + f"# … argument checks ({where}) …"]
+        lines[start - 1:end] = [" " * indent + f"# … argument checks ({where}) …"]
         folded += end - start + 1
     return "\n".join(lines) + "\n", folded
 
 
-def tail(runs, metric: str, window: int = 10) -> float:
+TAIL_WINDOW = 10
+"""The steps at the end of a run that a page averages a logged metric over (:func:`tail`)."""
+
+
+def tail(runs, metric: str, window: int = TAIL_WINDOW) -> float:
     """Mean of the last ``window`` logged values of ``metric`` in a run — or, for a list of runs (seeds), the mean of
     theirs (the claims' rule for the end of a run)."""
     if hasattr(runs, "frame"):  # one run
@@ -162,6 +222,51 @@ def compare_runs(
     fig = plots.curves(runs, metrics, titles=titles, x=x)
     plots.save(fig, results_dir(results) / method / "figures" / figure)
     return runs, fig
+
+
+def run_settings(method: str, scale: str, seeds: int) -> dict[str, Any]:
+    """The settings a page's text quotes about ``method``'s runs at ``scale`` with ``seeds`` seeds, by glue name:
+    taken from the config the runs use (:func:`rlkit.tiny.config.build_config`, standard and stress regimes) and
+    this module's :data:`TAIL_WINDOW` — a page never types them."""
+    from rlkit.tiny.config import build_config
+    from rlkit.tiny.task import max_response_tokens
+
+    std, stress = build_config(method, scale), build_config(method, scale, regime="stress")
+    spo = build_config("spo", scale)
+    return {"steps": std.steps, "prompts": std.prompts_per_step, "group": std.group_size,
+            "samples": std.prompts_per_step * std.group_size, "eval_every": std.eval_every,
+            "eval_size": std.eval_size, "final_eval_size": f"{std.final_eval_size:,}", "seeds": seeds,
+            "seeds_dof": seeds - 1, "tail_window": TAIL_WINDOW, "stress_staleness": stress.staleness,
+            "budget": std.max_new_tokens or max_response_tokens(std.sft.task, std.sft.form),
+            "spo_prompts": spo.prompts_per_step, "spo_group": spo.group_size, "scale": scale,
+            "dapo_buffer": build_config("dapo", scale).dapo.overlong_buffer, **preset_settings()}
+
+
+def preset_settings() -> dict[str, str]:
+    """The full-scale presets' settings a page quotes (:data:`rlkit.verl.presets.PRESETS`), by glue name:
+    ``preset_<method>_prompts``/``_n``/``_updates`` (DAPO-Math prompts per step, responses per prompt, updates per
+    batch) and DAPO's response budget, ``preset_dapo_max_length`` + ``preset_dapo_overlong_buffer`` tokens."""
+    from rlkit.verl.presets import PRESETS
+
+    out = {}
+    for method, preset in PRESETS.items():
+        out |= {f"preset_{method}_prompts": f"{preset.dapo_prompts:,}", f"preset_{method}_n": f"{preset.n:,}",
+                f"preset_{method}_updates": f"{preset.updates:,}"}
+    dapo = {**PRESETS["dapo"].keys, **PRESETS["dapo"].dapo}
+    buffer = dapo["+reward.reward_kwargs.overlong_buffer_cfg.len"]
+    return out | {"preset_dapo_overlong_buffer": f"{buffer:,}",
+                  "preset_dapo_max_length": f"{dapo['data.max_response_length'] - buffer:,}"}
+
+
+def glue_settings(method: str, scale: str, seeds: int) -> dict[str, Any]:
+    """Glue :func:`run_settings` under their names for the page's ``{glue:text}`` roles (nothing is shown);
+    returns them."""
+    from myst_nb import glue
+
+    settings = run_settings(method, scale, seeds)
+    for name, value in settings.items():
+        glue(name, value, display=False)
+    return settings
 
 
 def regime_settings(method: str, scale: str, regime: str = "stress") -> str:
