@@ -1,6 +1,6 @@
 """End to end at smoke scale: every notebook executes with papermill, the book builds with warnings as errors, and a
 real browser (headless Chromium driven by Playwright) loads every page's figures, checks they are shown at a readable
-size, follows its internal links, and reads each page at a laptop's width: no equation and no table wider than the
+size, each a numbered figure ("Figure N:") with a caption and an alt text that describes it, follows its internal links, and reads each page at a laptop's width: no equation and no table wider than the
 text column, at most a tenth of the code blocks scrolling sideways, no JavaScript error."""
 
 from __future__ import annotations
@@ -32,6 +32,13 @@ VIEWPORT = {"width": 1280, "height": 900}  # a laptop screen
 MIN_SHOWN_WIDTH = 500  # CSS px
 MIN_SHOWN_SCALE = 0.6  # shown width / natural width
 MAX_SCROLLING = 0.10  # share of code blocks (code and printed output) allowed to scroll sideways
+PATH_LIKE = re.compile(r"^\S*$|\.(png|jpe?g|svg|gif|webp)\b|_images/", re.I)  # one word, a file name, a path
+MIN_ALT_WORDS = 8
+FIGURES = """els => els.map(e => {
+  const figure = e.closest('figure');
+  const part = s => (figure && figure.querySelector('figcaption ' + s) || {textContent: ''}).textContent.trim();
+  return [e.getAttribute('src'), e.getAttribute('alt') || '', part('.caption-number'), part('.caption-text')];
+})"""
 TYPESET = "() => [...document.querySelectorAll('div.math')].every(d => d.querySelector('mjx-container'))"
 WIDTH = """() => {
   const column = document.querySelector('article.bd-article');
@@ -176,6 +183,27 @@ def unreadable(images: list[list]) -> list[str]:
             if shown < MIN_SHOWN_WIDTH or shown < MIN_SHOWN_SCALE * natural]
 
 
+def undescribed(figures: list[list[str]]) -> list[str]:
+    """The figures a reader cannot find or a screen reader cannot describe, from ``[src, alt, caption number,
+    caption text]`` of a page's content images: each must be a numbered figure ("Figure N:") with a caption, and its
+    alt text a description (at least ``MIN_ALT_WORDS`` words), not empty and not a file path."""
+    bad = []
+    for src, alt, number, caption in figures:
+        if PATH_LIKE.search(alt.strip()) or len(alt.split()) < MIN_ALT_WORDS:
+            bad.append(f"{src}: alt text {alt!r} does not describe the figure")
+        if not re.fullmatch(r"Figure \d+:", number) or not caption:
+            bad.append(f"{src}: no numbered caption ({number!r} {caption[:40]!r})")
+    return bad
+
+
+def test_figure_rule_rejects_paths_empty_alts_and_unnumbered_figures():
+    described = "Line charts against the RL step, one panel each: accuracy and reward"
+    assert undescribed([["a.png", described, "Figure 1:", "GRPO's runs."]]) == []
+    assert len(undescribed([["a.png", "", "Figure 1:", "x"], ["b.png", "_images/b.png", "Figure 2:", "x"],
+                            ["c.png", "notebooks/c.png", "Figure 3:", "x"], ["d.png", "a plot", "Figure 4:", "x"],
+                            ["e.png", described, "", ""], ["f.png", described, "Fig. 1", "x"]])) == 6
+
+
 def test_readability_rule_rejects_thumbnails_and_shrunken_figures():
     assert unreadable([["a.png", 1000, 760], ["b.png", 700, 700]]) == []
     assert unreadable([["wide.png", 1500, 760], ["small.png", 400, 400]]) == [
@@ -205,6 +233,8 @@ def test_every_page_shows_its_figures_and_its_links_resolve(book, served, browse
             "article img", "els => els.map(e => [e.getAttribute('src'), e.naturalWidth, e.getBoundingClientRect().width])")
         small = unreadable(shown)
         assert not small, f"{name}: figures shown too small to read: {small}"
+        bad = undescribed(page.eval_on_selector_all("article img", FIGURES))
+        assert not bad, f"{name}: figures without a numbered caption or a description: {bad}"
         if name.startswith("notebooks/") and name != "notebooks/00_overview.html":
             assert len(images) >= 2, f"{name}: expected the method's figures, found {len(images)} images"
         if name == "notebooks/01_grpo.html":  # MathJax is served by the book itself: equations render offline

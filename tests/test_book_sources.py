@@ -3,6 +3,8 @@ the method notes, and `rlkit book` on results without runs says what is missing.
 
 from __future__ import annotations
 
+import ast
+import html
 import re
 import shutil
 from pathlib import Path
@@ -12,7 +14,8 @@ import pytest
 from rlkit.cli import main
 from rlkit.lab import paths
 from rlkit.lab.book import executed_notebooks, one_parameters_cell
-from rlkit.lab.notebook import fold_checks, tail
+from rlkit.lab.notebook import fold_checks, fold_registration, run_settings, show_source, source_view, tail
+from rlkit.lab.reproduce import load_specs
 
 REPO, BOOK_DIR = paths.project_root(), paths.book_dir()
 
@@ -104,6 +107,9 @@ def test_fold_checks_keeps_the_math_and_names_the_folded_lines():
     assert n == 3 and "# … argument checks (m.py lines 12–14) …" in folded
     assert "raise" not in folded and "y = x * k" in folded and "warnings.warn" in folded  # an if/else is no check
     compile(folded, "m.py", "exec")
+    chain = "def g(a):\n    if a == 1:\n        b = 1\n    else:\n        raise ValueError(a)\n    return b\n"
+    folded, n = fold_checks(chain, first_line=1, filename="g.py")
+    assert n == 2 and "    # … argument checks (g.py lines 4–5) …" in folded and "raise" not in folded
     assert fold_checks("class C:\n    pass\n") == ("class C:\n    pass\n", 0)
 
 
@@ -151,14 +157,143 @@ def test_one_parameters_cell_puts_the_values_run_with_beside_the_notebooks_comme
     assert one_parameters_cell(out) == out  # nothing injected: unchanged
 
 
-TYPED_SETTINGS = re.compile(r"every \d+ steps|\b\d+ RL steps|policy of step \$n ?- ?\d+|\b\d+ optimizer steps per")
-"""Run settings typed into a page's text (the evaluation interval, the number of steps, the staleness, the updates
-per batch): a page quotes them from the config it runs (glue, or a generated paragraph) instead."""
+TYPED_SETTINGS = re.compile(
+    r"every \d+ steps|\b\d+ RL steps|policy of step \$n ?- ?\d+|\b\d+ optimizer steps per"
+    r"|\b\d[\d,]* held-out problems|\b\d[\d,]* problems at \w+ scale|\blast \d+\s+steps|\b\d+ seeds\b"
+    r"|\b\d+ steps behind|\b\d[\d,]* prompts × \d+|\b\d+ × \d+\)|\b\d+-token budget|budget of \d+ tokens"
+    r"|\b\d[\d,]* \+ \d[\d,]* tokens|Both run \d+ steps|over \d+ steps\b")
+"""Run settings typed into a page's text (the evaluation interval and set sizes, the number of steps, seeds and
+prompts per step, the steps a page averages over, the staleness, the updates per batch, the response budget, the
+presets' batch): a page quotes them from the config, the specs and the presets it runs (glue, or a generated
+paragraph) instead, so that the text cannot disagree with them."""
+
+
+def prose(text: str) -> str:
+    """A MyST notebook's text without its code cells and display equations."""
+    return re.sub(r"\$\$.*?\$\$", "", re.sub(r"```\{code-cell\}.*?```", "", text, flags=re.S), flags=re.S)
+
+
+def test_the_typed_settings_rule_catches_what_it_guards():
+    caught = ["on 1,000 held-out problems", "over the last 10 steps", "the 3 seeds", "12 steps behind",
+              "16 prompts × 8 responses", "1,024 prompts × 1", "(SPO: 128 prompts × 1 instead of 16 × 8)",
+              "its 164-token budget", "16,384 + 4,096 tokens", "every 5 steps", "Both run 20 steps",
+              "(1,000 problems at cpu scale)"]
+    for text in caught:
+        assert TYPED_SETTINGS.search(text), text
+    for text in ["over the last {glue:text}`tail_window` steps", "{glue:text}`final_eval_size` held-out problems",
+                 "Eqs. 2–3", "the paper's 3e-3/4e-3", "a group of eight"]:
+        assert not TYPED_SETTINGS.search(text), text
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "notebooks").glob("*.md")), ids=lambda p: p.stem)
 def test_pages_quote_run_settings_from_the_config(path):
-    text = re.sub(r"```\{code-cell\}.*?```", "", path.read_text(), flags=re.S)  # the prose, not the code
-    typed = [m.group(0) for m in TYPED_SETTINGS.finditer(text)]
+    typed = [m.group(0) for m in TYPED_SETTINGS.finditer(prose(path.read_text()))]
     assert not typed, f"{path.name} types run settings the config sets: {typed}"
 
+
+
+def _parameters(path: Path) -> dict[str, object]:
+    cell = re.search(r"```\{code-cell\} ipython3\n:tags: \[parameters\]\n(.*?)```", path.read_text(), re.S)
+    return {t.id: ast.literal_eval(node.value) for node in ast.parse(cell.group(1)).body
+            if isinstance(node, ast.Assign) for t in node.targets}
+
+
+@pytest.mark.parametrize("spec", load_specs(), ids=lambda s: s.name)
+def test_a_pages_parameters_are_its_specs(spec):
+    """The scale and seeds a page runs with by default, and quotes, are its spec's."""
+    params = _parameters(REPO / spec.notebook)
+    assert params["scale"] == spec.scale, f"{spec.notebook}: scale {params['scale']!r}, spec {spec.scale!r}"
+    if spec.method:
+        assert params["seeds"] == spec.seeds, f"{spec.notebook}: seeds {params['seeds']}, spec {spec.seeds}"
+
+
+def test_glued_settings_are_the_configs_and_presets():
+    from rlkit.tiny.config import build_config
+    from rlkit.verl.presets import PRESETS
+
+    for scale in ("smoke", "cpu"):
+        cfg, stress = build_config("dapo", scale), build_config("dapo", scale, regime="stress")
+        got = run_settings("dapo", scale, 3)
+        assert (got["steps"], got["prompts"], got["group"], got["eval_every"], got["eval_size"]) == (
+            cfg.steps, cfg.prompts_per_step, cfg.group_size, cfg.eval_every, cfg.eval_size)
+        assert got["final_eval_size"] == f"{cfg.final_eval_size:,}" and got["tail_window"] == 10
+        assert got["stress_staleness"] == stress.staleness and got["dapo_buffer"] == cfg.dapo.overlong_buffer
+    for method, preset in PRESETS.items():
+        assert (got[f"preset_{method}_prompts"], got[f"preset_{method}_n"], got[f"preset_{method}_updates"]) == (
+            f"{preset.dapo_prompts:,}", f"{preset.n:,}", f"{preset.updates:,}")
+    dapo = {**PRESETS["dapo"].keys, **PRESETS["dapo"].dapo}
+    buffer = int(got["preset_dapo_overlong_buffer"].replace(",", ""))
+    assert buffer == dapo["+reward.reward_kwargs.overlong_buffer_cfg.len"]
+    assert int(got["preset_dapo_max_length"].replace(",", "")) + buffer == dapo["data.max_response_length"]
+
+
+IMPLEMENTATION_PAGES = ["01_grpo", "02_gspo", "03_aspo", "04_aepo", "05_spo", "06_hapo", "09_dapo", "10_dr_grpo",
+                        "11_cispo"]
+PLUMBING = re.compile(r"\bregist|\bfast\b|\braise\b|\b_?check\w*\(|Hooks\b|kwargs_for|\bestimate\(|\bConfig\b"
+                      r"|\.require\(")
+"""What a reader should not meet before the math: the registry, the fast path, argument checks, hooks, configs."""
+HIDDEN = {"hide-cell", "hide-input", "remove-cell", "remove-input"}
+
+
+def _code_cells(text: str) -> list[tuple[set[str], str]]:
+    """``(tags, source)`` of each code cell of a MyST notebook's text."""
+    cells = []
+    for body in re.findall(r"```\{code-cell\} ipython3\n(.*?)```", text, re.S):
+        tags: set[str] = set()
+        if m := re.match(r":tags: \[(.*?)\]\n", body):
+            tags, body = {t.strip() for t in m.group(1).split(",")}, body[m.end():]
+        elif m := re.match(r"---\n(.*?)\n---\n", body, re.S):
+            tags = set(re.findall(r"[\w-]+", (re.search(r"^tags: \[(.*?)\]", m.group(1), re.M) or [""])[0]))
+            body = body[m.end():]
+        cells.append((tags, body))
+    return cells
+
+
+@pytest.mark.parametrize("name", IMPLEMENTATION_PAGES)
+def test_implementation_shows_the_math_first(name):
+    """The first visible code of the Implementation section is ``show_source`` of the functions that transcribe the
+    equations, and what it shows names no registry, fast path, argument check, hook or config; the plumbing sits in
+    a folded cell after it."""
+    text = (REPO / "notebooks" / f"{name}.md").read_text()
+    section = text[text.index("## Implementation"):text.index("## Checks on toy tensors")]
+    cells = _code_cells(section)
+    visible = [src for tags, src in cells if not tags & HIDDEN]
+    assert visible, f"{name}: no visible code in Implementation"
+    first = visible[0]
+    calls = [n for n in ast.parse(first).body]
+    assert calls and all(isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)
+                         and getattr(n.value.func, "id", "") == "show_source" for n in calls), \
+        f"{name}: the first visible code is not show_source(...) alone:\n{first}"
+    assert not PLUMBING.search(first), f"{name}: the first visible code names plumbing:\n{first}"
+    shown_elsewhere = "".join(src for tags, src in cells if tags & HIDDEN)
+    assert "registry." not in "".join(visible), f"{name}: registry plumbing outside a folded cell"
+    namespace: dict = {}
+    imports = [n for tags, src in _code_cells(text) if "hide-input" in tags for n in ast.parse(src).body
+               if isinstance(n, (ast.Import, ast.ImportFrom))]
+    exec(compile(ast.Module(body=imports, type_ignores=[]), name, "exec"), namespace)
+    for call in calls:
+        for arg in call.value.args:
+            view = source_view(eval(compile(ast.Expression(arg), name, "eval"), namespace))
+            code = "\n".join(line for line in view.shown.splitlines() if "# … argument checks (" not in line)
+            assert not PLUMBING.search(code), f"{name}: {view.name} shows plumbing: {PLUMBING.search(code)[0]!r}"
+    assert shown_elsewhere or name in ("02_gspo", "04_aepo"), f"{name}: where is the plumbing folded?"
+
+
+def test_show_source_folds_registration_and_checks_and_keeps_every_line(monkeypatch):
+    import IPython.display
+
+    from rlkit.methods.grpo import ppo_clip_loss
+
+    shown: list = []
+    monkeypatch.setattr(IPython.display, "display", shown.append)
+    show_source(ppo_clip_loss)
+    header, code, full = shown
+    assert "registered by `@register_policy_loss(\"ppo\", method=\"grpo\")`" in header.data
+    assert "1 line of argument checks folded" in header.data
+    assert "@register" not in code.data and "raise" not in code.data and "log_r = log_ratio" in code.data
+    every_line = html.unescape(re.sub(r"<[^>]+>", "", full.data))
+    assert full.data.startswith("<details") and source_view(ppo_clip_loss).full.strip() in every_line
+
+    source = "@dataclass\n@register_advantage(\n    'x', method='m')\ndef f(x):\n    return x\n"
+    assert fold_registration(source) == ("@dataclass\ndef f(x):\n    return x\n",
+                                         ["@register_advantage(\n    'x', method='m')"])
