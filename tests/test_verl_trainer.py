@@ -37,7 +37,7 @@ from verl.workers.utils.losses import ppo_loss  # noqa: E402
 from rlkit.verl import sampling  # noqa: E402
 from rlkit.hooks import Recalled  # noqa: E402
 from rlkit.verl.trainer import (  # noqa: E402
-    MEMORY, SAMPLER_PROCESSOR, STATE_FILE, MethodSetup, RlkitTrainer, actor_loss, code_pass_flags, correctness,
+    MEMORY, POLL_S, SAMPLER_PROCESSOR, STATE_FILE, MethodSetup, RlkitTrainer, actor_loss, code_pass_flags, correctness,
     first_code_token,
 )
 
@@ -95,6 +95,12 @@ def test_trainer_is_verl_sync_and_switches_on_what_the_loss_needs():
     t = trainer_for("algorithm.adv_estimator=rlkit_grpo", "actor_rollout_ref.actor.policy_loss.loss_mode=rlkit_aepo",
                     "+algorithm.aepo.use_entropy_advantage=false")
     assert not t.config.actor_rollout_ref.actor.calculate_entropy
+
+
+def test_the_replay_buffer_looks_for_finished_rollouts_without_verls_2_s_wait():
+    """verl's replay buffer polls TransferQueue every 2 s: every generation phase took a multiple of 2 s."""
+    buffer = trainer_for("algorithm.adv_estimator=rlkit_grpo")._build_replay_buffer()
+    assert buffer.poll_interval == POLL_S <= 0.1
 
 
 def test_hapo_trainer_hands_vllm_the_adaptive_temperature_processor(tmp_path):

@@ -40,6 +40,9 @@ Deviations forced by verl's extension points (for the methods' book pages):
 
 - verl picks the trainer class by ``trainer.v1.trainer_mode`` and also treats every mode other than ``sync`` as
   asynchronous; the rlkit trainer sets its own mode back to ``sync`` so verl runs it synchronously.
+- verl's replay buffer looks for finished rollouts in TransferQueue every 2 s (``ReplayBuffer.poll_interval``, a
+  constructor argument no config key reaches), so every generation phase lasted a whole number of 2-s waits (2.0 s
+  for a batch vLLM's CPU build samples in a fraction of that). The rlkit trainer polls every :data:`POLL_S`.
 - Prompts chosen by the hooks come from the whole training set (a recipe may draw from each dataloader batch).
   Kept responses live in TransferQueue, which is not checkpointed: after a resume a prompt has none until it is
   drawn again. Rows verl adds to fill a mini-batch (``is_padding``, a copy of the first row's metadata) are left out
@@ -96,6 +99,8 @@ STATE_FILE = "rlkit_method.pt"
 """The hooks' state in each checkpoint folder."""
 SAMPLER_PROCESSOR = "rlkit.verl.sampling:AdaptiveTemperatureProcessor"
 """vLLM's ``logits_processors`` entry for a method's per-token temperature (qualified class name)."""
+POLL_S = 0.05
+"""Seconds between the replay buffer's looks for finished rollouts (verl's default: 2; module doc)."""
 
 
 # --------------------------------------------------------------------------- the method a config asks for
@@ -351,7 +356,9 @@ class RlkitTrainer(PPOTrainerSync):
 
     def _build_replay_buffer(self):
         self.trainer_mode = "sync"  # verl treats every trainer_mode but "sync" as asynchronous (module doc)
-        return super()._build_replay_buffer()
+        buffer = super()._build_replay_buffer()
+        buffer.poll_interval = POLL_S  # verl's 2 s made every generation phase a multiple of 2 s (module doc)
+        return buffer
 
     # ----------------------------------------------------------------------- setup
 
