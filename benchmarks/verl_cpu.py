@@ -8,6 +8,8 @@ text to the length limit. Each phase is the median over the steps after the firs
 per generated token where lengths differ.
 
     python benchmarks/verl_cpu.py               # 12 steps on each engine (about 4 minutes)
+
+It prints the start-up too, phase by phase (:data:`rlkit.verl.runner.PHASES`, read from main_ppo's output).
     python benchmarks/verl_cpu.py --steps 20
 
 Phases without a counterpart: the tiny engine reuses the sampler's log-probs as old log-probs (one float32 model
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import json
 import statistics
 import sys
 import tempfile
@@ -41,13 +44,15 @@ PHASES = [  # (label, verl's timing key, the tiny engine's)
 ]
 
 
-def verl_run(steps: int, workdir: Path) -> tuple[pd.DataFrame, float]:
-    """A GRPO CPU launch of ``steps`` steps (no validation, no checkpoints); its metrics and wall seconds."""
+def verl_run(steps: int, workdir: Path) -> tuple[pd.DataFrame, float, list[tuple[str, float]]]:
+    """A GRPO CPU launch of ``steps`` steps (no validation, no checkpoints): its metrics, wall seconds (from
+    ``main_ppo``'s start) and start-up phases (phase, seconds), the last ending when step 1 begins."""
     from rlkit.verl import launch as L
 
     p = L.plan("grpo", None, None, device="cpu", steps=steps, experiment="bench", runs_dir=str(workdir / "runs"),
                data_dir=str(workdir / "data"),
                extra=["trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.val_before_train=false"])
+    checks = time.monotonic()
     cfg = L.check(p)
     start = time.monotonic()
     with contextlib.redirect_stdout(io.StringIO()):
@@ -55,7 +60,13 @@ def verl_run(steps: int, workdir: Path) -> tuple[pd.DataFrame, float]:
     seconds = time.monotonic() - start
     if code != 0:
         sys.exit(f"the verl run failed (exit {code}); see {p.run_dir}/launch.log")
-    return metrics_frame(Path(p.run_dir) / "metrics.jsonl"), seconds
+    frame = metrics_frame(Path(p.run_dir) / "metrics.jsonl")
+    marks = [(r["phase"], r["at_s"]) for r in json.loads((Path(p.run_dir) / "launch.json").read_text())["phases"]]
+    first_step = next(at for name, at in marks if name == "step 2") - frame.loc[1, "timing_s/step"]
+    startup = [m for m in marks if m[1] < first_step and not m[0].startswith("step")]
+    phases = [("rlkit launch's checks (compose, validate)", start - checks)]
+    phases += [(name, end - at) for (name, at), (_, end) in zip(startup, [*startup[1:], ("", first_step)])]
+    return frame, seconds, phases
 
 
 def tiny_run(steps: int, workdir: Path) -> tuple[pd.DataFrame, float]:
@@ -83,7 +94,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="rlkit-bench-") as tmp:
         work = Path(tmp)
-        verl, verl_s = verl_run(args.steps, work)
+        verl, verl_s, phases = verl_run(args.steps, work)
         tiny, tiny_s = tiny_run(args.steps, work)
 
     verl, tiny = verl.loc[2:], tiny.loc[2:]  # step 1 warms vLLM up
@@ -101,6 +112,13 @@ def main() -> None:
     gen = statistics.median(verl["timing_s/gen"]) / verl_tokens, statistics.median(tiny["timing_s/gen"]) / tiny_tokens
     print(f"| {'gen per token':<14} | {gen[0] * 1e3:7.2f}ms | {gen[1] * 1e3:7.2f}ms | {gen[0] / gen[1]:11.1f} |")
     print(f"\nwhole run: verl {verl_s:.0f} s (Ray, vLLM and FSDP start-up included), tiny {tiny_s:.0f} s")
+    print("\nverl's start-up, by phase (rlkit.verl.runner.PHASES; main_ppo's start to step 1's start)\n")
+    print(f"| {'phase':<45} | {'seconds':>7} |")
+    print(f"|{'-' * 47}|{'-' * 9}|")
+    for name, secs in phases:
+        print(f"| {name:<45} | {secs:7.1f} |")
+    total = sum(secs for name, secs in phases[1:])
+    print(f"| {'start-up (main_ppo to step 1)':<45} | {total:7.1f} |")
 
 
 if __name__ == "__main__":

@@ -342,7 +342,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None,
                    help="HF model id or local path (required on GPUs; CPU default: a tiny model rlkit builds)")
     p.add_argument("--gpus", type=int, default=None, help="GPUs per node (GPU runs)")
-    p.add_argument("--nodes", type=int, default=None, help="nodes (GPU runs; default 1)")
+    p.add_argument("--nodes", type=int, default=None,
+                   help="nodes of the Ray cluster at --ray-address (default 1; with --device cpu one rank each)")
     p.add_argument("--ray-address", default=None, help="an existing Ray cluster (default: start one locally)")
     p.add_argument("--steps", type=int, default=None, help="training steps (trainer.total_training_steps)")
     p.add_argument("--experiment", default=None, help="run name (default <method>-<dataset>-<model>[-cpu])")

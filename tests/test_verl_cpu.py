@@ -161,12 +161,26 @@ def test_cpu_run_with_a_local_model_uses_the_answer_rule(cache):
 
 @pytest.mark.parametrize("args, message", [
     (["--gpus", "2"], "leave out --gpus"),
-    (["--ray-address", "auto"], "leave out"),
+    (["--nodes", "2"], "--nodes 2 needs --ray-address"),
+    (["--nodes", "2", "--ray-address", "auto", "--tiny-scale", "cpu"], "--tiny-scale runs on one node"),
     (["--steps", "0"], "--steps must be ≥ 1"),
 ])
 def test_cpu_launch_flags_that_make_no_sense_are_refused(args, message, cache):
     with pytest.raises(SystemExit, match=message):
         cli.main(["launch", "--method", "grpo", "--device", "cpu", "--dry-run", *args])
+
+
+def test_a_cpu_run_on_a_ray_cluster_carries_its_environment_and_splits_the_batch(cache):
+    p = L.plan("grpo", None, None, device="cpu", nodes=2, ray_address="10.0.0.1:6379")
+    cfg = L.check(p)
+    assert p.remote and cfg.trainer.nnodes == 2 and cfg.trainer.n_gpus_per_node == 1
+    ray_init = cfg.ray_kwargs.ray_init
+    assert ray_init.address == "10.0.0.1:6379" and "num_gpus" not in ray_init and ray_init.num_cpus is None
+    env = ray_init.runtime_env.env_vars
+    assert {k: env[k] for k in cpu.ENV if not k.startswith("RAY_")} == {k: v for k, v in cpu.ENV.items()
+                                                                          if not k.startswith("RAY_")}
+    assert all(isinstance(v, str) for v in env.values())  # Ray takes strings only
+    assert cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == 4  # 8 responses a mini-batch, 2 ranks
 
 
 def test_gpu_launch_needs_its_flags(cache):

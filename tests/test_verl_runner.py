@@ -27,10 +27,29 @@ TRAINER = textwrap.dedent('''
     # a worker in a session of its own, as Ray starts some of its processes: only the marker finds it
     worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
     open(os.environ["PIDFILE"], "w").write(str(worker.pid))
+    if mode in ("phases", "busy", "quiet", "rayfail"):            # main_ppo's own start-up messages
+        print("ray init kwargs: {'num_cpus': 16}", flush=True)
+    if mode == "rayfail":                                         # ray.init on a loaded machine
+        print("Traceback (most recent call last):")
+        print('  File "ray/_private/node.py", line 441, in __init__')
+        print("Exception: The current node timed out during startup. This could happen because some of the "
+              "raylet failed to startup or the GCS has become overloaded.", flush=True)
+        sys.exit(1)
+    if mode in ("phases", "busy", "quiet"):
+        for line in ("Started a local Ray instance.", "(TaskRunnerV1 pid=3) {'actor_rollout_ref': {}}",
+                     "(TaskRunnerV1 pid=3) INFO: create worker group dict_keys(['actor_rollout'])"):
+            print(line, flush=True)
+            time.sleep(0.2)
+    if mode == "quiet":                                           # a hang: waits without computing or printing
+        time.sleep(600)
     with open(path, "wb", buffering=0) as f:                      # verl truncates its file at every start
         for step in range(first, last + 1):
             f.write(json.dumps({"step": step, "data": {"critic/score/mean": step / 10}}).encode() + b"\\n")
             time.sleep(0.2)
+            if mode == "busy" and step == first:                  # a slow step: computes, prints nothing
+                end = time.monotonic() + 4
+                while time.monotonic() < end:
+                    pass
     if mode == "hang":                                            # a worker failed, the driver waits forever
         print("Traceback (most recent call last):")
         print("(WorkerDict pid=7, ip=10.0.0.1)   File \\"x.py\\", line 1, in update_weights")
@@ -109,6 +128,45 @@ def test_a_failed_run_reports_its_exception(fake):
 def test_a_total_time_limit_stops_the_run(fake):
     result, worker = fake("stall", limits=Limits(startup_s=None, step_s=None, total_s=2))
     assert result.outcome == "timeout" and not _alive(worker)
+
+
+def test_launch_records_the_phases_it_went_through(fake):
+    result, _ = fake("phases")
+    names = [name for name, _ in result.phases]
+    assert names == [runner.PHASES[0][0], "Ray start-up", "verl's trainer process (TaskRunner)",
+                     "TransferQueue and datasets", "actor and reference workers (FSDP)", "step 2", "step 3", "step 4"]
+    times = [at for _, at in result.phases]
+    assert times == sorted(times)
+    record = json.loads((fake.run_dir / runner.LAUNCH).read_text())
+    assert [p["phase"] for p in record["phases"]] == names
+
+
+def test_a_slow_step_that_computes_is_not_stopped_but_a_silent_wait_is_named_by_its_phase(fake):
+    limits = Limits(startup_s=60, step_s=60, error_grace_s=30, idle_s=2.5, idle_cpu=0.3)
+    result, _ = fake("busy", limits=limits)  # 4 s of computing without a line: longer than idle_s
+    assert result.outcome == "finished" and result.steps == [1, 2, 3]
+    start = time.monotonic()
+    result, worker = fake("quiet", limits=limits)
+    assert result.outcome == "stalled" and result.returncode == 124 and not _alive(worker)
+    assert time.monotonic() - start < 2.5 + 2 + 15  # bounded by idle_s, not the 60 s ceilings
+    assert result.phase == "actor and reference workers (FSDP)"
+    assert result.error.startswith("no progress for") and "phase: actor and reference workers (FSDP)" in result.error
+
+
+def test_ray_failing_to_start_is_told_apart_from_other_failures(fake):
+    result, _ = fake("rayfail", 1, 0)
+    assert result.outcome == "failed" and result.phase == "Ray start-up"
+    assert runner.ray_start_failed(result)
+    result, _ = fake("fail")
+    assert not runner.ray_start_failed(result)
+
+
+def test_cpu_seconds_reads_this_process():
+    end = time.process_time() + 0.3
+    while time.process_time() < end:
+        pass
+    assert runner.cpu_seconds([os.getpid()])[os.getpid()] >= 0.3
+    assert runner.cpu_seconds([2 ** 22 + 7]) == {}  # no such process
 
 
 def test_resumed_metrics_keep_earlier_steps_and_take_the_new_ones_once(fake):

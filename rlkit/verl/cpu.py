@@ -60,8 +60,14 @@ ENV = {
     "VERL_PLATFORM": PLATFORM,  # verl: use PlatformCPU (registered by rlkit's plugin in every verl process)
     "VERL_ENGINE_DEVICE": "cuda",  # verl: pick the FSDP engine registered for cuda
     "VLLM_CPU_KVCACHE_SPACE": "1",  # vLLM: GiB of KV cache (its CPU default is 4 per engine)
+    # vLLM's CPU platform turns the one-process executor into a worker process of its own unless this is 0 (the
+    # engine core stays a process of its own either way): a process fewer to start (presets.CPU asks for "uni")
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     "OMP_NUM_THREADS": "1",  # one thread per process: trainer, reference and rollout share the cores
     "TOKENIZERS_PARALLELISM": "false",
+    "RAY_ADDRESS": "",  # Ray: ignore a cluster named in the caller's environment (address=local starts one)
+    "RAY_enable_worker_prestart": "0",  # Ray: no idle workers started ahead (one per CPU slot) on two cores
+    "RAY_USAGE_STATS_ENABLED": "0",
 }
 """Environment of a CPU run: the launcher sets it for ``main_ppo``; Ray's workers and vLLM inherit it."""
 

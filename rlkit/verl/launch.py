@@ -26,6 +26,7 @@ storage the cluster shares.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import json
 import math
@@ -34,6 +35,7 @@ import platform
 import shlex
 import shutil
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,7 +56,9 @@ from rlkit.verl.compose import (
 from rlkit.verl.presets import (
     COMMON,
     CPU,
+    CPU_SAMPLES,
     CPU_STEPS,
+    CPU_UPDATES,
     DEVICES,
     TOOLS,
     DataFile,
@@ -72,10 +76,16 @@ ENTRY = ("python", "-m", "verl.trainer.main_ppo")
 TOOL_CONFIG_NAME = "tool_config.yaml"
 """The run directory's copy of :data:`rlkit.verl.tools.TOOL_CONFIG` (a relative path: the same anywhere)."""
 
-CPU_LIMITS = runner.Limits(startup_s=900.0, step_s=600.0, error_grace_s=90.0)
-"""Watchdog limits of CPU runs (measured here: start-up to step 1 about 100 s, later steps 3 s)."""
+CPU_LIMITS = runner.Limits(startup_s=2400.0, step_s=1800.0, error_grace_s=90.0, idle_s=300.0)
+"""Watchdog limits of CPU runs. Measured on 2 quiet cores: start-up to step 1 about 2.5 minutes, later steps ~1 s; a
+run on a loaded machine is slower but keeps computing, so it is judged by progress (``idle_s``), and the ceilings
+only bound a run that spins without logging."""
 GPU_LIMITS = runner.Limits(startup_s=3600.0, step_s=7200.0, error_grace_s=300.0)
-"""Watchdog limits of GPU runs: model loading and DAPO-length steps take long."""
+"""Watchdog limits of GPU runs: model loading and DAPO-length steps take long. No idle watch: a process waiting on
+its GPU's kernels may use little CPU."""
+RAY_START_TRIES = 3
+"""Launches tried when Ray fails to start its local node (:func:`rlkit.verl.runner.ray_start_failed`)."""
+RAY_RETRY_PAUSE_S = 10.0
 
 
 # ------------------------------------------------------------------------------------------------ the plan
@@ -148,9 +158,12 @@ def plan(method: str, dataset: str | None, model: str | None, *, gpus: int | Non
         raise LaunchError(f"--nodes {nodes} needs --ray-address (the Ray cluster whose nodes run it); one node "
                           "starts Ray locally")
     if on_cpu:
-        if (gpus or 1) != 1 or (nodes or 1) != 1 or ray_address:
-            raise LaunchError("--device cpu runs on this machine alone: leave out --gpus, --nodes and --ray-address")
-        gpus, nodes, dataset = 1, 1, dataset or "arithmetic"
+        if (gpus or 1) != 1:
+            raise LaunchError("--device cpu runs one rank per node: leave out --gpus (--nodes N with --ray-address "
+                              "runs N ranks on a Ray cluster of CPU nodes)")
+        if tiny is not None and (nodes or 1) > 1:
+            raise LaunchError("--tiny-scale runs on one node: leave out --nodes")
+        gpus, dataset = 1, dataset or "arithmetic"
     elif gpus is None or dataset is None or model is None:
         missing = [flag for flag, v in (("--dataset", dataset), ("--model", model), ("--gpus", gpus)) if v is None]
         raise LaunchError(f"GPU runs need {', '.join(missing)} (or --device cpu for a run on this machine's CPU)")
@@ -205,12 +218,33 @@ def plan(method: str, dataset: str | None, model: str | None, *, gpus: int | Non
         values["trainer.total_training_steps"] = steps or CPU_STEPS
     if ray_address:
         values["+ray_kwargs.ray_init.address"] = ray_address
+        if on_cpu:
+            values.update(cpu_cluster_overrides(nodes))
+            for key in CPU_LOCAL_RAY:
+                values.pop(key)
     values = {k: f"{data_dir}/{v.name}" if isinstance(v, DataFile) else v for k, v in values.items()}
     overrides = [f"{key}={hydra_value(value)}" for key, value in values.items()]
     return Plan(method=method, dataset=dataset, model=model, gpus=gpus, nodes=nodes, experiment=experiment,
                 run_dir=run_dir, data_dir=data_dir, overrides=tuple(merge_overrides(overrides, extra)),
                 tool_config=tool_config, tool=tool, device=device, env=tuple(cpu.ENV.items()) if on_cpu else (),
                 remote=bool(ray_address))
+
+
+CPU_LOCAL_RAY = ("ray_kwargs.ray_init.num_cpus", "+ray_kwargs.ray_init.num_gpus",
+                 "+ray_kwargs.ray_init.include_dashboard")
+"""CPU preset keys that start Ray locally; Ray refuses them when it connects to a cluster (``--ray-address``)."""
+
+
+def cpu_cluster_overrides(nodes: int) -> dict[str, Any]:
+    """A CPU run on a Ray cluster of ``nodes`` CPU nodes, one rank (one fake GPU resource) on each.
+
+    The CPU environment (:data:`rlkit.verl.cpu.ENV`) travels to every worker in the job's runtime environment: the
+    cluster's raylets were started without it. The actor's micro-batch is cut to each rank's share of a
+    mini-batch (FSDP over ``nodes`` ranks, gloo)."""
+    per_rank = max(1, CPU_SAMPLES // CPU_UPDATES // nodes)
+    env = {f"+ray_kwargs.ray_init.runtime_env.env_vars.{k}": v for k, v in cpu.ENV.items() if not k.startswith("RAY_")}
+    micro = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"
+    return {**env, micro: min(per_rank, CPU[micro])}
 
 
 # ------------------------------------------------------------------------------------------------ check
@@ -358,19 +392,38 @@ def run(p: Plan, cfg, *, resume: bool = False, limits: runner.Limits | None = No
         shutil.copyfile(source, run_dir / TOOL_CONFIG_NAME)
     if limits is None:
         limits = CPU_LIMITS if p.device == "cpu" else GPU_LIMITS
-        if p.remote:  # the metrics file is written where Ray runs verl's trainer: maybe not on this machine
-            limits = runner.Limits(startup_s=None, step_s=None, error_grace_s=limits.error_grace_s)
+        if p.remote:  # the metrics file and the processes are where Ray runs verl: maybe not on this machine
+            limits = dataclasses.replace(limits, startup_s=None, step_s=None, idle_s=None)
     print(f"main_ppo running; its output goes to {run_dir / runner.LOG}", flush=True)
-    result = _execute(argv, run_dir=run_dir, env=dict(p.env), limits=limits, resume_after=step,
-                      total_steps=cfg.trainer.get("total_training_steps"), echo=echo)
+    for attempt in range(1, RAY_START_TRIES + 1):
+        result = _execute(argv, run_dir=run_dir, env=dict(p.env), limits=limits, resume_after=step,
+                          total_steps=cfg.trainer.get("total_training_steps"), echo=echo)
+        if p.remote or not runner.ray_start_failed(result) or attempt == RAY_START_TRIES:
+            break
+        print(f"Ray did not start its local node (try {attempt} of {RAY_START_TRIES}, load average "
+              f"{_load()}); trying again in {RAY_RETRY_PAUSE_S:.0f} s", flush=True)
+        time.sleep(RAY_RETRY_PAUSE_S)
     if result.outcome == "finished":
         print(f"finished in {result.seconds:.0f} s: {len(result.steps)} step(s) added to {run_dir / runner.METRICS}")
+    elif runner.ray_start_failed(result):
+        print(f"rlkit launch: Ray could not start its local node in {attempt} tries: it waits 30 s for its raylet "
+              f"(a limit fixed in Ray's code) and this machine is loaded (load average {_load()}). Close other "
+              f"work and launch again; full output: {run_dir / runner.LOG}", file=sys.stderr)
     else:
-        print(f"rlkit launch: main_ppo {result.outcome} after {result.seconds:.0f} s (exit {result.returncode}); "
-              f"full output: {run_dir / runner.LOG}", file=sys.stderr)
+        where = f" in phase: {result.phase}" if result.phase else ""
+        print(f"rlkit launch: main_ppo {result.outcome} after {result.seconds:.0f} s{where} (exit "
+              f"{result.returncode}); full output: {run_dir / runner.LOG}", file=sys.stderr)
         if result.error:
             print(result.error, file=sys.stderr)
     return result.returncode
+
+
+def _load() -> str:
+    """``os.getloadavg()``'s 1-minute figure against the cores, e.g. ``3.9 on 2 cores``."""
+    try:
+        return f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+    except OSError:
+        return "unknown"
 
 
 def _execute(argv: list[str], **kwargs: Any) -> runner.Result:
@@ -415,6 +468,5 @@ def main(args) -> int:
     limits = None
     if args.timeout is not None:
         base = CPU_LIMITS if p.device == "cpu" else GPU_LIMITS
-        limits = runner.Limits(startup_s=base.startup_s, step_s=base.step_s, error_grace_s=base.error_grace_s,
-                               total_s=args.timeout)
+        limits = dataclasses.replace(base, total_s=args.timeout)
     return run(p, cfg, resume=args.resume, limits=limits, echo=args.verbose, force=getattr(args, "force", False))

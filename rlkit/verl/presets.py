@@ -366,6 +366,7 @@ CPU: dict[str, Any] = {
     "+actor_rollout_ref.rollout.enable_sleep_mode": False,
     "actor_rollout_ref.rollout.free_cache_engine": False,
     "actor_rollout_ref.rollout.agent.num_workers": 1,
+    "+actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend": "uni",  # no worker process
     # toy scale: 64-token answers, 256 training problems, 64 held-out problems greedily every 5 steps, a
     # checkpoint every 5 steps
     "data.max_prompt_length": 256,
@@ -380,6 +381,12 @@ CPU: dict[str, Any] = {
     # Ray local: one fake GPU resource for verl's placement; CPU slots are scheduling units, not cores
     "ray_kwargs.ray_init.num_cpus": 16,
     "+ray_kwargs.ray_init.num_gpus": 1,
+    "+ray_kwargs.ray_init.include_dashboard": False,
+    "+ray_kwargs.ray_init.address": "local",  # a Ray of its own, even where `ray start` left one running
+    # one process per role: every Ray actor is a Python process that imports verl (~10 s of CPU each), and
+    # verl's defaults start 8 reward-loop workers and 8 TransferQueue storage units
+    "reward.num_workers": 1,
+    "transfer_queue.backend.SimpleStorage.num_data_storage_units": 1,
 }
 """Overrides of every CPU run (after the method's preset; the user's own overrides still come last)."""
 

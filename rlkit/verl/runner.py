@@ -6,10 +6,16 @@ it prints to ``runs/<experiment>/launch.log``, and watches it:
 - **progress**: verl's ``file`` logger writes each step's line to ``verl_metrics.jsonl`` (:data:`VERL_METRICS`;
   verl truncates that file at every start); the watchdog copies each new line into ``metrics.jsonl``, fsynced
   (:class:`rlkit.metrics.MetricsWriter`), and prints a one-line summary of the step;
-- **limits** (:class:`Limits`): the first line must come within ``startup_s``, each later one within ``step_s``
-  of the last, and once a Python traceback appears in the output the run must log a step or exit within
-  ``error_grace_s`` (a failure inside a Ray worker or vLLM can leave the driver waiting forever: the weight-sync
-  failure of vLLM's CPU build did);
+- **phases** (:data:`PHASES`): the start-up phase the run is in (Ray, verl's trainer process, TransferQueue and
+  data, FSDP workers, vLLM servers, agent loop), read from the output, then the step; the launch records when
+  each began in ``launch.json``, and a stopped launch names the phase it stalled in;
+- **liveness** (:class:`Limits`): a run is alive while it makes progress — a metrics line, an output line (not a
+  periodic status line), or its process tree using CPU (``idle_cpu`` of a core, read from ``/proc``). It is stopped
+  when it makes none for ``idle_s``: a real hang waits without computing. A slow run on a loaded machine computes,
+  so it is not stopped for being slow, up to the ceilings: the first metrics line within ``startup_s``, each later
+  one within ``step_s`` of the last (a run that spins without progress ends there). Once a Python traceback
+  appears in the output the run must log a step or exit within ``error_grace_s`` (a failure inside a Ray worker or
+  vLLM can leave the driver waiting forever: the weight-sync failure of vLLM's CPU build did);
 - **ending**: on a limit, Ctrl-C or SIGTERM it stops the whole process tree — ``main_ppo``, Ray's processes and
   vLLM's, found by an environment marker each of them inherits (:data:`MARKER`), since Ray starts some of them in
   sessions of their own — and reports the underlying error (:func:`describe_error`): the first traceback in the
@@ -36,7 +42,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -59,6 +65,20 @@ _CARETS = re.compile(r"\s*[\^~]+\s*")
 _RAY_PREFIX = re.compile(r"^(?:\x1b\[\d+m)?\([\w.:]+(?: pid=\d+(?:, ip=[\d.]+)?)?\)(?:\x1b\[0m)? ?")
 _RAY_REPEATED = re.compile(r"(?:\x1b\[\d+m)? ?\[repeated \d+x across cluster\](?:\x1b\[0m)?$")
 _LOG_HEADER = re.compile(r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d [\d:]+ \[[^\]]+\] ")
+_STATUS_LINE = re.compile(r"pending: \d+, running: \d+, finished: |PYTHON worker processes have been started")
+"""Lines a waiting run prints periodically (verl's replay buffer, Ray's raylet): not progress."""
+
+PHASES: tuple[tuple[str, re.Pattern | None], ...] = (
+    ("main_ppo start (imports, config)", None),
+    ("Ray start-up", re.compile(r"ray init kwargs")),
+    ("verl's trainer process (TaskRunner)", re.compile(r"Started a local Ray instance|Connected to Ray cluster")),
+    ("TransferQueue and datasets", re.compile(r"\(TaskRunner\w* pid=\d+")),
+    ("actor and reference workers (FSDP)", re.compile(r"create worker group")),
+    ("rollout servers (vLLM)", re.compile(r"actor and ref model engine initialized")),
+    ("agent loop, then validation before training", re.compile(r"all initialize finished, ready to fit")),
+)
+"""main_ppo's start-up phases, in order, each entered at the first output line matching its pattern (verl 0.9.1's
+and Ray's own messages); after the first metrics line the phase is the step being run."""
 
 
 @dataclass(frozen=True)
@@ -66,16 +86,20 @@ class Limits:
     """How long a launch may go without progress before the watchdog stops it (seconds; None: no limit)."""
 
     startup_s: float | None = 1800.0
-    """Start to the first step's metrics line (Ray, model loading, vLLM start-up and warm-up, step 1)."""
+    """Ceiling from the start to the first metrics line (Ray, model loading, vLLM start-up, step 1 or validation)."""
     step_s: float | None = 3600.0
-    """Between two metrics lines (one step, with validation and checkpointing)."""
+    """Ceiling between two metrics lines (one step, with validation and checkpointing)."""
     error_grace_s: float = 120.0
     """After a traceback appears in the output: time to log a step or exit before the run counts as hung."""
     total_s: float | None = None
     """The whole launch."""
+    idle_s: float | None = None
+    """No progress (metrics line, output line, CPU use of ``idle_cpu`` cores) for this long: stalled."""
+    idle_cpu: float = 0.1
+    """Cores the process tree must use, averaged over a sample, for its CPU time to count as progress."""
 
     def __post_init__(self) -> None:
-        for name in ("startup_s", "step_s", "error_grace_s", "total_s"):
+        for name in ("startup_s", "step_s", "error_grace_s", "total_s", "idle_s", "idle_cpu"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"{name} must be > 0 seconds, got {value!r}")
@@ -95,6 +119,13 @@ class Result:
     """The underlying error (:func:`describe_error`: the first traceback, and the exception that ended the run),
     when the launch did not finish."""
     seconds: float
+    phases: list[tuple[str, float]] = field(default_factory=list)
+    """Each phase the launch entered (:data:`PHASES`, then ``step N``) and the second it began."""
+
+    @property
+    def phase(self) -> str | None:
+        """The phase the launch was in when it ended."""
+        return self.phases[-1][0] if self.phases else None
 
 
 # ------------------------------------------------------------------------------------------------ resume
@@ -153,6 +184,39 @@ def marked_pids(marker: str) -> list[int]:
         if needle in environ + b"\0":
             pids.append(int(entry.name))
     return pids
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pids: Sequence[int]) -> dict[int, float]:
+    """User + system CPU seconds of each process of ``pids`` still there (Linux ``/proc/<pid>/stat``)."""
+    seconds = {}
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        seconds[pid] = (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime, stime
+    return seconds
+
+
+class _CpuUse:
+    """The cores a launch's process tree uses, sampled: CPU seconds gained since the last sample over its seconds."""
+
+    def __init__(self, marker: str, proc: subprocess.Popen) -> None:
+        self.marker, self.proc = marker, proc
+        self.last, self.at = cpu_seconds(self._pids()), time.monotonic()
+
+    def _pids(self) -> list[int]:
+        return [self.proc.pid, *marked_pids(self.marker)]
+
+    def sample(self) -> float:
+        now, seconds = time.monotonic(), cpu_seconds(self._pids())
+        gained = sum(max(0.0, t - self.last.get(pid, 0.0)) for pid, t in seconds.items())
+        cores = gained / max(now - self.at, 1e-6)
+        self.last, self.at = seconds, now
+        return cores
 
 
 def stop_tree(proc: subprocess.Popen | None, marker: str, *, grace_s: float = 10.0) -> None:
@@ -250,18 +314,36 @@ def _shorten(block: list[str], context: int) -> str:
     return "\n".join(block)
 
 
+_RAY_START_FAILED = re.compile(r"node timed out during startup|Failed to connect to GCS|waiting for node to startup|"
+                               r"Failed to (?:start|register) the (?:GCS|raylet)")
+
+
+def ray_start_failed(result: Result) -> bool:
+    """The launch failed while Ray was starting its local node (Ray waits 30 s for its raylet, a limit fixed in
+    ``ray/_private/node.py``: on a loaded machine it can run out), before any step: worth one more try."""
+    early = {name for name, _ in PHASES[:3]}
+    return (result.outcome == "failed" and not result.steps and result.phase in early
+            and bool(result.error and _RAY_START_FAILED.search(result.error)))
+
+
 # ------------------------------------------------------------------------------------------------ the watch
 
 
 class _Output(threading.Thread):
     """Copies the child's output to the log (and, with ``echo``, to the terminal), noting tracebacks."""
 
-    def __init__(self, stream: IO[bytes], log: IO[str], echo: bool) -> None:
+    def __init__(self, stream: IO[bytes], log: IO[str], echo: bool, start: float) -> None:
         super().__init__(daemon=True)
-        self.stream, self.log, self.echo = stream, log, echo
+        self.stream, self.log, self.echo, self.began = stream, log, echo, start
         self.tail: deque[str] = deque(maxlen=400)
         self.first_error: list[str] = []  # the output from the first traceback on (300 lines)
         self.error_at: float | None = None
+        self.line_at = start  # the last output line that is not a periodic status line
+        self.phases: list[tuple[str, float]] = [(PHASES[0][0], 0.0)]
+        self._next_phase = 1
+
+    def enter(self, phase: str) -> None:
+        self.phases.append((phase, round(time.monotonic() - self.began, 1)))
 
     def run(self) -> None:
         for raw in iter(self.stream.readline, b""):
@@ -269,6 +351,13 @@ class _Output(threading.Thread):
             self.log.write(line)
             self.log.flush()
             self.tail.append(line)
+            if not _STATUS_LINE.search(line):
+                self.line_at = time.monotonic()
+            for i in range(self._next_phase, len(PHASES)):  # phases only move forward; one may be skipped
+                if PHASES[i][1].search(line):
+                    self.enter(PHASES[i][0])
+                    self._next_phase = i + 1
+                    break
             if (self.first_error or _TRACEBACK.search(line)) and len(self.first_error) < 300:
                 self.first_error.append(line)
             if self.error_at is None and _FATAL.search(line):
@@ -351,8 +440,10 @@ def execute(argv: Sequence[str], *, run_dir: str | os.PathLike, env: Mapping[str
         log.flush()
         proc = subprocess.Popen(list(argv), env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
-        output = _Output(proc.stdout, log, echo)
+        output = _Output(proc.stdout, log, echo, start)
         output.start()
+        cpu_use, cpu_every_s, cpu_at = _CpuUse(marker, proc), max(poll_s, min(5.0, (limits.idle_s or 15.0) / 3)), start
+        last_active, cores, reason = start, 0.0, None
         interrupted: list[int] = []
         previous = {}
         if threading.current_thread() is threading.main_thread():  # Ctrl-C / SIGTERM: stop the tree, then return
@@ -363,6 +454,7 @@ def execute(argv: Sequence[str], *, run_dir: str | os.PathLike, env: Mapping[str
                 for record in relay.poll():
                     last_progress = time.monotonic()
                     output.error_at = None  # progress after a traceback: it was not fatal
+                    output.enter(f"step {int(record['step']) + 1}")
                     if report is not None:
                         report(record, total_steps)
                 if proc.poll() is not None:
@@ -372,8 +464,14 @@ def execute(argv: Sequence[str], *, run_dir: str | os.PathLike, env: Mapping[str
                     outcome = "finished" if returncode == 0 else "failed"
                     break
                 now = time.monotonic()
+                if now - cpu_at >= cpu_every_s:
+                    cores, cpu_at = cpu_use.sample(), now
+                    if cores >= limits.idle_cpu:
+                        last_active = now
+                last_active = max(last_active, last_progress, output.line_at)
                 waited = now - last_progress
                 limit = limits.step_s if relay.steps else limits.startup_s
+                phase = output.phases[-1][0]
                 reason = None
                 if interrupted:
                     reason, outcome = "interrupted", "interrupted"
@@ -384,7 +482,12 @@ def execute(argv: Sequence[str], *, run_dir: str | os.PathLike, env: Mapping[str
                                        f"{limits.error_grace_s:.0f} s"), "hung"
                 elif limit is not None and waited > limit:
                     what = "a step" if relay.steps else "its first step"
-                    reason, outcome = f"no metrics line for {waited:.0f} s (limit {limit:.0f} s for {what})", "stalled"
+                    reason, outcome = (f"no metrics line for {waited:.0f} s (limit {limit:.0f} s for {what}) "
+                                       f"in phase: {phase}"), "stalled"
+                elif limits.idle_s is not None and now - last_active > limits.idle_s:
+                    reason, outcome = (f"no progress for {now - last_active:.0f} s in phase: {phase} (no metrics "
+                                       f"line, no output, its processes using {cores:.2f} of a core, under "
+                                       f"{limits.idle_cpu:g})"), "stalled"
                 if reason is not None:
                     log.write(f"\n===== rlkit watchdog: stopping the launch: {reason}\n")
                     log.flush()
@@ -403,13 +506,16 @@ def execute(argv: Sequence[str], *, run_dir: str | os.PathLike, env: Mapping[str
             relay.poll()
             relay.close()
     error = None if outcome == "finished" else describe_error(output.first_error, list(output.tail))
+    if outcome == "stalled" and reason is not None:
+        error = f"{reason}\n{error}" if error else reason
     seconds = time.monotonic() - start
     launch_record.update(outcome=outcome, returncode=returncode, seconds=round(seconds, 1), steps=relay.steps,
-                         error=error)
+                         error=error, phases=[{"phase": name, "at_s": at} for name, at in output.phases])
     (run_dir / LAUNCH).write_text(json.dumps(launch_record, indent=2))
-    return Result(returncode=returncode, outcome=outcome, steps=relay.steps, error=error, seconds=seconds)
+    return Result(returncode=returncode, outcome=outcome, steps=relay.steps, error=error, seconds=seconds,
+                  phases=list(output.phases))
 
 
-__all__ = ["LAUNCH", "LOG", "MARKER", "METRICS", "VERL_METRICS", "Limits", "Result", "checkpoint_steps",
-           "describe_error", "execute", "last_error", "traceback_blocks", "logged_steps", "marked_pids", "resume_point", "stop_previous", "stop_tree",
-           "strip_ray_prefix"]
+__all__ = ["LAUNCH", "LOG", "MARKER", "METRICS", "PHASES", "VERL_METRICS", "Limits", "Result", "checkpoint_steps",
+           "cpu_seconds", "describe_error", "execute", "last_error", "logged_steps", "marked_pids", "ray_start_failed",
+           "resume_point", "stop_previous", "stop_tree", "strip_ray_prefix", "traceback_blocks"]
