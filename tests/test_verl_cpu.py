@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from rlkit.verl import cpu
+from rlkit.verl.from_tiny import VLLM_HEAD_SIZES
 
 pytestmark = pytest.mark.verl
 pytest.importorskip("verl")
@@ -75,7 +76,7 @@ def test_vllm_record_names_the_cpu_build_to_verl_and_vllm():
 def test_vllm_head_sizes_are_vllms_own():
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
-    assert tuple(CPUAttentionBackend.get_supported_head_sizes()) == cpu.VLLM_HEAD_SIZES
+    assert tuple(CPUAttentionBackend.get_supported_head_sizes()) == VLLM_HEAD_SIZES
 
 
 @needs_vllm_cpu

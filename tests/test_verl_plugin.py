@@ -55,6 +55,14 @@ def entropy_like(b, seed):
 # --------------------------------------------------------------------------- registration
 
 
+def in_a_fresh_process(code: str) -> dict:
+    """The JSON that ``code`` prints last, run by a fresh Python with verl's plugins on."""
+    env = {k: v for k, v in os.environ.items() if k != "VERL_USE_EXTERNAL_PLUGINS"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def test_names_registered_in_a_fresh_import_verl_process():
     """verl loads the entry point itself: nothing but ``import verl`` runs before the lookup."""
     code = (
@@ -65,10 +73,7 @@ def test_names_registered_in_a_fresh_import_verl_process():
         "                  'adv': {n: f.__module__ for n, f in core_algos.ADV_ESTIMATOR_REGISTRY.items()},\n"
         "                  'trainer': {n: c.__module__ for n, c in TRAINER_REGISTRY.items()}}))\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "VERL_USE_EXTERNAL_PLUGINS"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    names = json.loads(out.stdout.strip().splitlines()[-1])
+    names = in_a_fresh_process(code)
     hint = "the verl.plugins entry point is missing: reinstall rlkit (pip install -e .) to refresh its metadata"
     for name in POLICY_LOSSES:
         assert names["loss"].get(name) == "rlkit.verl.plugin", hint
@@ -100,10 +105,29 @@ def test_a_failing_registration_is_logged_as_an_error_not_swallowed(monkeypatch,
     def broken():
         raise RuntimeError("simulated registration failure")
 
-    monkeypatch.setattr(plugin, "register", broken)
+    # a module already imported runs its hook at once, as a fresh process does on importing it
+    monkeypatch.setitem(plugin.ON_IMPORT, "verl.trainer.ppo.core_algos", broken)
     with caplog.at_level(logging.ERROR, logger="rlkit.verl"), pytest.raises(RuntimeError, match="simulated"):
         plugin._load()
-    assert any(r.levelno == logging.ERROR and "failed to register" in r.getMessage() for r in caplog.records)
+    assert any(r.levelno == logging.ERROR and "failed to register" in r.getMessage()
+               and "verl.trainer.ppo.core_algos" in r.getMessage() for r in caplog.records)
+
+
+def test_import_verl_leaves_verls_trainer_and_agent_loop_to_the_processes_that_use_them():
+    # each registration waits for its verl module (plugin.ON_IMPORT): a process that never looks a name up does not
+    # import verl's trainer, agent loop or vLLM for rlkit
+    code = (
+        "import json, sys, verl\n"
+        "before = sorted(m for m in ('verl.trainer.ppo.core_algos', 'verl.trainer.ppo.v1.trainer_base',\n"
+        "    'verl.experimental.agent_loop', 'rlkit.verl.trainer', 'rlkit.verl.tools', 'vllm') if m in sys.modules)\n"
+        "from verl.trainer.ppo import core_algos\n"
+        "from verl.experimental.agent_loop.tool_parser import ToolParser\n"
+        "print(json.dumps({'before': before, 'loss': 'rlkit_ppo' in core_algos.POLICY_LOSS_REGISTRY,\n"
+        "                  'parser': 'rlkit_code' in ToolParser._registry}))\n"
+    )
+    seen = in_a_fresh_process(code)
+    assert seen["before"] == [], f"imported by `import verl` alone: {seen['before']}"
+    assert seen["loss"] and seen["parser"], seen
 
 
 def test_a_name_held_by_another_function_is_refused(monkeypatch):

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from rlkit.verl import TRAINER, cpu
+from rlkit.verl.from_tiny import VLLM_HEAD_SIZES
 from rlkit.verl.presets import METHODS, LaunchError
 
 # ------------------------------------------------------------------------------------------------ overrides
@@ -283,9 +284,9 @@ def check_cpu_model(model: str) -> None:
     head = config.get("head_dim") or (hidden // heads if heads and hidden else None)
     if head is None:
         raise LaunchError(f"--model {model}: config.json gives neither head_dim nor hidden_size/num_attention_heads")
-    if head not in cpu.VLLM_HEAD_SIZES:
+    if head not in VLLM_HEAD_SIZES:
         raise LaunchError(f"--model {model}: attention head size {head}, which vLLM's CPU attention refuses; it "
-                          f"takes {', '.join(map(str, cpu.VLLM_HEAD_SIZES))}")
+                          f"takes {', '.join(map(str, VLLM_HEAD_SIZES))}")
     if not any((path / name).exists() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
         raise LaunchError(f"--model {model}: no tokenizer files (tokenizer.json / tokenizer_config.json)")
 

@@ -44,8 +44,6 @@ from typing import Any
 
 import torch
 
-from rlkit.verl.from_tiny import VLLM_HEAD_SIZES  # noqa: F401  (vLLM CPU attention's head sizes; checked at launch)
-
 PLATFORM = "cpu"
 """verl's name of the platform (``VERL_PLATFORM``)."""
 
@@ -350,6 +348,6 @@ def install() -> None:
         install_version_record()
 
 
-__all__ = ["ENV", "INSTALL", "KEEP_WEIGHTS", "PLATFORM", "VLLM_HEAD_SIZES", "VllmCpuFinder", "active", "dedupe_backend",
+__all__ = ["ENV", "INSTALL", "KEEP_WEIGHTS", "PLATFORM", "VllmCpuFinder", "active", "dedupe_backend",
            "device_module", "install", "install_version_record", "keep_vllm_weights", "platform_class",
            "rollout_stack", "vllm_plugin"]
