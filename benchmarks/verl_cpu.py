@@ -93,7 +93,8 @@ class ProcessCpu(threading.Thread):
         if not self._wait_for(lambda: self._rows(1)):
             return
         for pid, secs in cpu_seconds(marked_pids(marker)).items():
-            self.startup[role(pid)] = self.startup.get(role(pid), 0.0) + secs
+            name = role(pid)
+            self.startup[name] = self.startup.get(name, 0.0) + secs
         if not self._wait_for(lambda: self._rows(self.first + 1)):
             return
         before = cpu_seconds(marked_pids(marker))
@@ -153,9 +154,8 @@ def import_cpu_s(module: str, tries: int = 3) -> float:
 VLLM_ALONE = """
 import json, statistics, sys, time
 from vllm import LLM, SamplingParams
-model, n, tokens = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-llm = LLM(model=model, enforce_eager=True, dtype="float32", max_model_len=512, distributed_executor_backend="uni",
-          enable_prefix_caching=False, max_num_batched_tokens=2048, seed=0)
+model, n, tokens, engine = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4])
+llm = LLM(model=model, distributed_executor_backend="uni", seed=0, **engine)
 params = SamplingParams(temperature=1.0, max_tokens=tokens, ignore_eos=True, logprobs=0)
 prompts = [{"prompt_token_ids": list(range(5, 65))}] * n
 times = []
@@ -172,9 +172,13 @@ def vllm_alone(responses: int, tokens: int) -> float:
     run's environment) to sample ``responses`` × ``tokens`` tokens from the CPU runs' model: generation without
     verl's agent loop, TransferQueue, reward worker and server around it."""
     from rlkit.verl import cpu
-    from rlkit.verl.presets import default_cpu_model
+    from rlkit.verl.presets import CPU, default_cpu_model
 
-    out = subprocess.run([sys.executable, "-c", VLLM_ALONE, default_cpu_model(), str(responses), str(tokens)],
+    rollout = "actor_rollout_ref.rollout."
+    engine = {key: CPU[rollout + key] for key in ("enforce_eager", "dtype", "max_model_len", "max_num_batched_tokens",
+                                                   "enable_prefix_caching")}
+    out = subprocess.run([sys.executable, "-c", VLLM_ALONE, default_cpu_model(), str(responses), str(tokens),
+                          json.dumps(engine)],
                          check=True, capture_output=True, text=True, env={**os.environ, **cpu.ENV}, timeout=600)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
