@@ -1,39 +1,59 @@
-"""Paper claims judged from run files: intervals that cover, margins with a stated source, findings in words.
+"""Paper claims judged from run files: margins declared before the runs, seeds added where a claim needs them,
+intervals that cover, findings in words.
 
 A claim names a metric, the direction the paper expects (``higher``/``lower``/``not_lower``/``equal`` than a
 baseline paired by seed, a ``rise`` over the run's own first value, or ``at_least`` a threshold) and an **activity**
 metric of the mechanism it tests: below its gate the runs say nothing about the claim — "not exercised", never
-"does not hold".
+"does not hold". A gate reads the mechanism's own action, never the outcome the claim is about; a run that
+collapses is told as a finding (:func:`collapse_facts`), never hidden behind a gate.
 
 **The estimate and its interval.** Per seed the difference d_s (the run minus its baseline, or the value minus the
-threshold) is the mean of the last ``window`` logged values. The 90% interval of the mean difference is a
-t-interval over seeds (n − 1 degrees of freedom). When the runs saved per-problem results of the final evaluation
-(``eval.jsonl``, for ``val/acc_final``), the interval counts both sources of variation: the variance of the per-seed
-means over seeds plus that of the per-problem means over problems, with Welch–Satterthwaite degrees of freedom
-(:func:`seeds_problems_interval`). A simulation test measures both intervals' coverage at the sizes used (3 seeds;
-3 seeds × 1,000 problems). The 3-seed percentile bootstrap they replace covered about 64% of the time.
+threshold) is the mean of the last ``window`` logged values. Its interval is a Student-t interval over seeds
+(n − 1 degrees of freedom). When the runs saved per-problem results of the final evaluation (``eval.jsonl``, for
+``val/acc_final``), the interval counts both sources of variation, each with its own t quantile and the two
+half-widths added in quadrature — √(t²_{S−1}·v_seeds + t²_{P−1}·v_problems) (:func:`seeds_problems_interval`): a
+sum-of-t² rule, exact when either part vanishes and conservative between, not Welch–Satterthwaite (which
+undercovers at 3 seeds).
 
-**The margin** an effect must clear, with its source:
+**The margin** m is declared in the claim's spec with its source (``tolerance`` and ``margin_source``): the
+paper's effect, or a smallest effect of interest at this scale, stated against the baseline's measured seed spread.
+It is never computed from the runs being judged; :func:`margin_check` compares it with the baseline's spread in
+published runs (a test fails when it is far off) and adopts nothing. A non-inferiority margin is never wider than
+the effect the paper claims (``paper_effect``).
 
-- ``higher``/``lower``: the larger of the claim's tolerance and the **null** — the 95th percentile of |Δ| between
-  the baseline's own seeds and between the baseline and each method named in ``without`` (methods that lack the
-  mechanism), seed-paired. A null method whose own differences from the baseline have a 90% interval excluding 0 has
-  a systematic effect of its own on the metric and is left out (and named).
-- ``not_lower``/``equal``: the tolerance — the smallest difference that matters — never wider than the effect the
-  paper claims (``paper_effect``).
-- ``rise``/``at_least``: the tolerance (the rise that counts; the threshold).
+**Seeds: a pre-declared sequential rule** (:class:`SeedRule`, in each spec's ``seed_rule``). Every run starts with
+``start`` seeds (3); after each round the claims still *inconclusive* get ``batch`` more seeds (3) for the runs
+they compare, up to ``cap`` (12); decided claims stop (:func:`next_round`). The error control is **Bonferroni
+α-spending over the K planned looks** (3, 6, 9, 12 seeds: K = 4): every look's interval is a two-sided
+1 − α/(2K) interval, α = 0.10, i.e. each one-sided test at α/(4K) = 0.3125% (:func:`look_level`). Why this and not the
+alternatives: the union bound makes the intervals of all looks hold simultaneously whatever the dependence between
+looks and whatever interval a look uses (the seeds × problems one has no independent-increments structure, which
+Pocock and O'Brien–Fleming boundaries assume, and their constants assume normal seeds); a confidence sequence
+needs bounded metrics and at n ≤ 12 is several times wider; AdaStop-style permutation tests cannot reject at all
+with 3 paired seeds (2³ sign flips). Half of α is held back (the factor 2 in 1 − α/(2K)) because seed
+distributions are not normal: simulated at the sizes used (tests/test_claims_coverage.py), the final intervals
+under the stopping rule cover the true difference ≥ 0.89 for normal seeds (0.96), a skewed lognormal (σ = 0.5:
+0.92) and collapse mixtures (10% of seeds 5 SD off: 0.91; 30% 3 SD off: 0.94), the worst case being a true effect
+on the margin itself. **Not covered**: heavier skew (lognormal σ = 1: 0.79) and a collapse in 20% of seeds 5 SD
+off (0.87) — :data:`NOT_COVERED`, said on every page beside the rules. A fixed number of seeds (``--seeds N``) is
+one look: K = 1, a 95% interval.
 
-**Verdicts** (the signed difference δ is positive in the claim's direction, [lo, hi] its interval, m the margin):
+**Verdicts** (δ signed positive in the claim's direction, [lo, hi] its interval at the look's level, m the margin):
 
-- superiority (higher, lower, rise, at_least): *holds* if lo > m; *does not hold: opposite effect* if hi < 0;
-  *does not hold: no effect* if hi ≤ m (any effect is smaller than the margin); otherwise *inconclusive*.
-- non-inferiority (not_lower): *holds* if lo > −m; *does not hold: opposite effect* if hi < 0 and lo ≤ −m (shown
-  lower, and not shown to be within the margin); *does not hold: no effect* never applies; otherwise
-  *inconclusive*.
-- equivalence (equal): *holds* if −m < lo and hi < m (two one-sided tests at 5%); *does not hold: differs* if the
-  interval lies entirely beyond ±m; otherwise *inconclusive*.
+- superiority (higher, lower, rise): *holds* if lo > m; *does not hold: opposite effect* if hi < 0; *does not
+  hold: no effect* if −m < lo ≤ 0 ≤ hi < m — the whole interval inside ±m, an equivalence result (two one-sided
+  tests, TOST); *does not hold: an effect smaller than the margin* if 0 < lo and hi ≤ m (an effect is shown, and
+  shown to be below the margin); otherwise *inconclusive*.
+- threshold (at_least, m = 0 over the threshold): *holds* if lo > 0; *does not hold: no effect* (not above the
+  threshold) if hi < 0; otherwise *inconclusive*.
+- non-inferiority (not_lower): *holds* if lo > −m; *does not hold: opposite effect* if hi < −m (worse by more than
+  the margin); otherwise *inconclusive*.
+- equivalence (equal): *holds* if −m < lo and hi < m (TOST); *does not hold: differs* if the interval lies
+  entirely beyond ±m; otherwise *inconclusive*.
 
-Every judged record carries a ``finding``: one sentence with the direction and size of what was found.
+Every judged record carries a ``finding`` (one sentence with the direction and size of what was found), the
+``level`` of its interval, the per-seed ``spread`` of its differences and ``collapsed`` (per-seed facts of the runs
+that collapsed, or None).
 """
 
 from __future__ import annotations
@@ -55,28 +75,84 @@ from rlkit.lab.plots import SHARES, Run, load_run
 from rlkit.tiny.config import REGIMES
 
 EXPECT = ("lower", "higher", "not_lower", "equal", "rise", "at_least")
-HOLDS, NO_EFFECT, OPPOSITE, DIFFERS, INCONCLUSIVE, IDLE, UNTESTABLE, DROPPED = (
-    "holds", "does not hold: no effect", "does not hold: opposite effect", "does not hold: differs",
-    "inconclusive", "not exercised", "not testable on a CPU", "dropped")
-FAILS = (NO_EFFECT, OPPOSITE, DIFFERS)
-VERDICTS = (HOLDS, NO_EFFECT, OPPOSITE, DIFFERS, INCONCLUSIVE, IDLE, UNTESTABLE, DROPPED)
-COLOURS = {HOLDS: "#d8f0d8", NO_EFFECT: "#f6d5d5", OPPOSITE: "#f6d5d5", DIFFERS: "#f6d5d5",
+HOLDS, NO_EFFECT, SMALLER, OPPOSITE, DIFFERS, INCONCLUSIVE, IDLE, UNTESTABLE, DROPPED = (
+    "holds", "does not hold: no effect", "does not hold: an effect smaller than the margin",
+    "does not hold: opposite effect", "does not hold: differs", "inconclusive", "not exercised",
+    "not testable on a CPU", "dropped")
+FAILS = (NO_EFFECT, SMALLER, OPPOSITE, DIFFERS)
+DECIDED = (HOLDS, *FAILS)
+VERDICTS = (HOLDS, NO_EFFECT, SMALLER, OPPOSITE, DIFFERS, INCONCLUSIVE, IDLE, UNTESTABLE, DROPPED)
+COLOURS = {HOLDS: "#d8f0d8", NO_EFFECT: "#f6d5d5", SMALLER: "#f6d5d5", OPPOSITE: "#f6d5d5", DIFFERS: "#f6d5d5",
            INCONCLUSIVE: "#fbeccb", IDLE: "#eeeeee", UNTESTABLE: "#eeeeee", DROPPED: "#eeeeee"}
-LEVEL = 0.90
-"""Every interval is a two-sided 90% interval (one-sided tests at 5%)."""
+ALPHA = 0.10
+"""The family error of a claim's intervals over all its looks (two-sided)."""
+LEVEL = 1 - ALPHA
+"""The nominal coverage every claim's final interval is held to (0.90; each look's own level: :func:`look_level`)."""
+NOT_COVERED = ("lognormal seed differences with σ = 1 (skewness 6): 0.79 at a true effect on the margin; a collapse in "
+               "20% of seeds, 5 seed SDs off: 0.87")
+"""Seed distributions under which the final intervals were measured to cover less than 0.89 (module doc)."""
+
+
+def look_level(looks: int) -> float:
+    """The two-sided level of each look's interval when a claim may be looked at ``looks`` times (Bonferroni
+    α-spending, half of α held back for non-normal seeds): 1 − α/(2·looks). One look (a fixed number of seeds): 0.95;
+    the default rule's four: 0.9875."""
+    if looks < 1:
+        raise ValueError(f"looks must be ≥ 1, got {looks}")
+    return 1 - ALPHA / (2 * looks)
+
+
+@dataclass(frozen=True)
+class SeedRule:
+    """The pre-declared sequential rule: ``start`` seeds, then ``batch`` more per round for the runs of the claims
+    still inconclusive, up to ``cap`` (module doc)."""
+
+    start: int = 3
+    batch: int = 3
+    cap: int = 12
+
+    def __post_init__(self) -> None:
+        if not (1 <= self.start <= self.cap and self.batch >= 1):
+            raise ValueError(f"seed rule: need 1 ≤ start ≤ cap and batch ≥ 1, got {self}")
+        if self.start < 2:
+            raise ValueError("seed rule: start with at least 2 seeds (one seed has no spread)")
+
+    @property
+    def looks(self) -> list[int]:
+        """The seed counts at which a claim is judged: start, start + batch, …, cap."""
+        out = list(range(self.start, self.cap, self.batch))
+        return [*out, self.cap]
+
+    @property
+    def level(self) -> float:
+        return look_level(len(self.looks))
+
+    def look(self, n: int) -> int:
+        """The largest planned look with at most ``n`` seeds (0: fewer than ``start``)."""
+        return max([k for k in self.looks if k <= n], default=0)
+
+
+def seed_rule(spec: Any) -> SeedRule:
+    """The spec's rule (``seed_rule: {batch, cap}`` in its yaml; ``start`` is its ``seeds``)."""
+    declared = dict(getattr(spec, "seed_rule", None) or {})
+    return SeedRule(start=getattr(spec, "seeds", 3), **declared)
+
+
 RULES = (
     "Each claim is judged over seeds, paired by seed with its baseline. The estimate is the mean difference "
-    "(for accuracy, over seeds and the 1,000 held-out problems), shown with its 90% confidence interval (90% CI: a "
-    "t-interval over seeds, or over seeds and problems). Higher / lower / rise / at least: the claim holds when the "
-    "whole interval clears the margin in the claimed direction; it does not hold — no effect — when any effect is "
-    "smaller than the margin, and — opposite effect — when the interval lies on the wrong side of zero; otherwise "
-    "it is inconclusive. The margin is the larger of the claim's tolerance and the null: how far the metric moves "
-    "between the baseline's own seeds and for methods without the mechanism (those with a systematic effect of "
-    "their own on the metric left out). Not lower: holds when the interval's lower end is above −margin "
-    "(non-inferiority), where the margin is never wider than the effect the paper reports. Equal: holds when the "
-    "interval lies within ±margin. A claim whose mechanism stayed idle (its activity metric below the gate) is "
-    "not exercised.")
-
+    "(for accuracy, over seeds and the 1,000 held-out problems), shown with its confidence interval (a t-interval "
+    "over seeds, or over seeds and problems). Runs start with 3 seeds; a claim still inconclusive gets 3 more "
+    "seeds at a time, up to 12; every look's interval is widened for the number of looks (Bonferroni: 98.75% at "
+    "each of 4 looks; 95% for a fixed number of seeds), so that the final interval covers at least 90% of the time. "
+    "The margin is declared in the spec before the runs, with its source: the paper's effect or the smallest "
+    "effect that matters at this scale. Higher / lower / rise: the claim holds when the whole interval clears the "
+    "margin in the claimed direction; it does not hold — no effect — when the whole interval lies within ±margin "
+    "(equivalence); — an effect smaller than the margin — when the interval excludes zero but stays below the "
+    "margin; — opposite effect — when the interval lies on the wrong side of zero; otherwise it is inconclusive. "
+    "Not lower: holds when the interval's lower end is above −margin (non-inferiority), fails when the whole "
+    "interval is below −margin; the margin is never wider than the effect the paper reports. Equal: holds when the "
+    "interval lies within ±margin. A claim whose mechanism stayed idle (its activity metric below the gate) is not "
+    "exercised; a run that collapsed is said so. Not covered at 90% (simulated): " + NOT_COVERED + ".")
 
 
 @dataclass
@@ -87,6 +163,10 @@ class Activity:
     metric: str
     at_least: float | None = None
     at_most: float | None = None
+    baseline_too: str = ""
+    """Why the baseline's runs pass this gate as well, when they do (the gate reads a condition both share — e.g.
+    the clip binding, which CISPO acts on and GRPO drops gradients on — not the mechanism's own action). Empty: the
+    baseline must not pass it (:func:`gate_check`)."""
 
     def __post_init__(self) -> None:
         if (self.at_least is None) == (self.at_most is None):
@@ -121,12 +201,15 @@ class Claim:
     window: int = 3
     """How many of the last logged values of ``metric`` are averaged (per seed)."""
     tolerance: float = 0.0
-    """The smallest effect that counts (the margin's floor); ``at_least``: the threshold."""
+    """The margin, declared before the runs (``at_least``: the threshold)."""
+    margin_source: str = ""
+    """Where the margin comes from: the paper's effect, or the smallest effect of interest at this scale and why,
+    against the baseline's measured seed spread (required for a judged claim; shown on the page)."""
     paper_effect: float | None = None
     """The effect the paper reports, in the metric's units: a non-inferiority margin is never wider."""
     without: list[str] = field(default_factory=list)
-    """Runs of methods without the mechanism (and without a systematic effect of their own on the metric): their
-    seed-paired differences from the baseline calibrate the margin of ``higher``/``lower`` claims."""
+    """Runs of methods without the mechanism, named for the reader (their metric must be logged); they no longer
+    set the margin, which is declared (issue 32)."""
     activity: Activity | None = None
     """The mechanism's activity metric and gate (required for every judged claim)."""
     regime: str = "standard"
@@ -235,9 +318,9 @@ def seeds_problems_interval(diff: np.ndarray, level: float = LEVEL) -> tuple[flo
     With d_sp = μ + a_s + b_p + e_sp (seed, problem and residual effects), the variance of the mean is
     σ_a²/S + σ_b²/P + σ_e²/(SP). The sample variance of the seed means estimates σ_a² + σ_e²/P, that of the problem
     means σ_b² + σ_e²/S, so v_s = var(seed means)/S and v_p = var(problem means)/P over-count only σ_e²/(SP). The
-    half-width combines each part's own quantile, √(t²_{S−1}·v_s + t²_{P−1}·v_p): exact when either part vanishes and
-    conservative between (Welch–Satterthwaite degrees of freedom undercover here: 88% at 3 seeds when the seeds'
-    part dominates, tests/test_claims_coverage.py). One seed: the problems' part alone.
+    half-width combines each part's own quantile, √(t²_{S−1}·v_s + t²_{P−1}·v_p) — a sum-of-t² rule: exact when either
+    part vanishes and conservative between (Welch–Satterthwaite degrees of freedom undercover here: 88% at 3 seeds
+    when the seeds' part dominates, tests/test_claims_coverage.py). One seed: the problems' part alone.
     """
     diff = np.asarray(diff, dtype=float)
     n_s, n_p = diff.shape
@@ -249,45 +332,88 @@ def seeds_problems_interval(diff: np.ndarray, level: float = LEVEL) -> tuple[flo
     return mean, mean - half, mean + half
 
 
-# ------------------------------------------------------------------------------------------------ margins
-
-
-def null_margin(base: Mapping[int, float], nulls: Mapping[str, Mapping[int, float]]) -> tuple[float | None, list[str]]:
-    """The 95th percentile of |difference| between runs that lack the mechanism — the baseline against itself on
-    other seeds, and each null run against the baseline of the same seed — leaving out null methods whose paired
-    differences have a 90% interval excluding 0 (a systematic effect of their own). Returns (margin or None when
-    there are no pairs, the null methods left out)."""
-    seeds = sorted(base)
-    diffs = [base[a] - base[b] for i, a in enumerate(seeds) for b in seeds[i + 1 :]]
-    left_out = []
-    for name, values in nulls.items():
-        paired = [values[s] - base[s] for s in values if s in base]
-        if not paired:
-            continue
-        _, lo, hi = t_interval(paired)
-        if lo > 0 or hi < 0:
-            left_out.append(name)
-            continue
-        diffs += paired
-    return (float(np.quantile(np.abs(diffs), 0.95)) if diffs else None), left_out
-
-
 # ------------------------------------------------------------------------------------------------ the rules
 
 
 def verdict_of(expect: str, lo: float, hi: float, margin: float) -> str:
     """The verdict from the interval [lo, hi] of the difference signed in the claim's direction (module doc)."""
     if expect == "not_lower":
-        return HOLDS if lo > -margin else OPPOSITE if hi < 0 else INCONCLUSIVE
+        return HOLDS if lo > -margin else OPPOSITE if hi < -margin else INCONCLUSIVE
     if expect == "equal":
         return HOLDS if -margin < lo and hi < margin else DIFFERS if lo > margin or hi < -margin else INCONCLUSIVE
-    return HOLDS if lo > margin else OPPOSITE if hi < 0 else NO_EFFECT if hi <= margin else INCONCLUSIVE
+    if expect == "at_least":  # the margin is 0 over the threshold; below it has no "opposite"
+        return HOLDS if lo > 0 else NO_EFFECT if hi < 0 else INCONCLUSIVE
+    if lo > margin:
+        return HOLDS
+    if hi < 0:
+        return OPPOSITE
+    if hi < margin and lo > -margin:  # the whole interval inside ±margin
+        return SMALLER if lo > 0 else NO_EFFECT
+    return INCONCLUSIVE
+
+
+COLLAPSE_ZERO_FRAC = 0.9
+"""A run collapses when its held-out accuracy ends below its start and at least this share of its samples carry
+no gradient (``adv/zero_frac``, mean of the last :data:`COLLAPSE_WINDOW` steps): declared, not fitted."""
+COLLAPSE_WINDOW = 10
+
+
+def collapse_facts(run: Run) -> dict[str, Any] | None:
+    """A run's collapse facts: held-out accuracy at the start (``val/acc``, step 0) and the end (``val/acc_final``,
+    or the last ``val/acc``), the zero-advantage share and ``actor/ppo_kl`` over the last 10 steps, and whether it
+    collapsed (:data:`COLLAPSE_ZERO_FRAC`); None when the run logged no accuracy or zero-advantage share."""
+    frame = run.frame
+
+    def tail(metric: str) -> float | None:
+        if metric not in frame or frame[metric].dropna().empty:
+            return None
+        return float(frame[metric].dropna().iloc[-COLLAPSE_WINDOW:].mean())
+
+    if "val/acc" not in frame or frame["val/acc"].dropna().empty or tail("adv/zero_frac") is None:
+        return None
+    start = float(frame["val/acc"].dropna().iloc[0])
+    end_metric = "val/acc_final" if "val/acc_final" in frame and not frame["val/acc_final"].dropna().empty \
+        else "val/acc"
+    end = float(frame[end_metric].dropna().iloc[-1])
+    zero = tail("adv/zero_frac")
+    return {"seed": run.seed, "acc_start": start, "acc_end": end, "zero_adv_frac": zero,
+            "ppo_kl": tail("actor/ppo_kl"), "collapsed": end < start and zero >= COLLAPSE_ZERO_FRAC}
+
+
+def collapsed(name: str, runs: Sequence[Run]) -> dict[str, Any] | None:
+    """``{"run", "seeds": [facts of each collapsed seed], "of": seeds looked at}`` when any of ``runs`` collapsed,
+    else None."""
+    facts = [f for f in (collapse_facts(r) for r in runs) if f is not None]
+    gone = [f for f in facts if f["collapsed"]]
+    return {"run": name, "seeds": gone, "of": len(facts)} if gone else None
+
+
+def collapse_sentence(c: Mapping[str, Any]) -> str:
+    """``"cispo-stress collapses in 3 of 3 seeds: held-out accuracy 0.04 → 0–0.01, …"``."""
+    seeds = c["seeds"]
+
+    def span(key: str) -> str:
+        values = [f[key] for f in seeds if f[key] is not None]
+        if not values:
+            return "—"
+        lo, hi = min(values), max(values)
+        return _fmt(lo) if abs(hi - lo) < 5e-4 else f"{_fmt(lo)}–{_fmt(hi)}"
+
+    kl = f", actor/ppo_kl {span('ppo_kl')}" if any(f["ppo_kl"] is not None for f in seeds) else ""
+    return (f"{c['run']} collapses in {len(seeds)} of {c['of']} seeds: held-out accuracy {span('acc_start')} → "
+            f"{span('acc_end')}, zero-advantage share {span('zero_adv_frac')} over the last {COLLAPSE_WINDOW} "
+            f"steps{kl}.")
 
 
 def judge(claim: Claim, runs: Sequence[Run], baseline: Sequence[Run] = (),
-          nulls: Mapping[str, Sequence[Run]] | None = None, *, spec: Any = None) -> dict[str, Any]:
-    """One claim against its runs (and its baseline's and null's, paired by seed): the record of
-    :data:`RECORD_FIELDS` — verdict, estimate, interval, margin and its source, activity, finding."""
+          nulls: Mapping[str, Sequence[Run]] | None = None, *, spec: Any = None,
+          level: float | None = None) -> dict[str, Any]:
+    """One claim against its runs (and its baseline's, paired by seed): the record of :data:`RECORD_FIELDS` —
+    verdict, estimate, interval at ``level`` (default: one look, :func:`look_level` (1)), the declared margin and its
+    source, activity, collapse facts, finding. ``nulls`` is accepted for old callers and not read: margins are
+    declared."""
+    del nulls
+    chosen = look_level(1) if level is None else level
     record = _record(claim, spec)
     if claim.metric is None:
         return {**record, "verdict": UNTESTABLE, "finding": claim.reason}
@@ -295,14 +421,19 @@ def judge(claim: Claim, runs: Sequence[Run], baseline: Sequence[Run] = (),
         return {**record, "verdict": DROPPED, "finding": claim.dropped}
     if not runs:
         raise ValueError(f"no runs to judge {claim.claim!r}")
+    own = run_name(claim.run or getattr(spec, "method", None) or "run", claim.regime)
+    record["collapsed"] = collapsed(record["run"] or own, runs)
+    told = collapse_sentence(record["collapsed"]) + " " if record["collapsed"] else ""
     active = float(np.mean([activity_value(r, claim.activity) for r in runs]))
     record["activity"] = {"metric": claim.activity.metric, "value": None if math.isnan(active) else active,
                           "gate": claim.activity.gate}
     if math.isnan(active) or not claim.activity.acts(active):
         value = "never logged" if math.isnan(active) else f"{_fmt(active)} on average"
+        meaning = ("the claim is not judged, and the collapse is the finding" if told
+                   else "these runs say nothing about the claim")
         return {**record, "verdict": IDLE, "seeds": sorted(r.seed for r in runs),
-                "finding": f"The mechanism stayed idle: {claim.activity.metric} was {value}, outside its gate "
-                           f"({claim.activity.gate}); these runs say nothing about the claim."}
+                "finding": f"{told}The mechanism stayed idle: {claim.activity.metric} was {value}, outside its gate "
+                           f"({claim.activity.gate}); {meaning}."}
 
     ours = {r.seed: window_value(r, claim) for r in runs}
     comparison = claim.expect not in ("rise", "at_least")
@@ -317,30 +448,17 @@ def judge(claim: Claim, runs: Sequence[Run], baseline: Sequence[Run] = (),
         raise ValueError(f"claim {claim.claim!r}: no {claim.baseline} run with the same seed to compare against")
     sign = -1.0 if claim.expect == "lower" else 1.0
 
-    # --- the margin and its source
-    if claim.expect in ("higher", "lower") and not claim.baseline_metric:
-        null_values = {name: {r.seed: window_value(r, claim) for r in rs} for name, rs in (nulls or {}).items()}
-        calibrated, left_out = null_margin(base, null_values)
-        if calibrated is not None and calibrated > claim.tolerance:
-            margin = calibrated
-            used = [n for n in null_values if n not in left_out]
-            source = f"null: 95th percentile of |Δ| between {claim.baseline}'s seeds" + (
-                f" and of {', '.join(used)} against {claim.baseline}" if used else "")
-        else:
-            margin, source = claim.tolerance, f"tolerance {_fmt(claim.tolerance)}" + (
-                f" (above the null, {_fmt(calibrated)})" if calibrated is not None else "")
-        if left_out:
-            source += f"; {', '.join(left_out)} left out of the null (a systematic effect of their own)"
-    elif claim.expect == "at_least":
+    # --- the declared margin and its source
+    if claim.expect == "at_least":
         margin, source = 0.0, f"threshold {_fmt(claim.tolerance)}"
-    elif claim.expect == "rise":
-        margin, source = claim.tolerance, f"tolerance: a rise of {_fmt(claim.tolerance)}"
     else:
         margin = claim.tolerance
-        source = f"tolerance {_fmt(claim.tolerance)}"
-        if claim.paper_effect is not None:
+        source = f"declared {_fmt(claim.tolerance)}"
+        if claim.expect == "not_lower" and claim.paper_effect is not None:
             margin = min(margin, claim.paper_effect)
             source += f", at most the paper's effect ({_fmt(claim.paper_effect)})"
+    if claim.margin_source:
+        source += f": {claim.margin_source}"
 
     # --- the estimate and its interval (signed: positive in the claim's direction)
     correct = []
@@ -348,32 +466,34 @@ def judge(claim: Claim, runs: Sequence[Run], baseline: Sequence[Run] = (),
         by_seed = {r.seed: r for r in runs}
         base_by_seed = {r.seed: r for r in baseline}
         correct = [(final_correct(by_seed[s]), final_correct(base_by_seed[s])) for s in seeds]
+    per_seed = np.array([sign * (ours[s] - base[s]) for s in seeds])
     if correct and all(c is not None and b is not None and len(c) == len(b) == len(correct[0][0])
                        for c, b in correct):
         diff = np.stack([c - b for c, b in correct])
-        mean, lo, hi = seeds_problems_interval(sign * diff)
+        mean, lo, hi = seeds_problems_interval(sign * diff, chosen)
         over = f"{len(seeds)} seed{'s' * (len(seeds) > 1)} × {diff.shape[1]} problems"
+        per_seed = sign * diff.mean(1)
     else:
-        mean, lo, hi = t_interval([sign * (ours[s] - base[s]) for s in seeds])
+        mean, lo, hi = t_interval(per_seed, chosen)
         over = f"{len(seeds)} seed{'s' * (len(seeds) > 1)}"
     verdict = verdict_of(claim.expect, lo, hi, margin)
-    if claim.expect == "at_least" and verdict == OPPOSITE:  # below a threshold has no "opposite"
-        verdict = NO_EFFECT
     raw = (sign * mean, *sorted((sign * lo, sign * hi)))  # back in the metric's own direction
     record.update({
         "margin": margin, "margin_source": source, "estimate": raw[0], "interval": [raw[1], raw[2]],
-        "seeds": seeds, "over": over, "verdict": verdict,
+        "seeds": seeds, "over": over, "verdict": verdict, "level": chosen,
+        "spread": float(per_seed.std(ddof=1)) if len(per_seed) > 1 else None,
         "values": {"run": float(np.mean([ours[s] for s in seeds])),
                    "baseline": float(np.mean([base[s] for s in seeds])) if comparison else None},
     })
-    record["finding"] = finding(claim, record)
+    record["finding"] = told + finding(claim, record)
     return record
 
 
 RECORD_FIELDS = ("id", "notebook", "run", "baseline", "statement", "paper", "metric", "direction", "rule", "margin",
-                 "margin_source", "estimate", "interval", "seeds", "verdict", "activity", "finding")
-"""The fields of a claim's record (``claims.json``); ``over`` (what the interval is over) and ``values`` (the
-run's and baseline's means) ride along."""
+                 "margin_source", "estimate", "interval", "level", "seeds", "verdict", "activity", "collapsed",
+                 "finding")
+"""The fields of a claim's record (``claims.json``); ``over`` (what the interval is over), ``spread`` (the per-seed
+SD of the differences) and ``values`` (the run's and baseline's means) ride along."""
 
 
 def _record(claim: Claim, spec: Any) -> dict[str, Any]:
@@ -385,8 +505,9 @@ def _record(claim: Claim, spec: Any) -> dict[str, Any]:
             "run": run_name(run, claim.regime) if run and claim.judged else None, "baseline": baseline,
             "statement": claim.claim, "paper": claim.source, "metric": claim.metric,
             "direction": claim.direction if claim.judged else None, "rule": _rule(claim) if claim.judged else None,
-            "margin": None, "margin_source": None, "estimate": None, "interval": None, "seeds": [],
-            "verdict": None, "activity": None, "finding": "", "over": None, "values": None}
+            "margin": None, "margin_source": None, "estimate": None, "interval": None, "level": None, "seeds": [],
+            "verdict": None, "activity": None, "collapsed": None, "finding": "", "over": None, "spread": None,
+            "values": None}
 
 
 def _rule(claim: Claim) -> str:
@@ -397,6 +518,137 @@ def _rule(claim: Claim) -> str:
             "equal": f"{what}, within ±margin of the baseline (equivalence)",
             "rise": f"{what} minus the first, above the margin",
             "at_least": f"{what}, above the threshold"}[claim.expect]
+
+
+# ------------------------------------------------------------------------------------------------ seeds: the rounds
+
+
+def available_seeds(results: str | Path, name: str, cap: int | None = None) -> list[int]:
+    """Seeds 0, 1, … of run ``name`` under ``results`` with a metrics file, contiguous from 0 (at most ``cap``)."""
+    out = []
+    while (Path(results) / name / f"seed{len(out)}" / "metrics.jsonl").exists() and (cap is None or len(out) < cap):
+        out.append(len(out))
+    return out
+
+
+def compared_runs(claim: Claim, spec: Any) -> list[str]:
+    """The runs a judged claim reads: its own and (when it compares runs) its baseline's."""
+    own = run_name(claim.run or spec.method, claim.regime)
+    if claim.expect in ("rise", "at_least") or claim.baseline_metric:
+        return [own]
+    return [own, run_name(claim.baseline, claim.regime)]
+
+
+def next_round(specs: Sequence[Any], results: str | Path, rule: SeedRule | None = None) -> dict[str, int]:
+    """Between rounds of the sequential rule: ``{run name: seeds it needs}`` for every run that a claim still
+    inconclusive at its current look compares, and that has fewer seeds than that claim's next look (its seeds +
+    ``batch``, at most ``cap``). Empty: every claim is decided, idle, or at the cap — the rounds are over. ``rule``
+    overrides each spec's (:func:`seed_rule`). Pure: reads the run files, writes nothing."""
+    needed: dict[str, int] = {}
+    for spec in specs:
+        if not (spec.method and spec.claims):
+            continue
+        r = rule or seed_rule(spec)
+        for c, record in zip(spec.claims, judge_spec(spec, results, rule=r)):
+            if not c.judged or record["verdict"] != INCONCLUSIVE:
+                continue
+            n = len(record["seeds"])
+            if n >= r.cap:
+                continue
+            target = min(r.look(n) + r.batch, r.cap)
+            for name in compared_runs(c, spec):
+                if len(available_seeds(results, name)) < target:
+                    needed[name] = max(needed.get(name, 0), target)
+    return needed
+
+
+def seeds_to_decide(record: Mapping[str, Any], expect: str, rule: SeedRule = SeedRule()) -> int | None:
+    """The first planned look at which an inconclusive claim would be decided if its estimate and per-seed spread
+    stayed as they are (a projection for planning, not a verdict); None if not by the cap. The seeds × problems
+    interval's problem part is left out (it shrinks little with seeds): a lower bound for accuracy claims."""
+    if record.get("spread") is None or record.get("estimate") is None:
+        return None
+    sign = -1.0 if expect == "lower" else 1.0
+    mean, sd, margin = sign * record["estimate"], record["spread"], record["margin"]
+    for n in rule.looks:
+        if n <= len(record["seeds"]):
+            continue
+        half = stats.t.ppf(0.5 + rule.level / 2, n - 1) * sd / math.sqrt(n)
+        if verdict_of(expect, mean - half, mean + half, margin) != INCONCLUSIVE:
+            return n
+    return None
+
+
+# ------------------------------------------------------------------------------------------------ spec checks
+
+
+MARGIN_FACTOR = 4.0
+"""How far a declared margin may sit from the baseline's measured seed SD before :func:`margin_check` calls it
+trivial: a superiority margin below SD/4 lets any method "hold"; a non-inferiority or equivalence margin above
+4·SD lets any method "hold" the other way."""
+
+
+def baseline_spread(claim: Claim, spec: Any, results: str | Path) -> float | None:
+    """The seed SD of the baseline's value of the claim's metric (its window mean; for ``rise``, the run's own rise)
+    in the runs under ``results``; None without two seeds."""
+    if claim.expect == "at_least":
+        return None
+    name = run_name(claim.run or spec.method, claim.regime) if claim.baseline_metric or claim.expect == "rise" \
+        else run_name(claim.baseline, claim.regime)
+    runs = [load_run(Path(results) / name / f"seed{k}") for k in available_seeds(results, name)]
+    metric = claim.baseline_metric if claim.baseline_metric and claim.expect != "rise" else None
+    values = [window_value(r, claim, metric) for r in runs]
+    return float(np.std(values, ddof=1)) if len(values) > 1 else None
+
+
+def margin_check(claim: Claim, spread: float | None) -> str | None:
+    """Why the declared margin is trivial at the scale of the runs (``spread``: :func:`baseline_spread`), or None.
+    Compares only: the margin stays the declared one."""
+    if spread is None or not claim.judged or claim.expect == "at_least":
+        return None
+    m = claim.tolerance if claim.paper_effect is None or claim.expect != "not_lower" \
+        else min(claim.tolerance, claim.paper_effect)
+    if claim.expect in ("higher", "lower", "rise") and m < spread / MARGIN_FACTOR:
+        return f"{claim.id}: margin {_fmt(m)} is far below the baseline's seed SD {_fmt(spread)}"
+    if claim.expect in ("not_lower", "equal") and m > MARGIN_FACTOR * spread:
+        return f"{claim.id}: margin {_fmt(m)} is far above the baseline's seed SD {_fmt(spread)}"
+    return None
+
+
+def gate_check(claim: Claim, spec: Any, results: str | Path) -> str | None:
+    """Why the claim's gate does not measure its mechanism on the runs under ``results``, or None: the baseline's
+    runs pass it without a stated reason (``baseline_too``), or a run of the claim that logged the same numbers as
+    its baseline (every metric both log, :data:`NOT_THE_TRAJECTORY` aside) passes it."""
+    if not claim.judged or claim.expect in ("rise", "at_least") or claim.baseline_metric:
+        return None
+    own, base = compared_runs(claim, spec)
+    act = claim.activity
+    base_runs = [load_run(Path(results) / base / f"seed{k}") for k in available_seeds(results, base)]
+    own_runs = [load_run(Path(results) / own / f"seed{k}") for k in available_seeds(results, own)]
+    if not base_runs or not own_runs:
+        return None
+    base_value = float(np.mean([activity_value(r, act) for r in base_runs]))
+    if not math.isnan(base_value) and act.acts(base_value) and not act.baseline_too:
+        return f"{claim.id}: the baseline {base} passes the gate {act.metric} {act.gate} ({_fmt(base_value)})"
+    by_seed = {r.seed: r for r in base_runs}
+    twins = [r for r in own_runs if r.seed in by_seed and _same_numbers(r, by_seed[r.seed])]
+    if twins:
+        value = float(np.mean([activity_value(r, act) for r in twins]))
+        if not math.isnan(value) and act.acts(value):
+            return (f"{claim.id}: {own} logs the same numbers as {base} in {len(twins)} seed(s), yet passes the "
+                    f"gate {act.metric} {act.gate} ({_fmt(value)})")
+    return None
+
+
+NOT_THE_TRAJECTORY = ("timing_s/", "perf/", "actor/pg_loss")
+"""Logged numbers left out when asking whether two runs took the same trajectory: timings, and the loss *value*,
+which each method writes with its own surrogate (HAPO with only its clip on logs GRPO's every other number, bit for
+bit, and a loss 5e-6 apart)."""
+
+
+def _same_numbers(a: Run, b: Run) -> bool:
+    shared = sorted(c for c in set(a.frame.columns) & set(b.frame.columns) if not c.startswith(NOT_THE_TRAJECTORY))
+    return bool(shared) and a.frame[shared].equals(b.frame[shared])
 
 
 # ------------------------------------------------------------------------------------------------ findings
@@ -413,7 +665,7 @@ def finding(claim: Claim, r: Mapping[str, Any]) -> str:
         return ("−" if v < 0 else "+" if signed else "") + text
 
     lo, hi = r["interval"]
-    ci = f"(90% CI, {r['over']})"
+    ci = f"({_pct(r.get('level') or LEVEL)} CI, {r['over']})"
     margin = f"{num(r['margin'])}{unit}"
     if claim.expect in ("rise", "at_least"):
         if claim.expect == "rise":
@@ -439,9 +691,11 @@ def finding(claim: Claim, r: Mapping[str, Any]) -> str:
     elif verdict == NO_EFFECT and claim.expect == "at_least":
         meaning = "not above the threshold"
     elif verdict == NO_EFFECT:
-        meaning = f"any effect is smaller than the margin of {margin}: no effect shown"
+        meaning = f"the whole interval lies within ±{margin}: no effect that matters (equivalence)"
+    elif verdict == SMALLER:
+        meaning = f"an effect in the claimed direction, but smaller than the margin of {margin}"
     elif verdict == OPPOSITE:
-        meaning = ("shown lower, and not shown within the margin of " + margin + ": not as good"
+        meaning = (f"worse by more than the margin of {margin}: not as good"
                    if claim.expect == "not_lower" else "the opposite of what the paper reports")
     elif verdict == DIFFERS:
         meaning = f"entirely beyond ±{margin}: not equivalent"
@@ -455,6 +709,10 @@ def finding(claim: Claim, r: Mapping[str, Any]) -> str:
 # ------------------------------------------------------------------------------------------------ tables
 
 
+def _pct(level: float) -> str:
+    return f"{level * 100:.4g}%"
+
+
 def _fmt(x: float | None, signed: bool = False) -> str:
     if x is None:
         return "—"
@@ -462,23 +720,35 @@ def _fmt(x: float | None, signed: bool = False) -> str:
     return f"{x:{sign}.3g}" if abs(x) < 10 else f"{x:{sign}.1f}"
 
 
-def judge_spec(spec, results: str | Path, seeds: Sequence[int] | None = None) -> list[dict[str, Any]]:
-    """The records of every claim of ``spec`` (a :class:`rlkit.lab.reproduce.Spec`), from the runs of ``seeds``
-    (default: the spec's) under ``results``. Seeds without a run are left out."""
+def judge_spec(spec, results: str | Path, seeds: Sequence[int] | None = None, *, rule: SeedRule | None = None,
+               level: float | None = None) -> list[dict[str, Any]]:
+    """The records of every claim of ``spec`` (a :class:`rlkit.lab.reproduce.Spec`) from the runs under
+    ``results``. ``seeds`` given: those seeds, a fixed design (one look: a 95% interval). ``seeds`` None: the
+    sequential design (:class:`SeedRule`, the spec's unless ``rule``): each run's seeds 0, 1, … present, at most the
+    cap, and a claim judged on the seeds its runs share, cut to the last planned look, at the rule's level.
+    ``level`` overrides the level either way. Seeds without a run are left out."""
     results = Path(results)
-    seeds = list(range(spec.seeds)) if seeds is None else list(seeds)
+    sequential = seeds is None
+    r = rule or seed_rule(spec)
+    chosen = level if level is not None else r.level if sequential else look_level(1)
 
-    def runs_of(name: str, regime: str) -> list[Run]:
-        dirs = [results / run_name(name, regime) / f"seed{k}" for k in seeds]
+    def runs_of(name: str, regime: str, keep: Sequence[int] | None = None) -> list[Run]:
+        full = run_name(name, regime)
+        pick = (available_seeds(results, full, r.cap) if sequential else list(seeds)) if keep is None else keep
+        dirs = [results / full / f"seed{k}" for k in pick]
         return [load_run(d) for d in dirs if (d / "metrics.jsonl").exists()]
 
     records = []
     for c in spec.claims:
         if not c.judged:
-            records.append(judge(c, [], spec=spec))
+            records.append(judge(c, [], spec=spec, level=chosen))
             continue
-        records.append(judge(c, runs_of(c.run or spec.method, c.regime), runs_of(c.baseline, c.regime),
-                             {name: runs_of(name, c.regime) for name in c.without}, spec=spec))
+        keep = None
+        if sequential:  # the seeds every compared run has, cut to a planned look
+            shared = min(len(available_seeds(results, n, r.cap)) for n in compared_runs(c, spec))
+            keep = list(range(r.look(shared) or shared))
+        records.append(judge(c, runs_of(c.run or spec.method, c.regime, keep),
+                             runs_of(c.baseline, c.regime, keep), spec=spec, level=chosen))
     return records
 
 
@@ -487,10 +757,10 @@ CLAIMS_FILE = "claims.json"
 
 
 def judge_all(specs: Sequence[Any], results: str | Path, seeds: int | None = None) -> list[dict[str, Any]]:
-    """The records of every claim of the ``specs`` that train a method, from ``seeds`` seeds (default: each
-    spec's) of the runs under ``results``."""
+    """The records of every claim of the ``specs`` that train a method: from ``seeds`` seeds (a fixed design), or
+    (None) from the seeds the sequential rule gave each claim (:func:`judge_spec`)."""
     return [r for spec in specs if spec.method and spec.claims
-            for r in judge_spec(spec, results, range(seeds or spec.seeds))]
+            for r in judge_spec(spec, results, None if seeds is None else range(seeds))]
 
 
 def save(records: Sequence[Mapping[str, Any]], results: str | Path) -> Path:
@@ -544,17 +814,22 @@ def table(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
 
 GLOSSARY = {
     HOLDS: "the 90% interval of the difference lies wholly beyond the margin, in the claimed direction",
-    NO_EFFECT: "any effect is smaller than the margin: the interval sits inside it",
+    NO_EFFECT: "the whole interval lies within ±margin: no effect that matters (equivalence, two one-sided tests)",
+    SMALLER: "the interval excludes zero in the claimed direction but stays below the margin: an effect, too small",
     OPPOSITE: "the interval lies on the wrong side of zero: the effect runs against the claim",
     DIFFERS: "the claim says the two are equal; the interval leaves the ±margin band",
-    INCONCLUSIVE: "the interval straddles the margin: more seeds or problems would be needed to decide",
+    INCONCLUSIVE: "the interval straddles the margin (or zero): more seeds would be needed to decide; the sequential "
+                  "rule adds them up to its cap",
     IDLE: "the mechanism the claim is about stayed below its activity gate, so the runs say nothing about it",
     UNTESTABLE: "the claim needs something the tiny engine does not have (experts, long contexts, real benchmarks)",
     DROPPED: "the claim could not be set up fairly at this scale; the reason is given",
-    "margin": "the smallest difference that counts: the larger of the claim's tolerance and the null (how far the "
-              "metric moves between seeds of the baseline and for methods without the mechanism)",
-    "90% CI": "the range of differences compatible with the runs at 90% confidence (a t-interval over seeds, or "
-              "over seeds and held-out problems for accuracy)",
+    "margin": "the smallest difference that counts, declared in the spec before the runs with its source (the "
+              "paper's effect or the smallest effect that matters at this scale)",
+    "CI": "the range of differences compatible with the runs (a t-interval over seeds, or over seeds and held-out "
+          "problems for accuracy), at 95% for a fixed number of seeds and 98.75% at each look of the sequential rule, "
+          "so that the final interval covers at least 90% of the time; not covered: " + NOT_COVERED,
+    "collapsed": "held-out accuracy ended below its start and at least 90% of samples carried no gradient over the "
+                 "last 10 steps: told as a finding",
     "not lower": "non-inferiority: holds when the interval's lower end stays above −margin",
 }
 """The verdict words and the statistics behind them, in a sentence each (shown beside the claims tables)."""
@@ -568,7 +843,7 @@ def summary(records: Sequence[Mapping[str, Any]], limit: int = 4) -> list[str]:
     counts = {v: sum(r["verdict"] == v for r in records) for v in VERDICTS}
     said = [f"{n} {v}" for v, n in counts.items() if n]
     out = [f"Of the {len(records)} claim{'s' * (len(records) > 1)} judged on these runs: {', '.join(said)}."]
-    order = {HOLDS: 0, OPPOSITE: 1, NO_EFFECT: 1, DIFFERS: 1, INCONCLUSIVE: 2}
+    order = {HOLDS: 0, OPPOSITE: 1, NO_EFFECT: 1, SMALLER: 1, DIFFERS: 1, INCONCLUSIVE: 2}
     judged = sorted((r for r in records if r["verdict"] in order), key=lambda r: order[r["verdict"]])
     for r in judged[:limit]:
         finding = r["finding"].rstrip(".")
@@ -607,7 +882,7 @@ def glossary_html() -> str:
     return f"<details><summary>What the verdict words mean</summary><dl>{items}</dl></details>"
 
 
-MARKERS = {HOLDS: "#009E73", NO_EFFECT: "#D55E00", OPPOSITE: "#CC79A7", DIFFERS: "#D55E00",
+MARKERS = {HOLDS: "#009E73", NO_EFFECT: "#D55E00", SMALLER: "#D55E00", OPPOSITE: "#CC79A7", DIFFERS: "#D55E00",
            INCONCLUSIVE: "#E69F00", IDLE: "#999999"}
 """Marker colours of the forest plot by verdict (Okabe–Ito: distinguishable with the common colour-vision
 deficiencies)."""
@@ -636,7 +911,7 @@ def forest(records: Sequence[Mapping[str, Any]]):
         ax.plot(sign * r["estimate"] / r["margin"], y, "o", color=colour, ms=5)
     ax.set_yticks(range(len(shown)), [r["id"] for r in reversed(shown)], fontsize=9)
     ax.set_ylim(-0.8, len(shown) - 0.2)
-    ax.set_xlabel("difference in the claimed direction, in units of the claim's margin (90% CI)")
+    ax.set_xlabel("difference in the claimed direction, in units of the claim's margin (its CI)")
     handles = [plt.Line2D([], [], color=c, marker="o", lw=2, label=v) for v, c in MARKERS.items()
                if any(r["verdict"] == v for r in shown)]
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3, frameon=False)
