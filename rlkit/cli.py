@@ -227,11 +227,12 @@ def _plot(args: argparse.Namespace) -> int:
     from rlkit.lab import plots
 
     try:
+        out = plots.image_path(args.out)  # a bad --out is named before any run is read
         runs = plots.load_runs(args.runs)
         fig = plots.curves(runs, args.metric, x=args.x)
     except (FileNotFoundError, KeyError, ValueError) as e:
         raise UsageError(e.args[0] if e.args else str(e)) from None
-    print(f"figure: {plots.save(fig, args.out)}")
+    print(f"figure: {plots.save(fig, out)}")
     return 0
 
 
@@ -329,7 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("runs", nargs="+", help="run directories (or folders holding them)")
     p.add_argument("--metric", action="append", required=True, help="metric to draw (repeat for several panels)")
     p.add_argument("--x", default="step", choices=["step", "tokens", "minutes"], help="x axis")
-    p.add_argument("--out", required=True, help="PNG path")
+    p.add_argument("--out", required=True, help="image path (.png added when it has no suffix; .svg, .pdf also)")
     p.set_defaults(func=_plot)
 
     from rlkit.verl.presets import DATASETS, DEVICES, PRESETS  # light: no verl or Hydra at import

@@ -164,7 +164,7 @@ def test_cpu_run_with_a_local_model_uses_the_answer_rule(cache):
     (["--gpus", "2"], "leave out --gpus"),
     (["--nodes", "2"], "--nodes 2 needs --ray-address"),
     (["--nodes", "2", "--ray-address", "auto", "--tiny-scale", "cpu"], "--tiny-scale runs on one node"),
-    (["--steps", "0"], "--steps must be ≥ 1"),
+    (["--steps", "0"], "--steps 0: must be ≥ 1"),
 ])
 def test_cpu_launch_flags_that_make_no_sense_are_refused(args, message, cache):
     with pytest.raises(SystemExit, match=message):

@@ -375,9 +375,30 @@ def final_dots(groups: dict[str, list[Run]], metric: str = "val/acc_final", *, x
     return fig
 
 
-def save(fig, path: str | Path, dpi: int = 110) -> Path:
-    """Write ``fig`` to ``path`` (PNG), creating its directory."""
+def image_path(path: str | Path) -> Path:
+    """The file :func:`save` writes for ``path``: ``.png`` appended when it has no suffix. A ``ValueError`` names
+    what cannot be written: a suffix matplotlib has no format for, a directory, a parent that is a file."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"--out {path} is a directory: give the image's file name, e.g. {path / 'curves.png'}")
+    if not path.suffix:
+        path = path.with_name(path.name + ".png")
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if path.suffix[1:].lower() not in formats:
+        raise ValueError(f"--out {path}: {path.suffix} is not an image format matplotlib writes; give a .png path "
+                         f"(or one of .{', .'.join(sorted(formats))})")
+    parent = next((p for p in path.parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise ValueError(f"--out {path}: {parent} is a file, not a directory")
+    return path
+
+
+def save(fig, path: str | Path, dpi: int = 110) -> Path:
+    """Write ``fig`` to :func:`image_path` of ``path`` (PNG unless its suffix names another format), creating its
+    directory; the path written."""
+    path = image_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi, bbox_inches="tight")
     return path

@@ -54,11 +54,19 @@ def score(text: str, ground_truth: str | int | float, mode: str = "strict") -> f
     return float(got is not None and want is not None and got == want)
 
 
+_GOLD = re.compile(r"-?(\d+(\.\d*)?|\.\d+)")
+
+
 def gold_answer(solution: str) -> str:
-    """The ground truth of a GSM8K reference solution: the text after its ``####``, commas removed."""
+    """The ground truth of a GSM8K reference solution: the number after its ``####``, commas removed. A solution
+    without ``####``, or whose final answer is not a number (``#### abc``: no response could match it), is a
+    ``ValueError``."""
     if "####" not in solution:
         raise ValueError("a GSM8K reference solution ends with '#### <answer>'; this one has no '####'")
-    return solution.rsplit("####", 1)[1].strip().replace(",", "")
+    answer = solution.rsplit("####", 1)[1].strip().replace(",", "")
+    if not _GOLD.fullmatch(answer):
+        raise ValueError(f"the final answer after '####' is {answer[:40]!r}, not a number")
+    return answer
 
 
 def read_records(source: str | Path, split: str = "train", *, hf_config: str | None = None) -> list[dict[str, Any]]:

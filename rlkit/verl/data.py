@@ -48,7 +48,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rlkit.errors import BadSource
+from rlkit.errors import BadSource, InvalidSetting
 from rlkit.tasks import arithmetic, dapo_math, gsm8k
 
 GSM8K_SOURCE = "openai/gsm8k"
@@ -133,24 +133,48 @@ def write_rows(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> Pa
     return path
 
 
-def read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """Rows of a parquet file as plain Python (lists and dicts, no numpy)."""
+def read_table(path: str | os.PathLike, flag: str = "--input", columns: list[str] | None = None):
+    """The parquet file ``path`` as an arrow table; a missing file, a directory or a file that is not parquet is
+    refused (:class:`~rlkit.errors.BadSource`) naming ``flag`` and the path."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    return pq.read_table(path).to_pylist()
+    if not Path(path).is_file():
+        what = "a directory" if Path(path).is_dir() else "no such file"
+        raise BadSource(f"{flag} {path}: {what}; give a parquet file (rlkit data gsm8k|dapo|arithmetic)")
+    try:
+        return pq.read_table(path, columns=columns)
+    except (pa.ArrowException, OSError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise BadSource(f"{flag} {path}: not a parquet file of rlkit's rows ({first})") from None
 
 
-def prompt_ids(path: str | os.PathLike) -> list[str]:
-    """``extra_info.prompt_id`` of every row of a parquet file, in order."""
-    import pyarrow.parquet as pq
+def read_rows(path: str | os.PathLike, flag: str = "--input") -> list[dict[str, Any]]:
+    """Rows of a parquet file as plain Python (lists and dicts, no numpy); see :func:`read_table`."""
+    return read_table(path, flag).to_pylist()
 
-    return [info["prompt_id"] for info in pq.read_table(path, columns=["extra_info"]).column(0).to_pylist()]
+
+def prompt_ids(path: str | os.PathLike, flag: str = "--pool") -> list[str]:
+    """``extra_info.prompt_id`` of every row of a parquet file, in order; see :func:`read_table`."""
+    table = read_table(path, flag, columns=["extra_info"])
+    try:
+        return [info["prompt_id"] for info in table.column(0).to_pylist()]
+    except (KeyError, TypeError):
+        raise BadSource(f"{flag} {path}: rows without extra_info.prompt_id (rlkit data writes it)") from None
 
 
 DATA_FILES = ("train.parquet", "test.parquet", DAPO_TRAIN_FILE, DAPO_VAL_FILE)
 """What ``rlkit data gsm8k|arithmetic|dapo`` write into ``--out``."""
 TEST_FRACTION = 0.1
 """Share of a single ``--source`` file's problems that :func:`prepare_gsm8k` holds out for testing."""
+
+
+def at_least_one(**counts: int) -> None:
+    """Refuse a count below 1 (:class:`~rlkit.errors.InvalidSetting`) naming its flag: ``max_train=0`` →
+    ``--max-train 0``."""
+    for name, n in counts.items():
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise InvalidSetting(f"--{name.replace('_', '-')} {n}: must be a whole number ≥ 1")
 
 
 def claim_data_dir(out: str | os.PathLike, command: str, *, force: bool = False) -> Path:
@@ -191,9 +215,17 @@ def load_gsm8k(source: str | os.PathLike, split: str) -> list[dict[str, str]]:
                         "(ending '#### <number>')") from None
     if not examples:
         raise BadSource(f"--source {source} has no {split} problems: give a file with GSM8K rows")
+    bad = []
     for i, ex in enumerate(examples):
-        if not isinstance(ex["question"], str) or not isinstance(ex["answer"], str) or "####" not in ex["answer"]:
-            raise BadSource(f"--source {source} ({split}) row {i}: 'answer' must be a string ending '#### <number>'")
+        if not isinstance(ex["question"], str) or not isinstance(ex["answer"], str):
+            raise BadSource(f"--source {source} ({split}) row {i + 1}: 'question' and 'answer' must be strings")
+        try:
+            gsm8k.gold_answer(ex["answer"])
+        except ValueError as e:
+            bad.append(f"row {i + 1}: {e}")
+    if bad:
+        raise BadSource(f"--source {source} ({split}): {len(bad)} of {len(examples)} rows lack an answer ending "
+                        f"'#### <number>' ({bad[0]}); fix or remove them")
     return examples
 
 
@@ -247,13 +279,18 @@ def arithmetic_rows(problems: Sequence[arithmetic.Problem], split: str) -> list[
 def prepare_arithmetic(out: str | os.PathLike, *, n_train: int = 2000, n_test: int = 200, seed: int = 0,
                        force: bool = False, **knobs: Any) -> dict[str, Any]:
     """``out/train.parquet`` and ``out/test.parquet``: :func:`rlkit.tasks.arithmetic.make_split` problems
-    (``knobs``: :class:`~rlkit.tasks.arithmetic.TaskConfig` fields), hash-disjoint splits as in the tiny engine."""
-    claim_data_dir(out, "arithmetic", force=force)
-    summary = {}
+    (``knobs``: :class:`~rlkit.tasks.arithmetic.TaskConfig` fields), hash-disjoint splits as in the tiny engine.
+    Both counts must be ≥ 1 (verl reads both files); the problems are made before ``out`` is touched."""
+    at_least_one(train=n_train, test=n_test)
+    splits = {}
     for split, n in (("train", n_train), ("test", n_test)):
-        rows = arithmetic_rows(arithmetic.make_split(n, split, seed, **knobs), split)
-        summary[split] = {"rows": len(rows), "path": str(write_rows(rows, Path(out) / f"{split}.parquet"))}
-    return summary
+        try:
+            splits[split] = arithmetic_rows(arithmetic.make_split(n, split, seed, **knobs), split)
+        except ValueError as e:  # e.g. fewer distinct problems than asked
+            raise InvalidSetting(f"--{split} {n}: {e}") from None
+    claim_data_dir(out, "arithmetic", force=force)
+    return {split: {"rows": len(rows), "path": str(write_rows(rows, Path(out) / f"{split}.parquet"))}
+            for split, rows in splits.items()}
 
 
 def prepare_dapo(out: str | os.PathLike, source: str | os.PathLike = dapo_math.TRAIN_SOURCE,
@@ -264,6 +301,8 @@ def prepare_dapo(out: str | os.PathLike, source: str | os.PathLike = dapo_math.T
     ``max_train``: a seeded random subset of that many problems (ASPO trains on 10,000), kept in source order.
     Returns the counts of :func:`dapo_rows` per file.
     """
+    if max_train is not None:
+        at_least_one(max_train=max_train)
     train, info = dapo_rows(dapo_math.load(source), "train", "math_dapo")
     if not train:
         raise BadSource(f"--source {source} has no problems")
@@ -283,12 +322,17 @@ def prepare_dapo(out: str | os.PathLike, source: str | os.PathLike = dapo_math.T
 
 
 def split_subsets(path: str | os.PathLike, out_dir: str | os.PathLike, n_subsets: int = 5) -> list[Path]:
-    """``out_dir/subset_{i}.parquet``: the rows of ``path`` in ``n_subsets`` contiguous parts (sizes differ by ≤ 1)."""
+    """``out_dir/subset_{i}.parquet``: the rows of ``path`` in ``n_subsets`` contiguous parts (sizes differ by ≤ 1).
+
+    Refused before anything is written: fewer than one part, more parts than rows (a part would be empty), an
+    input that is not parquet (:class:`~rlkit.errors.BadSource`, :class:`~rlkit.errors.InvalidSetting`)."""
     import pyarrow.parquet as pq
 
-    if n_subsets < 1:
-        raise ValueError(f"n_subsets must be ≥ 1; got {n_subsets}")
-    table = pq.read_table(path)
+    at_least_one(subsets=n_subsets)
+    table = read_table(path)
+    if n_subsets > len(table):
+        raise InvalidSetting(f"--subsets {n_subsets}: more parts than the {len(table)} rows of {path}; give at most "
+                             f"{len(table)}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     bounds = [len(table) * i // n_subsets for i in range(n_subsets + 1)]
@@ -325,8 +369,7 @@ def estimate_offline_values(path: str | os.PathLike, out: str | os.PathLike, sam
     Malformed rows (no prompt id, chat prompt or ground truth) are skipped and counted. Returns
     ``{"prompts", "responses", "skipped_rows"}``.
     """
-    if n_samples < 1 or batch_size < 1:
-        raise ValueError(f"n_samples and batch_size must be ≥ 1; got {n_samples}, {batch_size}")
+    at_least_one(n=n_samples, batch_size=batch_size)
     rows = read_rows(path)
     usable = [u for u in map(_usable, rows) if u is not None]
     Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -372,10 +415,10 @@ def merge_offline_values(inputs: Iterable[str | os.PathLike], out: str | os.Path
     Skips and counts what it cannot use: missing inputs, lines that are not JSON objects, lines without a
     ``prompt_id`` string, lines whose ``scores`` are not a non-empty list of finite numbers. With ``pool``
     (the training set's prompt ids, :func:`prompt_ids`) it also counts pool prompts without values (they
-    start at α = β = ½) and values for prompts outside the pool. Returns that summary.
+    start at α = β = ½) and values for prompts outside the pool. Returns that summary. No usable line at all is
+    refused (:class:`~rlkit.errors.BadSource`, naming what was skipped) and nothing is written.
     """
-    if max_scores < 1:
-        raise ValueError(f"max_scores must be ≥ 1; got {max_scores}")
+    at_least_one(max_scores=max_scores)
     files, missing = [], []
     for item in map(Path, inputs):
         if item.is_dir():
@@ -403,6 +446,11 @@ def merge_offline_values(inputs: Iterable[str | os.PathLike], out: str | os.Path
                     skipped["scores not a non-empty list of finite numbers"] += 1
                 else:
                     merged.setdefault(record["prompt_id"], []).extend(scores)
+    if not merged:  # an empty offline_values.json would start every prompt uninformed, silently
+        why = [f"{n} {reason}" for reason, n in skipped.items()] + [f"missing: {', '.join(missing)}"] * bool(missing)
+        found = f"{len(files)} file(s)" + (f" ({'; '.join(why)})" if why else "")
+        raise BadSource(f"--inputs: no usable line of prompt scores in {found}; expected JSON lines "
+                        '{"prompt_id": ..., "scores": [...]} from rlkit data spo-estimate')
     summary: dict[str, Any] = {
         "files": len(files), "missing_inputs": missing, "prompts": len(merged),
         "prompts_capped": sum(len(s) > max_scores for s in merged.values()), "skipped_lines": dict(skipped),
@@ -439,6 +487,8 @@ def _print(summary: Any) -> int:
 
 
 def _estimate(args: argparse.Namespace) -> int:
+    at_least_one(n=args.n, max_tokens=args.max_tokens, tensor_parallel_size=args.tensor_parallel_size)
+    read_table(args.input, columns=[])  # a bad --input is named before vLLM loads the model
     sampler = vllm_sampler(args.model, temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens,
                            tensor_parallel_size=args.tensor_parallel_size, seed=args.seed)
     scorer = functools.partial(default_scorer, format_rule=args.format_rule)

@@ -38,9 +38,10 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
+from rlkit.errors import ConflictingOptions
 from rlkit.files import claim_dir
 from rlkit.verl import cpu, runner
 from rlkit.verl.compose import (
@@ -151,6 +152,8 @@ def plan(method: str, dataset: str | None, model: str | None, *, gpus: int | Non
     preset = method_preset(method)
     if device not in DEVICES:
         raise LaunchError(f"unknown device {device!r}; valid: {', '.join(DEVICES)}")
+    check_arguments(gpus=gpus, nodes=nodes, steps=steps, runs_dir=runs_dir, experiment=experiment,
+                    data_dir=data_dir)
     on_cpu = device == "cpu"
     if tiny is not None:
         dataset = dataset or "arithmetic"
@@ -169,10 +172,6 @@ def plan(method: str, dataset: str | None, model: str | None, *, gpus: int | Non
         raise LaunchError(f"GPU runs need {', '.join(missing)} (or --device cpu for a run on this machine's CPU)")
     nodes = nodes or 1
     spec = dataset_spec(dataset)
-    if gpus < 1 or nodes < 1:
-        raise LaunchError(f"--gpus and --nodes must be ≥ 1, got gpus={gpus}, nodes={nodes}")
-    if steps is not None and steps < 1:
-        raise LaunchError(f"--steps must be ≥ 1, got {steps}")
     if tiny is not None and (dataset != "arithmetic" or tiny.method != method):
         raise LaunchError(f"--tiny-scale runs {tiny.method} on the word problems (--dataset arithmetic), "
                           f"not {method} on {dataset}")
@@ -228,6 +227,50 @@ def plan(method: str, dataset: str | None, model: str | None, *, gpus: int | Non
                 run_dir=run_dir, data_dir=data_dir, overrides=tuple(merge_overrides(overrides, extra)),
                 tool_config=tool_config, tool=tool, device=device, env=tuple(cpu.ENV.items()) if on_cpu else (),
                 remote=bool(ray_address))
+
+
+def check_arguments(*, gpus: int | None, nodes: int | None, steps: int | None, runs_dir: str,
+                    experiment: str | None, data_dir: str | None) -> None:
+    """The launch's own flags, before any work: counts below 1, an ``--experiment`` whose run directory would not
+    lie inside ``--runs-dir`` (absolute, ``..``, empty), an empty ``--runs-dir``, a ``--data`` that is a file (the
+    launch reads ``DATA/<file>.parquet``)."""
+    for flag, value in (("--gpus", gpus), ("--nodes", nodes), ("--steps", steps)):
+        if value is not None and value < 1:
+            raise LaunchError(f"{flag} {value}: must be ≥ 1")
+    if not runs_dir:
+        raise LaunchError("--runs-dir is empty: give the directory that holds the runs (default runs)")
+    if experiment is not None:
+        name = PurePath(experiment)
+        if name.is_absolute() or not name.parts or ".." in name.parts:
+            raise LaunchError(f"--experiment {experiment}: the run directory would not lie inside --runs-dir "
+                              f"{runs_dir}; give a plain run name (no '..' and no leading '/')")
+    if data_dir is not None and Path(data_dir).expanduser().exists() and not Path(data_dir).expanduser().is_dir():
+        raise LaunchError(f"--data {data_dir} is a file: give the directory `rlkit data` wrote (it holds the "
+                          "train and test parquet files)")
+
+
+FLAG_KEYS = {"--steps": "trainer.total_training_steps", "--gpus": "trainer.n_gpus_per_node",
+             "--nodes": "trainer.nnodes", "--experiment": "trainer.experiment_name",
+             "--model": "actor_rollout_ref.model.path"}
+"""The verl key each launch flag sets: an override of the same key after ``--`` must agree with the flag."""
+
+
+def refuse_conflicts(extra: Sequence[str], **flags: Any) -> None:
+    """Refuse an override after ``--`` that gives a flag's key (:data:`FLAG_KEYS`) another value
+    (``--steps 3 -- trainer.total_training_steps=5``), as ``rlkit train`` refuses ``--seed 3 --set seed=5``.
+    ``flags``: the flags given, by name without dashes (None: not given)."""
+    for name, value in flags.items():
+        flag = f"--{name}"
+        if value is None:
+            continue
+        for item in extra:
+            key, eq, text = item.partition("=")
+            if key.lstrip("+~") != FLAG_KEYS[flag]:
+                continue
+            text = text.strip().strip("'\"")
+            number = isinstance(value, int) and text.lstrip("-").isdigit() and int(text) == value
+            if not eq or item.startswith("~") or not (text == str(value) or number):
+                raise ConflictingOptions(f"{flag} {value} and {item} disagree: give the {name} once")
 
 
 CPU_LOCAL_RAY = ("ray_kwargs.ray_init.num_cpus", "+ray_kwargs.ray_init.num_gpus",
@@ -437,13 +480,21 @@ def main(args) -> int:
     if extra and extra[0] == "--":
         extra = extra[1:]
     model, data, tiny = args.model, args.data, None
+    check_arguments(gpus=args.gpus, nodes=args.nodes, steps=args.steps, runs_dir=args.runs_dir,
+                    experiment=args.experiment, data_dir=args.data)
+    refuse_conflicts(extra, steps=args.steps, gpus=args.gpus, nodes=args.nodes, experiment=args.experiment,
+                     model=args.model)
     if args.tiny_scale is not None:
         from rlkit.verl import from_tiny
 
         try:
-            tiny = from_tiny.run_config(args.method, args.tiny_scale, from_tiny.parse_sets(args.set))
+            sets = from_tiny.parse_sets(args.set)
+            tiny = from_tiny.run_config(args.method, args.tiny_scale, sets)
         except (KeyError, ValueError) as e:
             raise LaunchError(f"--tiny-scale/--set: {e.args[0] if e.args else e}") from None
+        if args.steps is not None and "steps" in sets and tiny.steps != args.steps:
+            raise ConflictingOptions(f"--steps {args.steps} and --set steps={sets['steps']} disagree: give the steps "
+                                     "once")
         print(f"preparing the tiny engine's {args.tiny_scale} run for verl (SFT start, pool, held-out problems)",
               flush=True)
         try:
