@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -396,3 +397,160 @@ def test_forest_plots_judged_claims_in_units_of_their_margin():
     # "down" flipped: −0.3..−0.1 over 0.1 → 1..3; "up": 0.1..0.3 over 0.05 → 2..6
     assert spans == [pytest.approx((1.0, 3.0)), pytest.approx((2.0, 6.0))]
     assert "zero" in fig.texts[-1].get_text()  # a margin of 0 has no unit: named in the caption
+
+
+# ------------------------------------------------------------------------------------------------ collapses told
+
+
+def collapsing_run(root, name, seed, act=0.05):
+    """A run whose held-out accuracy falls from 0.04 to 0 while 97% of its samples carry no gradient."""
+    return plots.load_run(fake_run(root, name, seed, {
+        "val/acc": [0.04, None, None, 0.0], "val/acc_final": [None, None, None, 0.0], "m": [1.0, 0.2, 0.2, 0.2],
+        "adv/zero_frac": [None, 0.96, 0.97, 0.98], "actor/ppo_kl": [None, 2.0, 2.1, 2.2], "act": [act] * 4}))
+
+
+def test_a_collapse_is_a_finding_with_per_seed_facts_never_not_exercised(tmp_path):
+    runs = [collapsing_run(tmp_path, "cispo-stress", s, act=1.0) for s in range(3)]
+    base = runs_of(tmp_path, "grpo-stress", [1, 1.1, 0.9])
+    row = judge(claim("higher", 0.1, run="cispo", regime="stress"), runs, base)
+    assert row["collapsed"]["run"] == "cispo-stress" and row["collapsed"]["of"] == 3 and [f["seed"] for f in row["collapsed"]["seeds"]] == [0, 1, 2]
+    assert row["collapsed"]["seeds"][0] == {"seed": 0, "acc_start": 0.04, "acc_end": 0.0, "zero_adv_frac":
+                                            pytest.approx(0.97), "ppo_kl": pytest.approx(2.1), "collapsed": True}
+    assert row["finding"].startswith("cispo-stress collapses in 3 of 3 seeds: held-out accuracy 0.04 → 0, "
+                                     "zero-advantage share 0.97 over the last 10 steps, actor/ppo_kl 2.1. ")
+    assert row["verdict"] == OPPOSITE
+    idle = judge(claim("higher", 0.1), [collapsing_run(tmp_path, "c2", s) for s in range(3)], base)
+    assert idle["verdict"] == IDLE and idle["collapsed"] and "collapses in 3 of 3" in idle["finding"]
+    assert "say nothing" not in idle["finding"] and "the collapse is the finding" in idle["finding"]
+    assert judge(claim("higher", 0.1), base, base)["collapsed"] is None  # runs without the facts: none told
+
+
+# ------------------------------------------------------------------------------------------------ the rounds
+
+
+def seq_spec(claims_list):
+    return Spec(name="x", notebook="n.md", method="aspo", seeds=3, claims=claims_list)
+
+
+def write_runs(root, name, per_seed):
+    for s, v in enumerate(per_seed):
+        fake_run(root, name, s, {"m": [1.0] + [v] * 3, "act": [1.0] * 4})
+
+
+def test_next_round_adds_a_batch_to_the_runs_of_undecided_claims_only(tmp_path):
+    decided = Claim("clear", "p", metric="m", expect="lower", tolerance=0.5, window=2, activity=ACTIVE)
+    undecided = Claim("noisy", "p", metric="m", expect="lower", tolerance=0.5, window=2, activity=ACTIVE,
+                      baseline="gspo")
+    write_runs(tmp_path, "aspo", [2.0, 2.05, 1.95])
+    write_runs(tmp_path, "grpo", [5.0, 5.0, 5.0])  # 3 below in every seed: holds at the first look
+    write_runs(tmp_path, "gspo", [1.5, 3.5, 2.0])  # +0.5 ± 1: undecided
+    spec = seq_spec([decided, undecided])
+    records = judge_spec(spec, tmp_path)
+    assert [r["verdict"] for r in records] == [HOLDS, INCONCLUSIVE]
+    assert records[0]["level"] == pytest.approx(0.9875) and "98.75% CI" in records[0]["finding"]
+    assert next_round([spec], tmp_path) == {"aspo": 6, "gspo": 6}  # grpo's claim is decided: it stops
+    for k in range(3, 6):  # the round's seeds, the noisy claim still noisy
+        fake_run(tmp_path, "aspo", k, {"m": [1.0] + [2.0] * 3, "act": [1.0] * 4})
+        fake_run(tmp_path, "gspo", k, {"m": [1.0] + [1.0 + k % 2 * 2.5] * 3, "act": [1.0] * 4})
+    again = judge_spec(spec, tmp_path)
+    assert again[0]["seeds"] == [0, 1, 2] and again[1]["seeds"] == list(range(6))  # grpo has 3: the pair has 3
+    assert next_round([spec], tmp_path) == ({"aspo": 9, "gspo": 9} if again[1]["verdict"] == INCONCLUSIVE else {})
+    assert next_round([spec], tmp_path, SeedRule(start=3, batch=3, cap=6)) == {}  # at the cap: the rounds end
+    fixed = judge_spec(spec, tmp_path, seeds=range(3))  # --seeds 3: one look, 95%
+    assert fixed[1]["seeds"] == [0, 1, 2] and fixed[1]["level"] == pytest.approx(0.95)
+
+
+def test_a_claim_is_judged_at_a_planned_look_only(tmp_path):
+    write_runs(tmp_path, "aspo", [2.0 + k / 100 for k in range(8)])  # 8 seeds: the look is 6
+    write_runs(tmp_path, "grpo", [3.0] * 8)
+    spec = seq_spec([Claim("c", "p", metric="m", expect="lower", tolerance=0.5, window=2, activity=ACTIVE)])
+    assert judge_spec(spec, tmp_path)[0]["seeds"] == list(range(6))
+    assert SeedRule().looks == [3, 6, 9, 12] and SeedRule(start=3, batch=4, cap=12).looks == [3, 7, 11, 12]
+    assert claims.look_level(4) == pytest.approx(0.9875) and claims.look_level(1) == pytest.approx(0.95)
+    with pytest.raises(ValueError, match="at least 2 seeds"):
+        SeedRule(start=1)
+
+
+def test_seeds_to_decide_projects_the_first_deciding_look():
+    record = {"estimate": 1.5, "spread": 1.0, "margin": 0.2, "seeds": [0, 1, 2]}
+    n = seeds_to_decide(record, "higher")
+    half = lambda k: stats_t(k) * 1.0 / math.sqrt(k)  # noqa: E731
+    assert n == min(k for k in (6, 9, 12) if 1.5 - half(k) > 0.2) == 9
+    assert seeds_to_decide({**record, "estimate": 0.2}, "higher") is None  # on the margin: never by the cap
+
+
+def stats_t(n):
+    from scipy import stats
+
+    return stats.t.ppf(0.5 + SeedRule().level / 2, n - 1)
+
+
+# ------------------------------------------------------------------------------------------------ at real scale
+
+
+PUBLISHED = Path(__file__).parent.parent / "reproductions" / "results-cpu"
+needs_published = pytest.mark.skipif(not (PUBLISHED / "grpo").is_dir(), reason="the published runs are not here")
+JUDGED = [(s, c) for s in load_specs() for c in s.claims if c.judged]
+
+
+def test_every_judged_claim_declares_its_margin_and_where_it_comes_from():
+    for spec, c in JUDGED:
+        assert c.margin_source.strip(), c.id
+        if c.expect in ("higher", "lower", "rise", "not_lower", "equal"):
+            assert c.tolerance > 0, f"{c.id}: a margin of 0 lets any effect count"
+        if c.expect == "not_lower" and c.paper_effect is not None:
+            assert c.tolerance <= c.paper_effect, c.id
+    grpo2 = next(c for _, c in JUDGED if c.id == "grpo-2")
+    assert grpo2.tolerance == 0.8  # the paper's "> 80%"
+    dropped = {c.id: c.dropped for s in load_specs() for c in s.claims if c.dropped}
+    assert {"spo-2", "spo-6", "cispo-1"} <= set(dropped) and all(len(v) > 80 for v in dropped.values())
+
+
+@needs_published
+@pytest.mark.parametrize(("spec", "c"), JUDGED, ids=[c.id for _, c in JUDGED])
+def test_no_margin_is_trivial_at_the_scale_of_the_published_runs(spec, c):
+    """A superiority margin far below the baseline's measured seed SD lets anything "hold"; a non-inferiority or
+    equivalence margin far above it lets anything "hold" the other way (factor 4, rlkit.lab.claims.MARGIN_FACTOR)."""
+    assert claims.margin_check(c, claims.baseline_spread(c, spec, PUBLISHED)) is None
+
+
+@needs_published
+@pytest.mark.parametrize(("spec", "c"), JUDGED, ids=[c.id for _, c in JUDGED])
+def test_no_gate_is_passed_by_the_baseline_or_a_run_on_its_trajectory(spec, c):
+    assert claims.gate_check(c, spec, PUBLISHED) is None
+
+
+def mutated(cid, **changes):
+    import copy
+
+    spec, c = next((s, c) for s, c in JUDGED if c.id == cid)
+    c = copy.deepcopy(c)
+    for key, value in changes.items():
+        if key == "activity":
+            c.activity = claims.Activity(**value)
+        else:
+            setattr(c, key, value)
+    return spec, c
+
+
+@needs_published
+@pytest.mark.parametrize(("cid", "changes"), [
+    ("hapo-5", {"tolerance": 0.5, "paper_effect": None}),  # non-inferiority within 50 points: anything holds
+    ("aspo-4", {"tolerance": 0.5}),  # "equal" within ±50 points
+    ("dapo-1", {"tolerance": 0.001}),  # a tenth of a point against a seed SD of 1.2 points
+    ("aepo-2", {"tolerance": 0.005}),  # the old stress entropy margin: an eighth of GRPO-stress's seed SD
+])
+def test_the_margin_check_catches_a_trivial_margin(cid, changes):
+    spec, c = mutated(cid, **changes)
+    assert claims.margin_check(c, claims.baseline_spread(c, spec, PUBLISHED)) is not None
+
+
+@needs_published
+@pytest.mark.parametrize(("cid", "activity"), [
+    ("hapo-11", {"metric": "hapo/clip_changed_frac", "at_least": 0.0}),  # hapo-only-d is GRPO's trajectory
+    ("gspo-2", {"metric": "actor/pg_clipfrac", "at_least": 0.01}),  # the old gate: GRPO-stress passes it
+    ("cispo-3", {"metric": "actor/pg_clipfrac", "at_least": 0.01}),  # without its stated reason
+])
+def test_the_gate_check_catches_a_gate_the_baseline_passes(cid, activity):
+    spec, c = mutated(cid, activity=activity)
+    assert claims.gate_check(c, spec, PUBLISHED) is not None
