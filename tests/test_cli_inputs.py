@@ -101,6 +101,15 @@ def test_spo_split_refuses_an_input_that_is_not_parquet(name, content, named, tm
     assert not (tmp_path / "out").exists()
 
 
+def test_spo_merge_refuses_a_pool_that_is_not_parquet(tmp_path, capsys):
+    (tmp_path / "part.jsonl").write_text(json.dumps({"prompt_id": "p", "scores": [1.0]}) + "\n")
+    (tmp_path / "pool.txt").write_text("not parquet")
+    code, err = refused(["data", "spo-merge", "--inputs", str(tmp_path / "part.jsonl"), "--pool",
+                         str(tmp_path / "pool.txt"), "--out", str(tmp_path / "values.json")], capsys)
+    assert code == 2 and f"--pool {tmp_path / 'pool.txt'}: not a parquet file" in err, err
+    assert not (tmp_path / "values.json").exists()
+
+
 def test_spo_split_refuses_more_subsets_than_rows(tmp_path, capsys):
     rows = parquet(tmp_path / "rows.parquet", 7)
     code, err = refused(["data", "spo-split", "--input", str(rows), "--out", str(tmp_path / "out"),
@@ -152,6 +161,7 @@ GPU_LAUNCH = ["launch", "--method", "grpo", "--dataset", "gsm8k", "--gpus", "2",
     (["--nodes", "0"], "--nodes 0: must be ≥ 1"),
     (["--gpus", "0"], "--gpus 0: must be ≥ 1"),
     (["--steps", "-2"], "--steps -2: must be ≥ 1"),
+    (["--timeout", "0"], "--timeout 0.0: give the seconds"),
     (["--experiment", "../../escape"], "--experiment ../../escape: the run directory would not lie inside"),
     (["--experiment", "/tmp/elsewhere"], "--experiment /tmp/elsewhere: the run directory would not lie inside"),
     (["--data", "{file}"], "--data {file} is a file"),

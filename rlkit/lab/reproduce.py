@@ -16,6 +16,7 @@ notebooks and results are the project's (:mod:`rlkit.lab.paths`): a checkout, or
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -254,13 +255,18 @@ def train_runs(
     scale: str,
     results: str | Path | None = None,
     device: str = "cpu",
-    workers: int = 2,
+    workers: int | None = None,
+    ray_address: str | None = None,
+    ray_shared: bool = False,
     progress: bool = True,
 ) -> dict[str, float]:
-    """Train every planned run not finished yet (reusing finished ones, resuming killed ones), ``workers`` at a
-    time, each in its own process on one CPU thread; returns minutes per run trained. The shared SFT start is
-    trained first, once. A failing run stops everything with its name and error."""
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    """Train every planned run not finished yet (reusing finished ones, resuming killed ones), each on one CPU
+    thread: ``workers`` side by side in processes of this machine (default: :func:`default_workers`), or with
+    ``ray_address`` as one-CPU tasks of that Ray cluster, their files back in ``results`` (``ray_shared``: written
+    there by the tasks; :mod:`rlkit.lab.cluster`). Returns minutes per run trained. The shared SFT start is trained
+    first, once (on a cluster, each node loads or trains its own). The bar counts runs done and estimates the time
+    left from each run's cost (:class:`TimeLeft`). A failing run stops everything with its name and error."""
+    import contextlib
 
     from tqdm.auto import tqdm
 
@@ -268,49 +274,132 @@ def train_runs(
     todo = [p for p in runs if not run_complete(results / p.name / f"seed{p.seed}")]
     if not todo:
         return {}
+    workers = default_workers() if workers is None else workers
     if workers < 1:
         raise ValueError(f"workers must be ≥ 1, got {workers}")
-    from rlkit.tiny.sft import warm_start
-
-    warm_start(build_config(todo[0].method, scale, dict(todo[0].overrides), regime=todo[0].regime).sft,
-               device=device, progress=progress)  # the cache the runs share, before they start side by side
-    # the longest runs first, so two workers finish together instead of one idling behind a late long run
-    todo.sort(key=lambda p: -_work(build_config(p.method, scale, dict(p.overrides), regime=p.regime)))
-    minutes: dict[str, float] = {}
+    cost = {p: _work(build_config(p.method, scale, dict(p.overrides), regime=p.regime)) for p in todo}
+    # the longest runs first, so the workers finish together instead of one idling behind a late long run
+    todo.sort(key=lambda p: -cost[p])
     label = {p: f"{p.name} seed {p.seed}" for p in todo}
-    if workers == 1 or len(todo) == 1 or device != "cpu":
-        for p in tqdm(todo, desc="runs", disable=not progress):
-            minutes[label[p]] = _train_one(p, scale, str(results), device)
-        return minutes
-    import multiprocessing
+    with contextlib.ExitStack() as stack:
+        if ray_address:
+            from rlkit.lab.cluster import RayRuns
 
-    with ProcessPoolExecutor(min(workers, len(todo)), mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {pool.submit(_train_one, p, scale, str(results), device): p for p in todo}
-        bar = tqdm(total=len(futures), desc=f"runs ({workers} at a time)", disable=not progress)
-        pending = set(futures)
-        while pending:  # one pass per finished run: the bar moves as runs end, and the first failure stops the rest
-            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for f in finished:
-                p = futures[f]
-                try:
-                    minutes[label[p]] = f.result()
-                except BaseException as e:
-                    for other in pending:
-                        other.cancel()
-                    raise RuntimeError(f"run {label[p]} failed: {type(e).__name__}: {e}") from e
+            cluster = stack.enter_context(RayRuns(ray_address, results, shared=ray_shared))
+            slots, where = cluster.cpus, f"on the Ray cluster at {ray_address}"
+            ended = cluster.train(todo, _train_one, scale=scale, device=device)
+        else:
+            from rlkit.tiny.sft import warm_start
+
+            first = todo[0]
+            warm_start(build_config(first.method, scale, dict(first.overrides), regime=first.regime).sft,
+                       device=device, progress=progress)  # the cache the runs share, before they start side by side
+            if workers == 1 or len(todo) == 1 or device != "cpu":
+                slots, ended = 1, ((p, _train_one(p, scale, str(results), device)) for p in todo)
+            else:
+                slots = min(workers, len(todo))
+                ended = _in_processes(todo, scale, str(results), device, slots)
+            where = f"{slots} at a time"
+        left = TimeLeft([cost[p] for p in todo], slots)
+        order = {p: i for i, p in enumerate(todo)}
+        bar = tqdm(total=len(todo), desc=f"runs ({where})", disable=not progress,
+                   bar_format="{desc}: {n_fmt}/{total_fmt} |{bar}| {elapsed} elapsed{postfix}")
+        bar.set_postfix_str(left.text())
+        minutes: dict[str, float] = {}
+        for done in ended:  # one pass per finished run (None: a tick of the clock), the bar moving as runs end
+            if done is not None:
+                p, minutes[label[done[0]]] = done[0], done[1]
+                left.ended(order[p], done[1] * 60)
                 bar.update()
+            bar.set_postfix_str(left.text())
         bar.close()
     return minutes
 
 
+def _in_processes(todo: Sequence[PlannedRun], scale: str, results: str, device: str, workers: int,
+                  tick: float = 5.0):
+    """Train ``todo`` in ``workers`` processes of this machine (spawned: each imports torch afresh, one thread);
+    yield ``(run, minutes)`` as each ends and None every ``tick`` seconds without one. The first failure cancels the
+    rest and raises naming the run."""
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(_train_one, p, scale, results, device): p for p in todo}
+        pending = set(futures)
+        while pending:
+            finished, pending = wait(pending, timeout=tick, return_when=FIRST_COMPLETED)
+            if not finished:
+                yield None
+            for f in finished:
+                p = futures[f]
+                try:
+                    minutes = f.result()
+                except BaseException as e:
+                    for other in pending:
+                        other.cancel()
+                    raise RuntimeError(f"run {p.name} seed {p.seed} failed: {type(e).__name__}: {e}") from e
+                yield p, minutes
+
+
+class TimeLeft:
+    """The time left of runs taken in order, ``slots`` at a time, each as soon as a slot frees (as the workers and a
+    Ray cluster take them): every run's cost from :func:`_work`, in seconds at the rate the ended runs took per unit
+    of cost (before any has ended: one second a unit, :func:`_work`'s own calibration)."""
+
+    def __init__(self, costs: Sequence[float], slots: int, now: float | None = None):
+        self.costs = list(costs)
+        self.slots = max(1, min(slots, len(self.costs)))
+        now = time.monotonic() if now is None else now
+        self.started = {i: now for i in range(self.slots)}
+        self.done: set[int] = set()
+        self.cost_done = self.seconds_done = 0.0
+
+    def ended(self, i: int, seconds: float, now: float | None = None) -> None:
+        """Run ``i`` ended after ``seconds`` of training: the next one waiting takes its slot."""
+        now = time.monotonic() if now is None else now
+        self.done.add(i)
+        self.cost_done += self.costs[i]
+        self.seconds_done += seconds
+        waiting = next((j for j in range(len(self.costs)) if j not in self.started), None)
+        if waiting is not None:
+            self.started[waiting] = now
+
+    def seconds(self, now: float | None = None) -> float:
+        """Seconds until the last run ends: the running ones' remaining time, then each waiting one on the slot
+        that frees first."""
+        import heapq
+
+        now = time.monotonic() if now is None else now
+        rate = self.seconds_done / self.cost_done if self.cost_done else 1.0
+        free = [max(self.costs[i] * rate - (now - t), 0.0) for i, t in self.started.items() if i not in self.done]
+        free += [0.0] * (self.slots - len(free))
+        heapq.heapify(free)
+        for j in range(len(self.costs)):
+            if j not in self.started:
+                heapq.heappush(free, heapq.heappop(free) + self.costs[j] * rate)
+        return max(free) if len(self.done) < len(self.costs) else 0.0
+
+    def text(self, now: float | None = None) -> str:
+        """``~12:34 left`` (mm:ss, or h:mm:ss); ``time left: ?`` while no run has ended and one has outlasted its
+        uncalibrated estimate (another CPU, another scale: nothing measured yet to say how long they take)."""
+        from tqdm import tqdm
+
+        now = time.monotonic() if now is None else now
+        if not self.done and any(now - t > self.costs[i] for i, t in self.started.items()):
+            return "time left: ? until a run ends"
+        return f"~{tqdm.format_interval(self.seconds(now))} left"
+
+
 def _work(cfg) -> float:
-    """A run's relative cost (measured at cpu scale: a step samples in ~0.5 s and a pass over its batch takes
-    ~1.5 s with 2 mini-batches, ~3.5 s with 16)."""
+    """A run's relative cost, about its seconds on one core of the 2-core Intel it was measured on at cpu scale (a
+    step samples in ~0.5 s and a pass over its batch takes ~1.5 s with 2 mini-batches, ~3.5 s with 16)."""
     return cfg.steps * (0.5 + cfg.ppo_epochs * (1.2 + 0.15 * cfg.mini_batches))
 
 
 def _train_one(p: PlannedRun, scale: str, results: str, device: str) -> float:
-    """One planned run in a worker process (one torch thread: two runs share two cores without contention)."""
+    """One planned run in a worker process, local or a Ray task (one torch thread: runs side by side share the
+    cores without contention, and compute alike wherever they run)."""
     import torch
 
     torch.set_num_threads(1)
@@ -318,6 +407,16 @@ def _train_one(p: PlannedRun, scale: str, results: str, device: str) -> float:
     ensure_run(p.method, scale=scale, seed=p.seed, results=results, device=device, name=p.name, regime=p.regime,
                overrides=dict(p.overrides), progress=False)
     return (time.perf_counter() - t0) / 60
+
+
+def _where(workers: int | None, ray_address: str | None) -> str:
+    """Where :func:`train_runs` trains, in words."""
+    if ray_address:
+        return f"one CPU each, as tasks of the Ray cluster at {ray_address}"
+    if workers is None:
+        return (f"{default_workers()} at a time, one CPU thread each: the CPUs this process may use "
+                "(--workers N to change)")
+    return f"{workers} at a time, one CPU thread each"
 
 
 def reproduce(
@@ -328,11 +427,14 @@ def reproduce(
     results: str | Path | None = None,
     device: str = "cpu",
     specs_dir: str | Path | None = None,
-    workers: int = 2,
+    workers: int | None = None,
+    ray_address: str | None = None,
+    ray_shared: bool = False,
     progress: bool = True,
 ) -> dict[str, Any]:
     """Train every run the specs (``only``: these names) need at ``scale`` (default: each spec's) with ``seeds``
-    seeds, ``workers`` side by side (:func:`train_runs`), then execute each spec's notebook once on them, and set
+    seeds, ``workers`` side by side (default: the CPUs this process may use) or on the Ray cluster at
+    ``ray_address`` (:func:`train_runs`), then execute each spec's notebook once on them, and set
     the runs beside the published ones (:func:`rlkit.lab.reproduced.report`, unless ``results`` is the published
     folder); returns ``{"notebooks": [paths], "minutes": {what: m}, "reproduced": the report or None}``. A failing
     notebook raises :class:`NotebookFailed`."""
@@ -356,8 +458,10 @@ def reproduce(
     for s, planned in by_scale.items():
         t0 = time.perf_counter()
         planned = list(dict.fromkeys(planned))
-        print(f"training {len(planned)} runs at {s} scale ({workers} at a time; finished ones are reused)", flush=True)
-        train_runs(planned, scale=s, results=results, device=device, workers=workers, progress=progress)
+        print(f"training {len(planned)} runs at {s} scale ({_where(workers, ray_address)}; finished ones are reused)",
+              flush=True)
+        train_runs(planned, scale=s, results=results, device=device, workers=workers, ray_address=ray_address,
+                   ray_shared=ray_shared, progress=progress)
         minutes[f"runs at {s} scale"] = (time.perf_counter() - t0) / 60
     judged = claims.judge_all(specs, results, seeds)  # the verdicts, before the pages that render them
     if judged:

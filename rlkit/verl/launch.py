@@ -482,6 +482,8 @@ def main(args) -> int:
     model, data, tiny = args.model, args.data, None
     check_arguments(gpus=args.gpus, nodes=args.nodes, steps=args.steps, runs_dir=args.runs_dir,
                     experiment=args.experiment, data_dir=args.data)
+    if args.timeout is not None and not args.timeout > 0:  # also NaN
+        raise LaunchError(f"--timeout {args.timeout}: give the seconds after which the launch stops, > 0")
     refuse_conflicts(extra, steps=args.steps, gpus=args.gpus, nodes=args.nodes, experiment=args.experiment,
                      model=args.model)
     if args.tiny_scale is not None:
