@@ -187,9 +187,15 @@ def _reproduce(args: argparse.Namespace) -> int:
 
     _retrain_sft(args)
     args.results = args.results or paths.results_dir()  # no project: the one-line refusal, before anything runs
+    ray_address = args.ray_address or os.environ.get("RAY_ADDRESS") or None
+    if ray_address and args.workers is not None:
+        raise ConflictingOptions(f"--workers is for this machine; on the Ray cluster at {ray_address} (--ray-address "
+                                 "or $RAY_ADDRESS) each run takes one CPU of it: drop one of the two")
+    if args.ray_shared and not ray_address:
+        raise ConflictingOptions("--ray-shared needs a Ray cluster: --ray-address ADDR (or $RAY_ADDRESS)")
     try:
         done = reproduce(only=args.only, scale=args.scale, seeds=args.seeds, results=args.results, device=args.device,
-                         workers=args.workers)
+                         workers=args.workers, ray_address=ray_address, ray_shared=args.ray_shared)
     except NotebookFailed as e:
         print(f"rlkit reproduce: {e}", file=sys.stderr)
         return 1
@@ -289,7 +295,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--only", nargs="+", metavar="NAME", help="these specs only (reproductions/specs/NAME.yaml)")
     p.add_argument("--scale", default=None, choices=list(SCALES), help="override every spec's scale")
     p.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 per run (default: each spec's, 3)")
-    p.add_argument("--workers", type=int, default=2, help="runs trained side by side, one CPU thread each (default 2)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="runs trained side by side on this machine, one CPU thread each (default: as many as the CPUs "
+                        "this process may use)")
+    p.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="train the runs as one-CPU tasks of this Ray cluster (`ray start --head` prints it; default: "
+                        "$RAY_ADDRESS when set); their files come back into --results")
+    p.add_argument("--ray-shared", action="store_true",
+                   help="--results is on storage every node of the Ray cluster mounts at the same path: the tasks "
+                        "write there (and a run retried after its node is lost resumes from its last checkpoint)")
     p.add_argument("--results", default=None, help=results_help)
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--book", action="store_true", help="build the book afterwards (rlkit book)")

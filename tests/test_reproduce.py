@@ -115,6 +115,9 @@ def test_train_runs_progress_moves_as_each_run_ends(tmp_path, monkeypatch):
         def update(self, n=1):
             updates.append(time.time())
 
+        def set_postfix_str(self, s=""):  # the estimated time left
+            pass
+
         def close(self):
             pass
 
@@ -266,3 +269,54 @@ def test_cli_plot_and_reproduce_errors(tmp_path, capsys):
         main(["plot", str(run), "--metric", "nope", "--out", str(tmp_path / "x.png")])
     with pytest.raises(SystemExit, match=r"unknown reproductions \['nosuch'\]; valid: .*aspo"):
         main(["reproduce", "--only", "nosuch", "--results", str(tmp_path)])
+
+
+# ------------------------------------------------------------------------------------------------ workers, time left
+
+
+def test_workers_default_to_the_cpus_this_process_may_use(monkeypatch, capsys):
+    import rlkit.lab.reproduce as reproduce
+    from rlkit.cli import main
+
+    monkeypatch.setattr(reproduce.os, "sched_getaffinity", lambda pid: {0, 2, 5})  # a taskset of 3 CPUs
+    assert reproduce.default_workers() == 3
+    assert reproduce._where(None, None).startswith("3 at a time, one CPU thread each: the CPUs this process may use")
+    assert reproduce._where(8, None) == "8 at a time, one CPU thread each"
+    seen = {}
+
+    def fake(**kwargs):
+        seen.update(kwargs)
+        return {"notebooks": [], "minutes": {}, "reproduced": None}
+
+    monkeypatch.setattr(reproduce, "reproduce", fake)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert main(["reproduce", "--only", "grpo"]) == 0
+    assert seen["workers"] is None and seen["ray_address"] is None  # None: default_workers(), said when training
+    assert main(["reproduce", "--only", "grpo", "--workers", "5"]) == 0 and seen["workers"] == 5
+    monkeypatch.setenv("RAY_ADDRESS", "head:6379")
+    assert main(["reproduce", "--only", "grpo"]) == 0 and seen["ray_address"] == "head:6379"
+    assert main(["reproduce", "--only", "grpo", "--ray-address", "other:6379", "--ray-shared"]) == 0
+    assert seen["ray_address"] == "other:6379" and seen["ray_shared"] is True
+    with pytest.raises(SystemExit, match="--workers is for this machine"):
+        main(["reproduce", "--only", "grpo", "--workers", "2"])
+    monkeypatch.delenv("RAY_ADDRESS")
+    with pytest.raises(SystemExit, match="--ray-shared needs a Ray cluster"):
+        main(["reproduce", "--only", "grpo", "--ray-shared"])
+
+
+def test_time_left_weighs_each_run_by_its_cost_and_the_slots():
+    from rlkit.lab.reproduce import TimeLeft
+
+    left = TimeLeft([40.0, 30.0, 20.0, 10.0], slots=2, now=0.0)  # longest first, two at a time
+    assert left.seconds(now=0.0) == 50.0  # 40 then 10 on one slot, 30 then 20 on the other
+    assert left.seconds(now=10.0) == 40.0
+    left.ended(1, seconds=60.0, now=60.0)  # the 30 took 60 s: two seconds a unit of cost, not one
+    assert left.text(now=60.0) == "~00:40 left"  # 40 × 2 − 60 s on the first slot, then 10 × 2 on the free one
+    assert left.seconds(now=60.0) == 40.0
+    left.ended(0, seconds=80.0, now=80.0)
+    assert left.seconds(now=80.0) == pytest.approx(20 * 2 - 20)  # the 20, started at 60, and the 10, started now
+    left.ended(2, 40.0, now=100.0)
+    left.ended(3, 20.0, now=100.0)
+    assert left.seconds(now=100.0) == 0.0
+    assert TimeLeft([5.0], slots=4, now=0.0).text(now=9.0) == "time left: ? until a run ends"  # 5 s outlasted
+    assert TimeLeft([2.0, 1.0, 1.0], slots=1, now=0.0).seconds(now=0.0) == 4.0  # by cost: 2 + 1 + 1 on the one slot

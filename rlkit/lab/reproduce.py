@@ -249,6 +249,15 @@ class NotebookFailed(RuntimeError):
                          f"(executed notebook with the traceback: {output})")
 
 
+def default_workers() -> int:
+    """The CPUs this process may use (its affinity: what a container, ``taskset`` or a batch system allots, not the
+    machine's count): :func:`train_runs` trains that many runs side by side by default."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity on this OS (macOS)
+        return os.cpu_count() or 1
+
+
 def train_runs(
     runs: Sequence[PlannedRun],
     *,

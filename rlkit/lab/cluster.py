@@ -1,0 +1,165 @@
+"""The reproduction's runs on a Ray cluster: each run a task of one CPU (``rlkit reproduce --ray-address ADDR``).
+
+:class:`RayRuns` connects to the cluster (``ray start --head`` on one machine, ``ray start --address HEAD:6379`` on
+the others) and sends every run to it as a task with ``num_cpus=1``, which trains it exactly as a local worker does
+(the same function, one torch thread, the same kernel pins: :func:`worker_env` hands them to every worker through
+``runtime_env``). Where the files land:
+
+- by default the task trains in a scratch folder of its node and returns the run's files, which are written into
+  the results folder of the machine that launched the reproduction. A run killed part-way in that folder (an
+  earlier reproduction stopped) is sent along with its task and resumed there, as a local run is.
+- ``shared=True``: the results folder is on storage every node mounts at the same path (NFS, ...); the task writes
+  there directly. Each task checks for a file the launcher wrote there first, so a node that sees another folder
+  at that path (a checkout of its own) fails at once instead of training into it.
+
+A task lost with its node (or its worker process) is retried, up to :data:`RETRIES` times (Ray's ``max_retries``).
+On shared storage the retry resumes from the last checkpoint the lost attempt wrote (one per step). Without shared
+storage the lost attempt's checkpoints were on the lost node: the retry starts again from what the launcher's folder
+held when the run was sent (a killed run's checkpoint, else the beginning), and the result is the same run, since
+a resumed run is bit-identical to an uninterrupted one. A run that raises is not retried: the error ends the
+reproduction, as it does locally.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from rlkit import numerics
+from rlkit.files import atomic_write
+
+RETRIES = 3
+"""Times a task lost with its node or worker is run again (``max_retries``)."""
+TICK_S = 5.0
+"""How often the waiting loop hands back control without a finished run (the progress bar's clock)."""
+RLKIT_ENV = ("RLKIT_NUMERICS", "RLKIT_RETRAIN_SFT")
+"""rlkit's own switches that change a run's numbers, passed on to the workers when set here."""
+
+
+def worker_env() -> dict[str, str]:
+    """The environment a run's numbers depend on, as this process has it: the kernel pins of the numerics mode
+    (:data:`rlkit.numerics.MODES`; a value set here wins, as :func:`rlkit.numerics.pin` lets it) and
+    :data:`RLKIT_ENV`. Set in every Ray worker before it imports torch, so remote runs compute what local ones do."""
+    pinned = {key for mode in numerics.MODES.values() for key in mode}
+    env = dict(numerics.MODES[numerics.mode()])
+    env.update({k: os.environ[k] for k in (*sorted(pinned), *RLKIT_ENV) if k in os.environ})
+    return env
+
+
+def run_files(run_dir: Path) -> dict[str, bytes]:
+    """The files of a run folder (none when it does not exist), by name."""
+    if not run_dir.is_dir():
+        return {}
+    return {f.name: f.read_bytes() for f in sorted(run_dir.iterdir()) if f.is_file()}
+
+
+def write_run(run_dir: Path, files: dict[str, bytes]) -> None:
+    """Write a run's ``files`` into ``run_dir``, each atomically, ``metrics.jsonl`` last: a launcher killed while
+    writing leaves a run that is not complete (:func:`rlkit.lab.reproduce.run_complete`), so it is trained again."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for name in sorted(files, key=lambda n: n == "metrics.jsonl"):
+        with atomic_write(run_dir / name, "wb", fsync=False) as f:
+            f.write(files[name])
+
+
+def _task(train_one: Callable[..., float], run: Any, scale: str, device: str, results: str | None,
+          start: dict[str, bytes], token: str | None) -> dict[str, Any]:
+    """One run on a node of the cluster: ``train_one(run, scale, results, device)`` into ``results`` (shared
+    storage, checked by ``token``), or into a scratch folder seeded with ``start`` whose files come back."""
+    import ray
+
+    node = ray.get_runtime_context().get_node_id()
+    if results is not None:
+        if not (Path(results) / token).exists():
+            raise RuntimeError(f"{results} on node {node} is not the launcher's results folder (no {token} in it): "
+                               "it is not shared storage; run without --ray-shared to have the files sent back")
+        return {"minutes": train_one(run, scale, results, device), "files": None, "node": node}
+    with tempfile.TemporaryDirectory(prefix="rlkit-run-") as scratch:
+        run_dir = Path(scratch) / run.name / f"seed{run.seed}"
+        if start:
+            write_run(run_dir, start)
+        minutes = train_one(run, scale, scratch, device)
+        return {"minutes": minutes, "files": run_files(run_dir), "node": node}
+
+
+class RayRuns:
+    """Runs as one-CPU tasks of the Ray cluster at ``address`` (``"auto"``: the one started on this machine), their
+    files into ``results`` (see the module's docstring; ``shared``: written there by the tasks themselves).
+
+    Use as a context manager: it connects on entry (unless this process is connected already) and disconnects on
+    exit, cancelling the tasks still pending."""
+
+    def __init__(self, address: str, results: Path, *, shared: bool = False):
+        self.address, self.results, self.shared = address, Path(results).resolve(), shared
+        self.token: str | None = None
+        self._connected_here = False
+        self._pending: dict[Any, Any] = {}
+
+    def __enter__(self) -> RayRuns:
+        import logging
+
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(address=self.address, logging_level=logging.WARNING, log_to_driver=False)
+            self._connected_here = True
+        if self.shared:
+            self.token = f".rlkit-ray-{uuid.uuid4().hex}"
+            self.results.mkdir(parents=True, exist_ok=True)
+            (self.results / self.token).touch()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import ray
+
+        for ref in self._pending:
+            ray.cancel(ref, force=True)
+        self._pending.clear()
+        if self.token:
+            (self.results / self.token).unlink(missing_ok=True)
+        if self._connected_here:
+            ray.shutdown()
+
+    @property
+    def cpus(self) -> int:
+        """The CPUs of the cluster now: how many runs it trains at a time."""
+        import ray
+
+        return max(1, int(ray.cluster_resources().get("CPU", 1)))
+
+    def train(self, runs: Sequence[Any], train_one: Callable[..., float], *, scale: str,
+              device: str = "cpu", tick: float = TICK_S) -> Iterator[tuple[Any, float] | None]:
+        """Send every run as a task (in this order: Ray starts them as CPUs free up); yield ``(run, minutes)`` as
+        each ends, with its files in place, and None every ``tick`` seconds without one. A failing run raises
+        ``RuntimeError`` naming it, after cancelling the others."""
+        import ray
+
+        if device != "cpu":
+            raise ValueError(f"runs on a Ray cluster train on its CPUs, not on {device!r}")
+        task = ray.remote(_task)
+        env = worker_env()
+        for run in runs:
+            run_dir = self.results / run.name / f"seed{run.seed}"
+            start = {} if self.shared else run_files(run_dir)  # a killed run: resumed on the node, as it is here
+            ref = task.options(num_cpus=1, max_retries=RETRIES, name=f"rlkit run {run.name} seed {run.seed}",
+                               runtime_env={"env_vars": env}).remote(
+                train_one, run, scale, device, str(self.results) if self.shared else None, start, self.token)
+            self._pending[ref] = run
+        while self._pending:
+            finished, _ = ray.wait(list(self._pending), num_returns=1, timeout=tick)
+            if not finished:
+                yield None
+                continue
+            run = self._pending.pop(finished[0])
+            try:
+                out = ray.get(finished[0])
+            except Exception as e:
+                cause = getattr(e, "cause", None) or e  # a task's own exception, unwrapped from Ray's
+                raise RuntimeError(f"run {run.name} seed {run.seed} failed: {type(cause).__name__}: {cause}") from e
+            if out["files"] is not None:
+                write_run(self.results / run.name / f"seed{run.seed}", out["files"])
+            yield run, out["minutes"]
