@@ -53,6 +53,9 @@ class Spec:
     parameters: dict[str, Any] = field(default_factory=dict)
     """Extra papermill parameters."""
     claims: list[Claim] = field(default_factory=list)
+    seed_rule: dict[str, int] = field(default_factory=dict)
+    """The sequential seed rule's ``batch`` and ``cap`` (``seeds`` is its start): :class:`rlkit.lab.claims.SeedRule`,
+    whose defaults (+3 a round, up to 12) apply to what is not given."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.seeds, int) or self.seeds < 1:
@@ -62,6 +65,8 @@ class Spec:
             raise ValueError(f"spec {self.name!r}: unknown regimes {unknown}; valid: {', '.join(REGIMES)}")
         if (self.variants or self.regimes != ["standard"]) and not self.method:
             raise ValueError(f"spec {self.name!r}: regimes and variants need a method")
+        if self.method and self.claims:
+            claims.SeedRule(start=self.seeds, **self.seed_rule)  # a bad rule fails when the spec loads
 
     @classmethod
     def load(cls, path: str | Path) -> Spec:
@@ -472,6 +477,11 @@ def reproduce(
         train_runs(planned, scale=s, results=results, device=device, workers=workers, ray_address=ray_address,
                    ray_shared=ray_shared, progress=progress)
         minutes[f"runs at {s} scale"] = (time.perf_counter() - t0) / 60
+    # --- the sequential seed rule (issue 32): more seeds where a claim is undecided; --seeds N: a fixed number
+    if seeds is None:
+        minutes.update(seed_rounds(specs, results, scale=scale, specs_dir=specs_dir, progress=progress,
+                                   device=device, workers=workers))
+    # ---
     judged = claims.judge_all(specs, results, seeds)  # the verdicts, before the pages that render them
     if judged:
         print(f"claims: {len(judged)} judged -> {claims.save(judged, results)}", flush=True)
@@ -490,6 +500,32 @@ def reproduce(
 
         compared = report(results, published, specs)
     return {"notebooks": done, "minutes": minutes, "reproduced": compared}
+
+
+def seed_rounds(specs: Sequence[Spec], results: Path, *, scale: str | None = None,
+                specs_dir: str | Path | None = None, progress: bool = True, **train: Any) -> dict[str, float]:
+    """The rounds of the sequential seed rule: while :func:`rlkit.lab.claims.next_round` names runs whose claims
+    are undecided below their cap, train those runs' next seeds (:func:`train_runs`, with ``train``'s options; a
+    baseline from another spec too) and look again. Returns minutes per round."""
+    every = load_specs(specs_dir)
+    templates = {p.name: (p, scale or spec.scale) for spec in every for p in spec.runs(1)}
+    minutes: dict[str, float] = {}
+    asked: list[dict[str, int]] = []
+    while needed := claims.next_round(specs, results):
+        if needed in asked:  # trained, yet still short: a run did not finish; stop rather than loop
+            raise RuntimeError(f"the seed rounds asked twice for {needed}: the runs did not finish")
+        asked.append(needed)
+        t0 = time.perf_counter()
+        print(f"seed round {len(asked)}: " + ", ".join(f"{n} to {k} seeds" for n, k in sorted(needed.items())),
+              flush=True)
+        by_scale: dict[str, list[PlannedRun]] = {}
+        for name, n in needed.items():
+            p, s = templates[name]
+            by_scale.setdefault(s, []).extend(PlannedRun(p.name, p.method, p.regime, k, p.overrides) for k in range(n))
+        for s, planned in by_scale.items():
+            train_runs(planned, scale=s, results=results, progress=progress, **train)
+        minutes[f"seed round {len(asked)}"] = (time.perf_counter() - t0) / 60
+    return minutes
 
 
 # ------------------------------------------------------------------------------------------------ the shipped start
