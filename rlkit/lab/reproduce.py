@@ -480,7 +480,7 @@ def reproduce(
     # --- the sequential seed rule (issue 32): more seeds where a claim is undecided; --seeds N: a fixed number
     if seeds is None:
         minutes.update(seed_rounds(specs, results, scale=scale, specs_dir=specs_dir, progress=progress,
-                                   device=device, workers=workers))
+                                   device=device, workers=workers, ray_address=ray_address, ray_shared=ray_shared))
     # ---
     judged = claims.judge_all(specs, results, seeds)  # the verdicts, before the pages that render them
     if judged:
