@@ -79,3 +79,20 @@ def test_a_bad_seed_rule_fails_when_the_spec_loads(tmp_path):
     bad.write_text(SPECS["aspo.yaml"].replace("cap: 9", "cap: 2"))
     with pytest.raises(ValueError, match="start ≤ cap"):
         reproduce.Spec.load(bad)
+
+
+@pytest.mark.parametrize(("kwargs", "rounds"), [({}, True), ({"seeds": 3}, False), ({"scale": "smoke"}, False)])
+def test_reproduce_runs_the_rounds_unless_told_a_fixed_number_or_another_scale(project, monkeypatch, tmp_path,
+                                                                                 kwargs, rounds):
+    from rlkit.lab import paths
+
+    specs_dir, results = project
+    called, judged = [], []
+    monkeypatch.setattr(reproduce, "train_runs", lambda planned, **kw: {})
+    monkeypatch.setattr(reproduce, "seed_rounds", lambda *a, **kw: called.append(kw) or {})
+    monkeypatch.setattr(reproduce, "execute", lambda spec, out, params, **kw: out / "nb.ipynb")
+    monkeypatch.setattr(reproduce.claims, "judge_all", lambda specs, res, seeds, sequential: judged.append(
+        (seeds, sequential)) or [])
+    monkeypatch.setattr(paths, "published_dir", lambda: tmp_path / "nowhere")
+    reproduce.reproduce(only=["aspo"], results=results, specs_dir=specs_dir, progress=False, **kwargs)
+    assert bool(called) == rounds and judged == [(kwargs.get("seeds"), rounds)]

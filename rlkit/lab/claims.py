@@ -756,11 +756,14 @@ CLAIMS_FILE = "claims.json"
 """Beside the runs: one record per claim of every reproduction (:data:`RECORD_FIELDS`), what the pages render."""
 
 
-def judge_all(specs: Sequence[Any], results: str | Path, seeds: int | None = None) -> list[dict[str, Any]]:
-    """The records of every claim of the ``specs`` that train a method: from ``seeds`` seeds (a fixed design), or
-    (None) from the seeds the sequential rule gave each claim (:func:`judge_spec`)."""
+def judge_all(specs: Sequence[Any], results: str | Path, seeds: int | None = None, *,
+              sequential: bool | None = None) -> list[dict[str, Any]]:
+    """The records of every claim of the ``specs`` that train a method: from ``seeds`` seeds (a fixed design; None
+    and not ``sequential``: each spec's ``seeds``), or — ``sequential``, the default when ``seeds`` is None — from
+    the seeds the sequential rule gave each claim (:func:`judge_spec`)."""
+    sequential = seeds is None if sequential is None else sequential
     return [r for spec in specs if spec.method and spec.claims
-            for r in judge_spec(spec, results, None if seeds is None else range(seeds))]
+            for r in judge_spec(spec, results, None if sequential else range(seeds or spec.seeds))]
 
 
 def save(records: Sequence[Mapping[str, Any]], results: str | Path) -> Path:
