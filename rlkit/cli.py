@@ -181,12 +181,14 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _reproduce(args: argparse.Namespace) -> int:
+    from rlkit.files import RESULTS, check_dir
     from rlkit.lab import paths
     from rlkit.lab.book import build
     from rlkit.lab.reproduce import NotebookFailed, reproduce
 
     _retrain_sft(args)
     args.results = args.results or paths.results_dir()  # no project: the one-line refusal, before anything runs
+    check_dir(args.results, RESULTS)  # a file, or another command's directory: refused before anything runs
     ray_address = args.ray_address or os.environ.get("RAY_ADDRESS") or None
     if ray_address and args.workers is not None:
         raise ConflictingOptions(f"--workers is for this machine; on the Ray cluster at {ray_address} (--ray-address "

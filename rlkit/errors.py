@@ -69,6 +69,15 @@ class CannotResume(RunError):
     """The run directory cannot be resumed exactly (damaged or missing checkpoint, config or metrics)."""
 
 
+class DamagedFile(RunError, ValueError):
+    """A file rlkit reads back — a run's ``metrics.jsonl``, ``config.json`` or ``env.json``, an executed notebook —
+    is missing, cut off or not what it should hold: the message names the file (and line) and what is wrong."""
+
+
+class ExecutionFailed(RunError):
+    """An executed notebook whose execution failed: the book does not publish its traceback."""
+
+
 class DiskFull(RunError, OSError):
     """No space left where rlkit writes."""
 

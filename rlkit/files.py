@@ -2,8 +2,10 @@
 
 - :func:`atomic_write` — a file appears whole or not at all; no temporary file is left behind on failure, and
   disk-full and permission errors come back as :class:`~rlkit.errors.DiskFull`/:class:`~rlkit.errors.PermissionDenied`.
-- :func:`claim_dir` — the directories rlkit writes carry a marker (:data:`MARKER`) listing the files it wrote; a
-  non-empty directory without one is refused unless ``force``, and then only rlkit's own files are touched
+- :func:`claim_dir` — the directories rlkit writes carry a marker (:data:`MARKER`) saying which kind of directory
+  it is (:data:`KINDS`: a training run, a model export, ...) and listing the files rlkit wrote; a command writes
+  only into a directory of its own kind or an empty one. A directory of another kind is refused, ``force`` or
+  not; a non-empty one without a marker is refused unless ``force``, and then only rlkit's own files are touched
   (:func:`remove_owned`).
 - :func:`lock_dir` — one writer per directory: an exclusive ``fcntl.flock`` on the directory itself, which the
   kernel releases when its process dies (a killed run's lock is taken over); the holder (pid, host, start time) is
@@ -25,10 +27,19 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from rlkit.errors import NotOurDirectory, RunLocked, from_os_error
+from rlkit.errors import DamagedFile, NotOurDirectory, RunLocked, from_os_error
 
 MARKER = ".rlkit.json"
-"""The file that says rlkit wrote a directory: ``{"command", "files", "writer"}``."""
+"""The file that says rlkit wrote a directory: ``{"kind", "files", "writer"}``."""
+
+TRAINING_RUN, EXPORT, LAUNCH_RUN, BOOK, DATA, RESULTS = (
+    "training run", "model export", "launch run", "book folder", "data folder", "results folder")
+KINDS = {TRAINING_RUN: "rlkit train", EXPORT: "rlkit export", LAUNCH_RUN: "rlkit launch",
+         BOOK: "rlkit book", DATA: "rlkit data", RESULTS: "rlkit reproduce"}
+"""The kinds of directory rlkit writes, each with the command that makes it. A directory is one kind for good."""
+_OLD_COMMANDS = {"run": TRAINING_RUN, "export": EXPORT, "book": BOOK}
+"""What an older rlkit's marker (``{"command": ...}``, no kind) said besides a command of :data:`KINDS`: the
+``what`` of its ``lock_dir``."""
 
 
 @contextlib.contextmanager
@@ -87,29 +98,108 @@ def _no_space(path: Path) -> bool:
         return False
 
 
+def read_json(path: str | os.PathLike) -> dict[str, Any]:
+    """The JSON object in file ``path``; :class:`~rlkit.errors.DamagedFile` naming it when it is missing, cut off,
+    not JSON or not an object."""
+    path = Path(path)
+    try:
+        with os_errors():
+            text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise DamagedFile(f"{path} is missing") from None
+    except IsADirectoryError:
+        raise DamagedFile(f"{path} is a directory, not a JSON file") from None
+    except UnicodeDecodeError:
+        raise DamagedFile(f"{path} is not JSON (not UTF-8 text)") from None
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        cut = " (cut off?)" if e.pos >= len(text.rstrip()) else ""
+        raise DamagedFile(f"{path} is not JSON{cut}: {e.msg} at line {e.lineno} column {e.colno}") from None
+    if not isinstance(value, dict):
+        kind = {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(value), "number")
+        raise DamagedFile(f"{path} holds a JSON {kind}, not an object")
+    return value
+
+
 # ---------------------------------------------------------------------------------------- owned directories
 def read_marker(path: str | os.PathLike) -> dict[str, Any] | None:
-    """The marker of directory ``path``, or None when it has none (or an unreadable one)."""
+    """The marker of directory ``path`` with its ``kind`` (:func:`kind_of`), or None when it has none (or an
+    unreadable one)."""
     try:
         record = json.loads((Path(path) / MARKER).read_text())
     except (OSError, ValueError):
         return None
-    return record if isinstance(record, dict) else None
+    if not isinstance(record, dict):
+        return None
+    return {**record, "kind": kind_of(record)}
 
 
-def claim_dir(path: str | os.PathLike, command: str, *, force: bool = False, writes: Iterable[str] = (),
+def kind_of(marker: dict[str, Any]) -> str | None:
+    """The kind of directory a marker stands for: its ``kind``, or for an older rlkit's marker the kind its
+    ``command`` makes (``rlkit train`` → a training run, ``rlkit data gsm8k`` → data); None when it names none."""
+    kind = marker.get("kind")
+    if kind in KINDS:
+        return kind
+    command = str(marker.get("command") or "")
+    by_command = {made_by: kind for kind, made_by in KINDS.items()}
+    return by_command.get(" ".join(command.split()[:2])) or _OLD_COMMANDS.get(command)
+
+
+def _check_kind(kind: str) -> None:
+    if kind not in KINDS:
+        raise ValueError(f"unknown kind of directory {kind!r}; valid: {', '.join(KINDS)}")
+
+
+def check_dir(path: str | os.PathLike, kind: str) -> dict[str, Any] | None:
+    """Refuse (:class:`~rlkit.errors.NotOurDirectory`) a ``path`` that is a file, or a directory rlkit marked as
+    another kind than ``kind``; its marker (None: it has none, or does not exist). Writes nothing."""
+    _check_kind(kind)
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise NotOurDirectory(f"{path} is a file, not a directory: choose a directory for the {kind}")
+    marker = read_marker(path) if path.is_dir() else None
+    if marker is not None and marker["kind"] != kind:
+        found = f"a {marker['kind']} ({KINDS[marker['kind']]} wrote it)" if marker["kind"] else \
+            f"an rlkit directory of unknown kind ({MARKER} says {marker.get('command')!r})"
+        raise NotOurDirectory(f"{path} holds {found}, not a {kind}: choose a new or empty directory for the "
+                              f"{kind} (--force never turns one kind of directory into another)")
+    return marker
+
+
+def writable_dir(path: str | os.PathLike, kind: str,
+                 remedy: str = "choose another folder, or fix its permissions") -> Path:
+    """``path``, a folder that may hold files of ``kind`` (:func:`check_dir`), created when missing and tried with a
+    temporary file: one that cannot be written is :class:`~rlkit.errors.PermissionDenied` (or
+    :class:`~rlkit.errors.DiskFull`) with ``remedy``, before any work. Writes no marker."""
+    path = Path(path)
+    check_dir(path, kind)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".rlkit-probe.")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        mapped = from_os_error(e)
+        if mapped is None:
+            raise
+        raise type(mapped)(f"{path} cannot be written ({e.strerror}): {remedy}") from None
+    return path
+
+
+def claim_dir(path: str | os.PathLike, kind: str, *, force: bool = False, writes: Iterable[str] = (),
               signature: str | None = None) -> dict[str, Any]:
-    """Make ``path`` a directory ``command`` may write, and return its marker.
+    """Make ``path`` a directory of ``kind`` (one of :data:`KINDS`) that its command may write, and return its
+    marker.
 
-    A missing or empty directory is created and marked. One with a marker is rlkit's. One without is refused
+    A missing or empty directory is created and marked. One marked as ``kind`` is the command's own; one marked as
+    another kind is refused (:func:`check_dir`), even with ``force``. One without a marker is refused
     (:class:`~rlkit.errors.NotOurDirectory`) unless every entry is a name in ``writes`` (an older rlkit's output),
-    ``signature`` names a file in it that only rlkit writes, or ``force``."""
+    ``signature`` names a file in it that only this command writes, or ``force``."""
     path = Path(path)
     with os_errors():
-        if path.exists() and not path.is_dir():
-            raise NotOurDirectory(f"{path} is a file, not a directory: choose a directory for {command}")
+        marker = check_dir(path, kind)
         path.mkdir(parents=True, exist_ok=True)
-        marker = read_marker(path)
         if marker is None:
             entries = set(os.listdir(path))
             ours = entries <= set(writes) or (signature is not None and signature in entries)
@@ -118,17 +208,22 @@ def claim_dir(path: str | os.PathLike, command: str, *, force: bool = False, wri
                 raise NotOurDirectory(f"{path} is not empty ({shown}) and rlkit did not write it: choose a new or "
                                       f"empty directory, or pass --force to write into it (only rlkit's files are "
                                       f"replaced)")
-            marker = {"command": command, "files": sorted(entries & set(writes)) if ours else []}
-            write_text(path / MARKER, json.dumps(marker, indent=2))
+            marker = {"kind": kind, "files": sorted(entries & set(writes)) if ours else []}
+            _write_marker(path, marker)
         return marker
 
 
-def record_files(path: str | os.PathLike, names: Iterable[str]) -> None:
-    """Add ``names`` (relative to ``path``) to the files its marker says rlkit wrote."""
-    path = Path(path)
-    marker = read_marker(path) or {"command": "rlkit", "files": []}
-    marker["files"] = sorted(set(marker.get("files", [])) | set(names))
+def _write_marker(path: Path, marker: dict[str, Any]) -> None:
     write_text(path / MARKER, json.dumps(marker, indent=2))
+
+
+def record_files(path: str | os.PathLike, kind: str, names: Iterable[str]) -> None:
+    """Add ``names`` (relative to ``path``) to the files the marker of ``path``, a directory of ``kind``, says rlkit
+    wrote."""
+    path = Path(path)
+    marker = check_dir(path, kind) or {"kind": kind, "files": []}
+    marker["files"] = sorted(set(marker.get("files", [])) | set(names))
+    _write_marker(path, marker)
 
 
 def remove_owned(path: str | os.PathLike, keep: Iterable[str] = ()) -> list[str]:
@@ -145,16 +240,16 @@ def remove_owned(path: str | os.PathLike, keep: Iterable[str] = ()) -> list[str]
         else:
             target.unlink(missing_ok=True)
     marker["files"] = [name for name in marker.get("files", []) if name not in gone]
-    write_text(path / MARKER, json.dumps(marker, indent=2))
+    _write_marker(path, marker)
     return gone
 
 
 # ---------------------------------------------------------------------------------------- one writer
 @contextlib.contextmanager
-def lock_dir(path: str | os.PathLike, what: str = "run") -> Iterator[dict[str, Any] | None]:
-    """Hold an exclusive lock on directory ``path`` (which must exist) while inside; a second process is refused
-    (:class:`~rlkit.errors.RunLocked`) naming the holder. Yields the previous holder when its lock was left by a
-    process that no longer holds it (a killed run), else None."""
+def lock_dir(path: str | os.PathLike, kind: str = TRAINING_RUN) -> Iterator[dict[str, Any] | None]:
+    """Hold an exclusive lock on directory ``path`` (which must exist, a directory of ``kind``: :func:`claim_dir`)
+    while inside; a second process is refused (:class:`~rlkit.errors.RunLocked`) naming the holder. Yields the
+    previous holder when its lock was left by a process that no longer holds it (a killed run), else None."""
     path = Path(path)
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
@@ -164,12 +259,12 @@ def lock_dir(path: str | os.PathLike, what: str = "run") -> Iterator[dict[str, A
             holder = (read_marker(path) or {}).get("writer") or {}
             raise RunLocked(f"{path} is being written by another process (pid {holder.get('pid', '?')} on "
                             f"{holder.get('host', '?')}, since {holder.get('started', '?')}): wait for it to end, "
-                            f"or choose another --out for this {what}") from None
-        marker = read_marker(path) or {"command": what, "files": []}
+                            f"or choose another --out for this {kind}") from None
+        marker = check_dir(path, kind) or {"kind": kind, "files": []}
         stale = marker.get("writer")
         marker["writer"] = {"pid": os.getpid(), "host": socket.gethostname(),
                             "started": time.strftime("%Y-%m-%d %H:%M:%S %z")}
-        write_text(path / MARKER, json.dumps(marker, indent=2))
+        _write_marker(path, marker)
         try:
             yield stale
         finally:
@@ -177,6 +272,6 @@ def lock_dir(path: str | os.PathLike, what: str = "run") -> Iterator[dict[str, A
             if marker is not None and marker.get("writer", {}).get("pid") == os.getpid():
                 marker.pop("writer")
                 with contextlib.suppress(OSError):
-                    write_text(path / MARKER, json.dumps(marker, indent=2))
+                    _write_marker(path, marker)
     finally:
         os.close(fd)

@@ -62,8 +62,8 @@ def train_args(out, cache, *extra):
 # ------------------------------------------------------------------------------------------------ one writer
 HOLD = textwrap.dedent("""
     import sys, time
-    from rlkit.files import claim_dir, lock_dir
-    claim_dir(sys.argv[1], "rlkit train")
+    from rlkit.files import TRAINING_RUN, claim_dir, lock_dir
+    claim_dir(sys.argv[1], TRAINING_RUN)
     with lock_dir(sys.argv[1]):
         print("locked", flush=True)
         time.sleep(60)

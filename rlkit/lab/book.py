@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rlkit.errors import NotABook
-from rlkit.files import claim_dir, lock_dir, os_errors, record_files, remove_owned
+from rlkit.files import BOOK, claim_dir, lock_dir, os_errors, record_files, remove_owned
 from rlkit.lab import paths
 from rlkit.lab.reproduce import load_specs
 
@@ -68,10 +68,10 @@ def stage(book: Path | None = None, results: Path | None = None, specs_dir: Path
     notebooks = check_results(results, specs_dir)
     target = book / "notebooks"
     names = [path.name for path in notebooks.values()]
-    claim_dir(target, "rlkit book", force=force, writes=names)
-    with lock_dir(target, "book"), os_errors():
+    claim_dir(target, BOOK, force=force, writes=names)
+    with lock_dir(target, BOOK), os_errors():
         remove_owned(target, keep=names)
-        record_files(target, names)
+        record_files(target, BOOK, names)
         staged = []
         for path in notebooks.values():  # each page with one parameters cell, written once
             page = one_parameters_cell(json.loads(path.read_text()))

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from rlkit.files import claim_dir, lock_dir, os_errors, record_files, remove_owned
+from rlkit.files import EXPORT, claim_dir, lock_dir, os_errors, record_files, remove_owned
 from rlkit.tasks.protocol import END_OUTPUT, OUTPUT
 from rlkit.tiny.model import ModelConfig, TinyDecoder
 from rlkit.tiny.tokenizer import BOS, EOS, PAD, CharTokenizer
@@ -132,8 +132,8 @@ def _save(path: str | os.PathLike, model: Any, tokenizer: Any, record: dict | No
     """``model`` and ``tokenizer`` (and ``record``) into ``path``: written into a temporary sibling, then moved in
     file by file, replacing only the files an earlier export wrote (:func:`rlkit.files.claim_dir`)."""
     path = Path(path)
-    claim_dir(path, "rlkit export", force=force, signature="rlkit_model.json")
-    with lock_dir(path, "export"), os_errors():
+    claim_dir(path, EXPORT, force=force, signature="rlkit_model.json")
+    with lock_dir(path, EXPORT), os_errors():
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
         try:
             model.save_pretrained(tmp, safe_serialization=True)
@@ -142,7 +142,7 @@ def _save(path: str | os.PathLike, model: Any, tokenizer: Any, record: dict | No
                 (tmp / "rlkit_model.json").write_text(json.dumps(record, indent=2, default=str))
             new = sorted(os.listdir(tmp))
             remove_owned(path, keep=new)
-            record_files(path, new)
+            record_files(path, EXPORT, new)
             for name in new:
                 os.replace(tmp / name, path / name)
         finally:
@@ -160,7 +160,7 @@ def export_sft(path: str | os.PathLike, sft: Any, *, scale: str | None = None, s
 
     check_vllm_shape(ModelConfig(vocab_size=1, d_model=sft.d_model, n_layers=sft.n_layers, n_heads=sft.n_heads,
                                  n_kv_heads=sft.n_kv_heads))  # before minutes of SFT
-    claim_dir(path, "rlkit export", force=force, signature="rlkit_model.json")  # so is a directory not rlkit's
+    claim_dir(path, EXPORT, force=force, signature="rlkit_model.json")  # so is a directory not rlkit's
     model, tokenizer, info = warm_start(sft, device=device, cache_dir=sft_cache, progress=progress)
     record = {"kind": "sft", "scale": scale, "sft_config": asdict(sft), "sft": info,
               "model_config": model.config.to_dict()}

@@ -37,7 +37,7 @@ from rlkit.core.masked import masked_mean
 from rlkit.core.tool_use import tool_metrics
 from rlkit.errors import CannotResume, ResumeMismatch, RunExists
 from rlkit.hooks import Recalled, StepBatch, checked, draw, side_generator
-from rlkit.files import atomic_write, claim_dir, lock_dir, os_errors, write_text
+from rlkit.files import TRAINING_RUN, atomic_write, claim_dir, lock_dir, os_errors, write_text
 from rlkit.metrics import MetricsWriter, read_metrics
 from rlkit.tasks import arithmetic
 from rlkit.tiny.checkpoint import RunState, environment, load_checkpoint, restore_checkpoint, save_checkpoint
@@ -154,8 +154,8 @@ def train(cfg: RLConfig, out_dir: str | Path, *, device: str = "cpu", resume: bo
     (:func:`rlkit.files.claim_dir`).
     """
     out = Path(out_dir)
-    claim_dir(out, "rlkit train", force=force, writes=RUN_FILES + _OLD_TEMPORARY)
-    with lock_dir(out, "run"), os_errors():
+    claim_dir(out, TRAINING_RUN, force=force, writes=RUN_FILES + _OLD_TEMPORARY)
+    with lock_dir(out, TRAINING_RUN), os_errors():
         for name in _OLD_TEMPORARY:
             (out / name).unlink(missing_ok=True)
         return _train(cfg, out, device=device, resume=resume, progress=progress, sft_cache=sft_cache,

@@ -177,11 +177,11 @@ def at_least_one(**counts: int) -> None:
             raise InvalidSetting(f"--{name.replace('_', '-')} {n}: must be a whole number ≥ 1")
 
 
-def claim_data_dir(out: str | os.PathLike, command: str, *, force: bool = False) -> Path:
-    """``out`` made a data directory rlkit may write (:func:`rlkit.files.claim_dir`)."""
-    from rlkit.files import claim_dir
+def claim_data_dir(out: str | os.PathLike, *, force: bool = False) -> Path:
+    """``out`` made a data folder rlkit may write (:func:`rlkit.files.claim_dir`)."""
+    from rlkit.files import DATA, claim_dir
 
-    claim_dir(out, f"rlkit data {command}", force=force, writes=DATA_FILES)
+    claim_dir(out, DATA, force=force, writes=DATA_FILES)
     return Path(out)
 
 
@@ -253,7 +253,7 @@ def prepare_gsm8k(out: str | os.PathLike, source: str | os.PathLike = GSM8K_SOUR
     if overlap:
         raise BadSource(f"train and test share {len(overlap)} problem(s): pass disjoint sources (--source for train, "
                         "--test-source for test)")
-    claim_data_dir(out, "gsm8k", force=force)
+    claim_data_dir(out, force=force)
     summary: dict[str, Any] = {}
     for split, examples in splits.items():
         rows = gsm8k_rows(examples, split)
@@ -288,7 +288,7 @@ def prepare_arithmetic(out: str | os.PathLike, *, n_train: int = 2000, n_test: i
             splits[split] = arithmetic_rows(arithmetic.make_split(n, split, seed, **knobs), split)
         except ValueError as e:  # e.g. fewer distinct problems than asked
             raise InvalidSetting(f"--{split} {n}: {e}") from None
-    claim_data_dir(out, "arithmetic", force=force)
+    claim_data_dir(out, force=force)
     return {split: {"rows": len(rows), "path": str(write_rows(rows, Path(out) / f"{split}.parquet"))}
             for split, rows in splits.items()}
 
@@ -306,7 +306,7 @@ def prepare_dapo(out: str | os.PathLike, source: str | os.PathLike = dapo_math.T
     train, info = dapo_rows(dapo_math.load(source), "train", "math_dapo")
     if not train:
         raise BadSource(f"--source {source} has no problems")
-    claim_data_dir(out, "dapo", force=force)
+    claim_data_dir(out, force=force)
     if max_train is not None and max_train < len(train):
         keep = sorted(random.Random(seed).sample(range(len(train)), max_train))
         train = [{**train[i], "extra_info": {**train[i]["extra_info"], "index": j}} for j, i in enumerate(keep)]

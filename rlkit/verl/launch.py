@@ -42,7 +42,7 @@ from pathlib import Path, PurePath
 from typing import Any
 
 from rlkit.errors import ConflictingOptions
-from rlkit.files import claim_dir
+from rlkit.files import LAUNCH_RUN, claim_dir
 from rlkit.verl import cpu, runner
 from rlkit.verl.compose import (
     check_cpu_model,
@@ -421,7 +421,7 @@ def run(p: Plan, cfg, *, resume: bool = False, limits: runner.Limits | None = No
         raise LaunchError(f"{state} exist(s) from an earlier launch: --resume continues that run from its newest "
                           "checkpoint, or pick another --experiment")
     prepare_inputs(p, cfg, force=force)
-    claim_dir(p.run_dir, "rlkit launch", force=force, writes=RUN_FILES)
+    claim_dir(p.run_dir, LAUNCH_RUN, force=force, writes=RUN_FILES)
     if runner.stop_previous(p.run_dir):  # an earlier launch's processes must not write beside this one
         print("stopped processes an earlier launch of this run left running", flush=True)
     step, extra = resume_overrides(p) if resume else (None, [])
