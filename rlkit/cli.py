@@ -108,13 +108,17 @@ def _start(args: argparse.Namespace) -> int:
 
 def _reproduced(args: argparse.Namespace) -> int:
     from rlkit.lab import paths
-    from rlkit.lab.reproduced import report, to_markdown
+    from rlkit.lab.reproduced import problems, report, to_markdown
 
     args.results, args.published = args.results or paths.results_dir(), args.published or paths.published_dir()
     for path in (args.results, args.published):
         if not Path(path).is_dir():
             raise UsageError(f"{path} is not a results folder: pass --results/--published folders of runs")
-    print(to_markdown(report(args.results, args.published)))
+    done = report(args.results, args.published, out=args.out)
+    print(to_markdown(done))
+    if found := problems(done):
+        raise RunError(f"no answer: {len(found)} run(s) or reproduction(s) cannot be compared, first {found[0]} "
+                       f"(all in {Path(args.out or args.results) / 'reproduced.md'})")
     return 0
 
 
@@ -319,6 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--results", default=None, help="this machine's " + results_help)
     p.add_argument("--published", default=None,
                    help="the published results (default: the project's reproductions/results-cpu)")
+    p.add_argument("--out", default=None,
+                   help="folder for the report, reproduced.json and reproduced.md (default: --results)")
     p.set_defaults(func=_reproduced)
 
     p = sub.add_parser("start", help="the SFT start every run begins from: shipped with rlkit, or trained here")

@@ -20,6 +20,8 @@ from typing import Any
 
 import pandas as pd
 
+from rlkit.errors import DamagedFile
+
 
 def _clean(value: Any) -> Any:
     if hasattr(value, "item") and callable(value.item):  # torch / numpy scalars
@@ -29,7 +31,7 @@ def _clean(value: Any) -> Any:
     return value
 
 
-def _parse(lines: Iterable[str], path: Path) -> list[dict[str, Any]]:
+def _parse(lines: Iterable[str], path: Path, *, whole: bool = False) -> list[dict[str, Any]]:
     records, lines = [], list(lines)
     for n, line in enumerate(lines):
         if not line.strip():
@@ -37,22 +39,30 @@ def _parse(lines: Iterable[str], path: Path) -> list[dict[str, Any]]:
         try:
             rec = json.loads(line)
         except json.JSONDecodeError:
-            if n == len(lines) - 1:  # torn last line: the writer was killed mid-write
+            if n == len(lines) - 1 and not whole:  # torn last line: the writer was killed mid-write
                 warnings.warn(f"{path}: ignoring a truncated last line", stacklevel=3)
                 break
-            raise ValueError(f"{path}:{n + 1}: not a JSON line") from None
-        if not isinstance(rec, dict) or "step" not in rec or not isinstance(rec.get("data"), dict):
-            raise ValueError(f'{path}:{n + 1}: expected {{"step": N, "data": {{...}}}}')
+            what = ("the last line is cut off (a writer killed mid-line, or a truncated file)" if n == len(lines) - 1
+                    else "not a JSON line")
+            raise DamagedFile(f"{path}:{n + 1}: {what}") from None
+        if not isinstance(rec, dict) or not _is_step(rec.get("step")) or not isinstance(rec.get("data"), dict):
+            raise DamagedFile(f'{path}:{n + 1}: expected {{"step": N, "data": {{...}}}}')
         rec["data"] = {k: (math.nan if v is None else v) for k, v in rec["data"].items()}
         records.append(rec)
     return records
 
 
-def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """All records of a metrics file, in file order, as ``{"step": N, "data": {...}}`` dicts."""
+def _is_step(step: Any) -> bool:
+    return isinstance(step, int) and not isinstance(step, bool)
+
+
+def read_metrics(path: str | Path, *, whole: bool = False) -> list[dict[str, Any]]:
+    """All records of a metrics file, in file order, as ``{"step": N, "data": {...}}`` dicts. A line that is not
+    one is :class:`~rlkit.errors.DamagedFile` naming the file and line; a cut-off last line (a writer killed
+    mid-line, or one still writing) is skipped with a warning, unless ``whole`` (a finished run's file: damaged)."""
     path = Path(path)
-    with path.open(encoding="utf-8") as f:
-        return _parse(f.read().split("\n"), path)
+    with path.open(encoding="utf-8", errors="replace") as f:
+        return _parse(f.read().split("\n"), path, whole=whole)
 
 
 def metrics_frame(path: str | Path) -> pd.DataFrame:
@@ -100,6 +110,6 @@ class MetricsWriter:
 
 
 def _dumps(step: int, data: Mapping[str, Any]) -> str:
-    if not isinstance(step, int) or isinstance(step, bool):
+    if not _is_step(step):
         raise ValueError(f"step must be an int, got {step!r}")
     return json.dumps({"step": step, "data": {k: _clean(v) for k, v in data.items()}}, allow_nan=False) + "\n"

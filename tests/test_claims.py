@@ -413,9 +413,11 @@ def test_a_collapse_is_a_finding_with_per_seed_facts_never_not_exercised(tmp_pat
     runs = [collapsing_run(tmp_path, "cispo-stress", s, act=1.0) for s in range(3)]
     base = runs_of(tmp_path, "grpo-stress", [1, 1.1, 0.9])
     row = judge(claim("higher", 0.1, run="cispo", regime="stress"), runs, base)
-    assert row["collapsed"]["run"] == "cispo-stress" and row["collapsed"]["of"] == 3 and [f["seed"] for f in row["collapsed"]["seeds"]] == [0, 1, 2]
-    assert row["collapsed"]["seeds"][0] == {"seed": 0, "acc_start": 0.04, "acc_end": 0.0, "zero_adv_frac":
-                                            pytest.approx(0.97), "ppo_kl": pytest.approx(2.1), "collapsed": True}
+    assert row["collapsed"]["run"] == "cispo-stress" and row["collapsed"]["of"] == 3
+    assert [f["seed"] for f in row["collapsed"]["seeds"]] == [0, 1, 2]
+    facts = {"seed": 0, "acc_start": 0.04, "acc_end": 0.0, "zero_adv_frac": pytest.approx(0.97),
+             "ppo_kl": pytest.approx(2.1), "collapsed": True}
+    assert row["collapsed"]["seeds"][0] == facts
     assert row["finding"].startswith("cispo-stress collapses in 3 of 3 seeds: held-out accuracy 0.04 → 0, "
                                      "zero-advantage share 0.97 over the last 10 steps, actor/ppo_kl 2.1. ")
     assert row["verdict"] == OPPOSITE

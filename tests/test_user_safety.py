@@ -236,7 +236,8 @@ def test_book_stage_refuses_a_notebooks_folder_it_did_not_write(tmp_path, monkey
     results = tmp_path / "results"
     executed = {"a": results / "a.ipynb"}
     results.mkdir()
-    executed["a"].write_text("{}")
+    empty = json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
+    executed["a"].write_text(empty)
     monkeypatch.setattr(book, "check_results", lambda *a, **k: executed)
     b = tmp_path / "book"
     (b / "notebooks").mkdir(parents=True)
@@ -248,7 +249,7 @@ def test_book_stage_refuses_a_notebooks_folder_it_did_not_write(tmp_path, monkey
     book.stage(b, results, force=True)
     assert (b / "notebooks" / "mine.md").read_text() == "mine" and (b / "notebooks" / "a.ipynb").exists()
     executed["b"] = results / "b.ipynb"
-    executed["b"].write_text("{}")
+    executed["b"].write_text(empty)
     del executed["a"]
     book.stage(b, results)  # its own notebooks replaced, the user's kept
     assert sorted(p.name for p in (b / "notebooks").iterdir()) == [".rlkit.json", "b.ipynb", "mine.md"]

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rlkit.errors import NotABook
+from rlkit.errors import DamagedFile, ExecutionFailed, NotABook
 from rlkit.files import BOOK, claim_dir, lock_dir, os_errors, record_files, remove_owned
 from rlkit.lab import paths
 from rlkit.lab.reproduce import load_specs
@@ -66,6 +66,8 @@ def stage(book: Path | None = None, results: Path | None = None, specs_dir: Path
     book = Path(book or paths.book_dir())
     check_book(book)
     notebooks = check_results(results, specs_dir)
+    again = f"execute it again: rlkit reproduce --only {{}} --results {Path(results or paths.results_dir())}"
+    pages = {name: read_executed(path, again.format(name)) for name, path in notebooks.items()}
     target = book / "notebooks"
     names = [path.name for path in notebooks.values()]
     claim_dir(target, BOOK, force=force, writes=names)
@@ -73,11 +75,33 @@ def stage(book: Path | None = None, results: Path | None = None, specs_dir: Path
         remove_owned(target, keep=names)
         record_files(target, BOOK, names)
         staged = []
-        for path in notebooks.values():  # each page with one parameters cell, written once
-            page = one_parameters_cell(json.loads(path.read_text()))
+        for name, path in notebooks.items():  # each page with one parameters cell, written once
+            page = one_parameters_cell(pages[name])
             staged.append(target / path.name)
             staged[-1].write_text(json.dumps(page, indent=1, ensure_ascii=False) + "\n")
         return staged
+
+
+def read_executed(path: Path, remedy: str = "execute it again (rlkit reproduce)") -> dict[str, Any]:
+    """The executed notebook at ``path``; refused, with ``remedy``, when it cannot be read or is cut off
+    (:class:`~rlkit.errors.DamagedFile`) or when its execution failed (:class:`~rlkit.errors.ExecutionFailed`:
+    a cell's output is an error, as papermill leaves it)."""
+    with os_errors():
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    try:
+        nb = json.loads(text)
+    except ValueError as e:
+        raise DamagedFile(f"{path} is cut off or not a notebook (not JSON: {e.msg} at line {e.lineno}): "
+                          f"{remedy}") from None
+    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
+        raise DamagedFile(f"{path} is not a notebook (no list of cells): {remedy}")
+    for cell in nb["cells"]:
+        for output in cell.get("outputs", []) if isinstance(cell, dict) else []:
+            if isinstance(output, dict) and output.get("output_type") == "error":
+                error = f"{output.get('ename', '?')}: {str(output.get('evalue', '')).strip()}".splitlines()[0]
+                raise ExecutionFailed(f"{path}: its execution failed in cell [{cell.get('execution_count')}] "
+                                      f"({error}), and the book does not publish a traceback: {remedy}")
+    return nb
 
 
 _ASSIGNMENT = re.compile(r"^(?P<name>[A-Za-z_]\w*)\s*=\s*(?P<value>[^#]*?)\s*(?P<comment>#.*)?$")

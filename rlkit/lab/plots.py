@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from rlkit.files import read_json
 from rlkit.metrics import metrics_frame
 
 X_AXES = {
@@ -123,14 +124,16 @@ class Run:
 
 
 def load_run(path: str | Path) -> Run:
-    """The run in directory ``path`` (or whose ``metrics.jsonl`` is ``path``)."""
+    """The run in directory ``path`` (or whose ``metrics.jsonl`` is ``path``); a damaged ``metrics.jsonl``,
+    ``config.json`` or ``env.json`` is :class:`~rlkit.errors.DamagedFile` naming it (a missing config or
+    environment is read as empty)."""
     path = Path(path)
     if path.is_file():
         path = path.parent
     metrics = path / "metrics.jsonl"
     if not metrics.exists():
         raise FileNotFoundError(f"{path}: no metrics.jsonl (is it a run directory?)")
-    extra = {name: json.loads((path / f"{name}.json").read_text()) if (path / f"{name}.json").exists() else {}
+    extra = {name: read_json(path / f"{name}.json") if (path / f"{name}.json").exists() else {}
              for name in ("config", "env")}
     return Run(path=path, frame=metrics_frame(metrics), **extra)
 

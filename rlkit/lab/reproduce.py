@@ -224,27 +224,49 @@ def notebook_node(path: str | Path):
 
 def execute(spec: Spec, out_dir: Path, parameters: dict[str, Any], *, progress: bool = True) -> Path:
     """Execute ``spec``'s notebook with ``parameters`` into ``out_dir/<stem>.ipynb``; raise on the first failing cell
-    with the cell's source and the error (:class:`NotebookFailed`)."""
+    with the cell's source and the error (:class:`NotebookFailed`).
+
+    The notebook is executed into a temporary file that replaces the published one only on success: a failed
+    execution leaves the notebook an earlier one published as it was and is kept as ``<stem>.failed.ipynb``
+    (:func:`failed_path`, named in the error); an interrupted one leaves nothing."""
     import papermill
     from papermill.exceptions import PapermillExecutionError
+
+    from rlkit.files import os_errors
 
     root = paths.project_root()
     if not (root / spec.notebook).exists():
         raise FileNotFoundError(f"spec {spec.name!r}: notebook {spec.notebook} does not exist in {root}")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    output = out_dir / f"{Path(spec.notebook).stem}.ipynb"
-    try:
-        papermill.execute_notebook(
-            notebook_node(root / spec.notebook), str(output), parameters=parameters, cwd=str(root),
-            kernel_name="python3", progress_bar=progress, request_save_on_cell_execute=True,
-        )
-    except PapermillExecutionError as e:
-        raise NotebookFailed(spec.notebook, output, e.exec_count, e.source, e.ename, e.evalue) from None
+    stem = Path(spec.notebook).stem
+    output, failed = out_dir / f"{stem}.ipynb", failed_path(out_dir / f"{stem}.ipynb")
+    with os_errors():
+        out_dir.mkdir(parents=True, exist_ok=True)
+        running = out_dir / f".{stem}.running.ipynb"
+        try:
+            papermill.execute_notebook(
+                notebook_node(root / spec.notebook), str(running), parameters=parameters, cwd=str(root),
+                kernel_name="python3", progress_bar=progress, request_save_on_cell_execute=True,
+            )
+        except PapermillExecutionError as e:
+            running.replace(failed)
+            raise NotebookFailed(spec.notebook, failed, e.exec_count, e.source, e.ename, e.evalue) from None
+        except BaseException:
+            running.unlink(missing_ok=True)
+            raise
+        running.replace(output)
+        failed.unlink(missing_ok=True)  # an earlier failure, now superseded
     return output
 
 
+def failed_path(notebook: Path) -> Path:
+    """Where :func:`execute` keeps a failed execution of ``notebook`` (``<stem>.ipynb`` → ``<stem>.failed.ipynb``):
+    beside the published notebook, never over it."""
+    return notebook.with_name(f"{notebook.stem}.failed.ipynb")
+
+
 class NotebookFailed(RuntimeError):
-    """A notebook cell raised: which notebook, which cell, what error, and where the partial output is."""
+    """A notebook cell raised: which notebook, which cell, what error, and where the failed execution is kept
+    (:func:`failed_path`)."""
 
     def __init__(self, notebook: str, output: Path, cell: int, source: str, ename: str, evalue: str):
         self.notebook, self.output, self.cell, self.source, self.ename, self.evalue = (

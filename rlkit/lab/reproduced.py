@@ -11,8 +11,11 @@ reproduced`` prints it for any two results folders. Per run and seed:
   floats is compensated, 3.11's is not).
 - **within the published spread**: the final held-out accuracy (``val/acc_final``) lies inside the published
   seeds' range widened by the 95% binomial half-width of one evaluation (1.96·√(p(1−p)/n), n held-out problems,
-  p their mean): as far from the publication as its own seeds are from each other, plus evaluation noise. Expected
-  when the fingerprints differ: the runs part after a few steps and agree only statistically.
+  p their mean), or inside the 99% prediction interval of one more seed from the seed spread of the run's regime,
+  pooled over the published runs of that regime (:func:`regime_band`; a 3-seed range is narrower than a regime's
+  spread, most of all off-policy): as far from the publication as its own seeds are from each other, plus
+  evaluation noise. Expected when the fingerprints differ: the runs part after a few steps and agree only
+  statistically.
 - **outside it**: further than that — a different result, worth a look (the fingerprints, ``env.json``, the
   curves).
 
@@ -92,6 +95,55 @@ def spread_band(published: Sequence[float], n: int) -> tuple[float, float]:
     return min(published) - half, max(published) + half
 
 
+PREDICTION = 0.99
+"""The level of :func:`regime_band`'s prediction interval: with 75 runs compared, a 95% band would flag about 4 runs
+that are no different; 99% flags fewer than 1."""
+
+
+def regime_of(name: str) -> str:
+    """The regime of a run from its name (``grpo-stress``: stress; ``grpo``: standard)."""
+    from rlkit.tiny.config import REGIMES
+
+    return next((r for r in REGIMES if r != "standard" and name.endswith(f"-{r}")), "standard")
+
+
+def regime_spreads(runs: dict[str, dict[int, Path]]) -> dict[str, tuple[float, int]]:
+    """Per regime: the seed SD of the final held-out accuracy pooled over its runs (each run's own mean taken out)
+    and its degrees of freedom; a regime with fewer than two runs of two seeds has no pooled spread. Runs that
+    cannot be read are left out (the comparison names them)."""
+    pooled: dict[str, list[Any]] = {}
+    for name, seeds in runs.items():
+        values = []
+        for run_dir in seeds.values():
+            try:
+                found = final_accuracy(run_dir)
+            except (OSError, ValueError, KeyError):
+                found = None
+            if found is not None:
+                values.append(found[0])
+        if len(values) > 1:
+            mean = sum(values) / len(values)
+            entry = pooled.setdefault(regime_of(name), [0.0, 0, 0])
+            entry[0] += sum((v - mean) ** 2 for v in values)
+            entry[1] += len(values) - 1
+            entry[2] += 1
+    return {r: (math.sqrt(ss / df), df) for r, (ss, df, n_runs) in pooled.items() if n_runs > 1}
+
+
+def regime_band(low: float, high: float, published: Sequence[float], spread: tuple[float, int] | None
+                ) -> tuple[float, float]:
+    """The band [``low``, ``high``] widened to the :data:`PREDICTION` interval of one more seed around the published
+    seeds' mean, from the regime's pooled seed SD and degrees of freedom (``spread``: :func:`regime_spreads`)."""
+    if not published or spread is None:
+        return low, high
+    from scipy import stats
+
+    sd, df = spread
+    mean = sum(published) / len(published)
+    half = float(stats.t.ppf(0.5 + PREDICTION / 2, df)) * sd * math.sqrt(1 + 1 / len(published))
+    return min(low, mean - half), max(high, mean + half)
+
+
 def _runs(root: Path) -> dict[str, dict[int, Path]]:
     """Run name → seed → directory, for every finished tiny run under ``root`` (``<name>/seed<k>/``)."""
     out: dict[str, dict[int, Path]] = {}
@@ -109,12 +161,14 @@ def _runs(root: Path) -> dict[str, dict[int, Path]]:
 def compare_runs(results: str | Path, published: str | Path) -> pd.DataFrame:
     """One row per published run and seed: its final accuracy there and here, the band, and the status."""
     mine, theirs = _runs(Path(results)), _runs(Path(published))
+    spreads = regime_spreads(theirs)
     rows = []
     for name, seeds in theirs.items():
         accs = {k: final_accuracy(d) for k, d in seeds.items()}
         values = [a for a, _ in accs.values()]
         n = next(iter(accs.values()))[1]
         low, high = spread_band(values, n)
+        low, high = regime_band(low, high, values, spreads.get(regime_of(name)))
         for seed, run_dir in sorted(seeds.items()):
             here = mine.get(name, {}).get(seed)
             row = {"run": name, "seed": seed, "published": accs[seed][0], "band": f"[{low:.3f}, {high:.3f}]",
@@ -131,7 +185,7 @@ def compare_runs(results: str | Path, published: str | Path) -> pd.DataFrame:
 def compare_claims(results: str | Path, published: str | Path, specs: Sequence[Any]) -> pd.DataFrame:
     """Every judged claim's verdict from the published runs and from this machine's, over the seeds this machine ran
     (of the spec's method), for the specs whose runs both folders hold."""
-    from rlkit.lab.claims import judge_spec
+    from rlkit.lab.claims import INCONCLUSIVE, judge_spec
 
     rows = []
     for spec in specs:
@@ -151,8 +205,10 @@ def compare_claims(results: str | Path, published: str | Path, specs: Sequence[A
             if a["interval"] is None and a["activity"] is None:  # not testable, dropped
                 continue
             rows.append({"spec": spec.name, "claim": a["statement"], "published": a["verdict"],
-                         "here": b["verdict"], "same": a["verdict"] == b["verdict"]})
-    return pd.DataFrame(rows, columns=["spec", "claim", "published", "here", "same"])
+                         "here": b["verdict"], "same": a["verdict"] == b["verdict"],
+                         # a verdict that differs where either side was undecided: the seeds said little
+                         "undecided": INCONCLUSIVE in (a["verdict"], b["verdict"])})
+    return pd.DataFrame(rows, columns=["spec", "claim", "published", "here", "same", "undecided"])
 
 
 def machine(root: str | Path) -> dict[str, Any]:
