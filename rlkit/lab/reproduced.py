@@ -18,9 +18,14 @@ reproduced`` prints it for any two results folders. Per run and seed:
   statistically.
 - **outside it**: further than that — a different result, worth a look (the fingerprints, ``env.json``, the
   curves).
+- **damaged** / **not finished**: a run present (here or in the publication) that cannot be compared — a file
+  missing, cut off or not what it should hold, or metrics that end before the final evaluation — named with the
+  file and what is wrong (:func:`check_run`). **not run here** is only for runs absent here. ``rlkit reproduced``
+  exits 1 when any run is damaged or not finished.
 
 Per claim: the verdict judged from this machine's runs and from the published runs of the same seeds, by the same
-rules (:func:`rlkit.lab.claims.judge_claims`); the ones that differ are listed.
+rules (:func:`rlkit.lab.claims.judge_claims`); the ones that differ are listed, and so are the reproductions whose
+claims could not be judged because a run they read is damaged or not finished (never counted as agreement).
 """
 
 from __future__ import annotations
@@ -33,11 +38,15 @@ from typing import Any
 
 import pandas as pd
 
+from rlkit.errors import DamagedFile
+from rlkit.files import RESULTS, os_errors, read_json, writable_dir, write_text
 from rlkit.metrics import read_metrics
 
-IDENTICAL, SAME_RUN, WITHIN, OUTSIDE, MISSING = (
+IDENTICAL, SAME_RUN, WITHIN, OUTSIDE, MISSING, DAMAGED, UNFINISHED = (
     "bit-identical", "the same run, last bits of logged means apart", "within the published spread", "outside it",
-    "not run here")
+    "not run here", "damaged", "not finished")
+CANNOT_COMPARE = (DAMAGED, UNFINISHED)
+"""The statuses of a run present that cannot be compared (:func:`check_run`): ``rlkit reproduced`` exits 1."""
 ROUNDING = 1e-12
 """Relative difference of a logged mean that is float rounding of its aggregation, not another run (Python 3.12's
 ``sum`` of floats is compensated, 3.11's is not: the same values average to a last bit apart)."""
@@ -45,14 +54,22 @@ IGNORED_PREFIXES = ("timing_s/", "perf/")
 """Metrics that measure the machine, not the run: left out of the bit-identical comparison."""
 
 
+def _metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """The lines of a run's ``metrics.jsonl``, every one whole (:class:`~rlkit.errors.DamagedFile` otherwise)."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        raise DamagedFile(f"{path} is missing")
+    return read_metrics(path, whole=True)
+
+
 def _records(run_dir: Path) -> list[dict[str, Any]]:
-    rows = read_metrics(run_dir / "metrics.jsonl")
+    rows = _metrics(run_dir)
     return [(r["step"], {k: v for k, v in r["data"].items() if not k.startswith(IGNORED_PREFIXES)}) for r in rows]
 
 
 def _per_problem(run_dir: Path) -> list[Any]:
     path = run_dir / "eval.jsonl"
-    return read_metrics(path) if path.exists() else []
+    return read_metrics(path, whole=True) if path.exists() else []
 
 
 def identical(mine: Path, published: Path) -> bool:
@@ -80,12 +97,32 @@ def same_run(mine: Path, published: Path) -> bool:
 
 
 def final_accuracy(run_dir: Path) -> tuple[float, int] | None:
-    """``val/acc_final`` of a finished run and the number of held-out problems it was measured on."""
-    rows = [r["data"] for r in read_metrics(run_dir / "metrics.jsonl") if "val/acc_final" in r["data"]]
+    """``val/acc_final`` of a finished run and the number of held-out problems it was measured on (None: the run
+    has not logged it); a damaged ``metrics.jsonl`` or ``config.json`` is :class:`~rlkit.errors.DamagedFile`."""
+    rows = [r["data"] for r in _metrics(run_dir) if "val/acc_final" in r["data"]]
     if not rows:
         return None
-    n = json.loads((run_dir / "config.json").read_text()).get("final_eval_size", 1000)
+    n = read_json(run_dir / "config.json").get("final_eval_size", 1000)
     return float(rows[-1]["val/acc_final"]), int(n)
+
+
+def check_run(run_dir: Path) -> tuple[str, str] | None:
+    """Why the run present in ``run_dir`` cannot be compared — ``(DAMAGED, which file and what is wrong)``: a
+    ``config.json`` or ``metrics.jsonl`` missing, any of its files cut off or not what it should hold; ``(UNFINISHED,
+    where its metrics end)``: whole files without the final evaluation — or None for a whole, finished run."""
+    try:
+        config = read_json(run_dir / "config.json")
+        if (run_dir / "env.json").exists():
+            read_json(run_dir / "env.json")
+        _per_problem(run_dir)
+        if final_accuracy(run_dir) is not None:
+            return None
+        rows = _metrics(run_dir)
+    except DamagedFile as e:
+        return DAMAGED, str(e)
+    last = f"ends at step {rows[-1]['step']}" if rows else "is empty"
+    return UNFINISHED, (f"{run_dir / 'metrics.jsonl'} {last} of {config.get('steps', '?')}, without the final "
+                        "evaluation (val/acc_final): the run stopped before its end (rlkit reproduce resumes it)")
 
 
 def spread_band(published: Sequence[float], n: int) -> tuple[float, float]:
@@ -145,61 +182,75 @@ def regime_band(low: float, high: float, published: Sequence[float], spread: tup
 
 
 def _runs(root: Path) -> dict[str, dict[int, Path]]:
-    """Run name → seed → directory, for every finished tiny run under ``root`` (``<name>/seed<k>/``)."""
+    """Run name → seed → directory, for every run present under ``root`` (a non-empty ``<name>/seed<k>/``),
+    finished or not, whole or damaged (:func:`check_run`)."""
     out: dict[str, dict[int, Path]] = {}
-    for metrics in sorted(root.glob("*/seed*/metrics.jsonl")):
-        run_dir = metrics.parent
-        try:
-            seed = int(run_dir.name.removeprefix("seed"))
-        except ValueError:
-            continue
-        if final_accuracy(run_dir) is not None:
-            out.setdefault(run_dir.parent.name, {})[seed] = run_dir
+    for run_dir in sorted(root.glob("*/seed*")):
+        seed = run_dir.name.removeprefix("seed")
+        if seed.isdigit() and run_dir.is_dir() and any(run_dir.iterdir()):
+            out.setdefault(run_dir.parent.name, {})[int(seed)] = run_dir
     return out
 
 
 def compare_runs(results: str | Path, published: str | Path) -> pd.DataFrame:
-    """One row per published run and seed: its final accuracy there and here, the band, and the status."""
+    """One row per published run and seed: its final accuracy there and here, the band, the status, and for a run
+    that cannot be compared (here or there: :func:`check_run`) what is wrong with it."""
     mine, theirs = _runs(Path(results)), _runs(Path(published))
     spreads = regime_spreads(theirs)
     rows = []
     for name, seeds in theirs.items():
-        accs = {k: final_accuracy(d) for k, d in seeds.items()}
+        problems = {k: check_run(d) for k, d in seeds.items()}
+        accs = {k: final_accuracy(d) for k, d in seeds.items() if problems[k] is None}
         values = [a for a, _ in accs.values()]
-        n = next(iter(accs.values()))[1]
-        low, high = spread_band(values, n)
+        low, high = spread_band(values, next(iter(accs.values()))[1]) if accs else (math.nan, math.nan)
         low, high = regime_band(low, high, values, spreads.get(regime_of(name)))
         for seed, run_dir in sorted(seeds.items()):
             here = mine.get(name, {}).get(seed)
-            row = {"run": name, "seed": seed, "published": accs[seed][0], "band": f"[{low:.3f}, {high:.3f}]",
-                   "here": None, "status": MISSING}
-            if here is not None:
+            row = {"run": name, "seed": seed, "published": accs[seed][0] if seed in accs else None,
+                   "band": f"[{low:.3f}, {high:.3f}]", "here": None, "status": MISSING, "problem": None}
+            problem = problems[seed] or (check_run(here) if here is not None else None)
+            if problem is not None:
+                row.update(status=problem[0], problem=problem[1])
+            elif here is not None:
                 acc = final_accuracy(here)[0]
                 status = (IDENTICAL if identical(here, run_dir) else SAME_RUN if same_run(here, run_dir)
                           else WITHIN if low <= acc <= high else OUTSIDE)
                 row.update(here=acc, status=status)
             rows.append(row)
-    return pd.DataFrame(rows, columns=["run", "seed", "published", "here", "band", "status"])
+    return pd.DataFrame(rows, columns=["run", "seed", "published", "here", "band", "status", "problem"])
 
 
-def compare_claims(results: str | Path, published: str | Path, specs: Sequence[Any]) -> pd.DataFrame:
+def compare_claims(results: str | Path, published: str | Path, specs: Sequence[Any],
+                   not_judged: list[dict[str, str]] | None = None) -> pd.DataFrame:
     """Every judged claim's verdict from the published runs and from this machine's, over the seeds this machine ran
-    (of the spec's method), for the specs whose runs both folders hold."""
+    (of the spec's method), for the specs whose runs both folders hold. A spec whose runs cannot be compared (one
+    damaged or not finished, here or there: :func:`check_run`) is not judged: it is added to ``not_judged`` with
+    what is wrong, never counted as agreement."""
     from rlkit.lab.claims import INCONCLUSIVE, judge_spec
 
+    mine, theirs = _runs(Path(results)), _runs(Path(published))
     rows = []
     for spec in specs:
         if not spec.claims or not spec.method:
             continue
         # the same seeds on both sides: a verdict over one seed is not comparable with one over three
-        seeds = sorted(int(d.name.removeprefix("seed")) for d in (Path(results) / spec.method).glob("seed*")
-                       if (d / "metrics.jsonl").exists())
+        seeds = sorted(mine.get(spec.method, {}))
         if not seeds:
             continue
+        names = {p.name for p in spec.runs(1)}  # its own runs, here and there
+        own = [side[name][k] for side in (mine, theirs) for name in names for k in seeds if k in side.get(name, {})]
+        problem = next((found[1] for found in map(check_run, own) if found), None)
         try:
-            there = judge_spec(spec, published, seeds=seeds)
-            here = judge_spec(spec, results, seeds=seeds)
+            if problem is None:
+                there = judge_spec(spec, published, seeds=seeds)
+                here = judge_spec(spec, results, seeds=seeds)
+        except DamagedFile as e:  # a run of another reproduction it compares with
+            problem = str(e)
         except (ValueError, FileNotFoundError, KeyError):  # runs missing on one side: nothing to compare
+            continue
+        if problem is not None:
+            if not_judged is not None:
+                not_judged.append({"spec": spec.name, "problem": problem})
             continue
         for a, b in zip(there, here):
             if a["interval"] is None and a["activity"] is None:  # not testable, dropped
@@ -212,29 +263,51 @@ def compare_claims(results: str | Path, published: str | Path, specs: Sequence[A
 
 
 def machine(root: str | Path) -> dict[str, Any]:
-    """The CPU, fingerprint and SFT start recorded by the first run under ``root`` (``env.json``)."""
+    """The CPU, fingerprint and SFT start recorded by the first run under ``root`` with a readable ``env.json``."""
     for env in sorted(Path(root).glob("*/seed*/env.json")):
-        data = json.loads(env.read_text())
+        try:
+            data = read_json(env)
+        except DamagedFile:  # the runs' comparison names it
+            continue
         return {"processor": data.get("processor") or "?", "fingerprint": data.get("fingerprint") or "?",
                 "sft_start": (data.get("sft_start") or {}).get("sha256", "?")}
     return {"processor": "?", "fingerprint": "?", "sft_start": "?"}
 
 
-def report(results: str | Path, published: str | Path, specs: Sequence[Any] | None = None) -> dict[str, Any]:
-    """Both comparisons and both machines; written to ``<results>/reproduced.json`` and ``reproduced.md``."""
+def report(results: str | Path, published: str | Path, specs: Sequence[Any] | None = None, *,
+           out: str | Path | None = None) -> dict[str, Any]:
+    """Both comparisons and both machines, written to ``<out>/reproduced.json`` and ``reproduced.md`` (default
+    ``out``: ``results``); a folder that cannot be written is refused before anything is compared. ``problems``:
+    the runs that cannot be compared and the reproductions whose claims were not judged, each with what is wrong
+    (empty when every run present is whole)."""
+    out_dir = writable_dir(out or results, RESULTS, "pass --out a folder you may write for the report "
+                                                    "(reproduced.json, reproduced.md)")
     if specs is None:
         from rlkit.lab.reproduce import load_specs
 
         specs = load_specs()
-    runs, claims = compare_runs(results, published), compare_claims(results, published, specs)
-    out = {"machines": {"here": machine(results), "published": machine(published)},
-           "runs": runs.to_dict("records"), "claims": claims.to_dict("records"),
-           "counts": runs["status"].value_counts().to_dict(),
-           "claims_differ": int((~claims["same"]).sum()) if len(claims) else 0, "claims_judged": len(claims)}
-    Path(results).mkdir(parents=True, exist_ok=True)
-    (Path(results) / "reproduced.json").write_text(json.dumps(out, indent=2, default=str))
-    (Path(results) / "reproduced.md").write_text(to_markdown(out))
-    return out
+    not_judged: list[dict[str, str]] = []
+    runs = compare_runs(results, published)
+    claims = compare_claims(results, published, specs, not_judged)
+    damaged = runs[runs["status"].isin(CANNOT_COMPARE)]
+    done = {"machines": {"here": machine(results), "published": machine(published)},
+            "runs": runs.to_dict("records"), "claims": claims.to_dict("records"),
+            "counts": runs["status"].value_counts().to_dict(),
+            "claims_differ": int((~claims["same"]).sum()) if len(claims) else 0, "claims_judged": len(claims),
+            "problems": {"runs": damaged[["run", "seed", "status", "problem"]].to_dict("records"),
+                         "claims": not_judged}}
+    with os_errors():
+        write_text(out_dir / "reproduced.json", json.dumps(done, indent=2, default=str))
+        write_text(out_dir / "reproduced.md", to_markdown(done))
+    return done
+
+
+def problems(report: dict[str, Any]) -> list[str]:
+    """What makes ``report`` no answer (``rlkit reproduced`` exits 1): each run that cannot be compared and each
+    reproduction whose claims were not judged, with what is wrong."""
+    found = report.get("problems", {})
+    return ([f"{r['run']} seed {r['seed']}: {r['status']}: {r['problem']}" for r in found.get("runs", [])]
+            + [f"{c['spec']}: claims not judged: {c['problem']}" for c in found.get("claims", [])])
 
 
 def to_markdown(out: dict[str, Any]) -> str:
@@ -264,13 +337,19 @@ def to_markdown(out: dict[str, Any]) -> str:
         "",
     ]
     runs = pd.DataFrame(out["runs"])
-    flagged = runs[runs["status"] == OUTSIDE] if len(runs) else runs
+    flagged = runs[runs["status"] == OUTSIDE].drop(columns="problem", errors="ignore") if len(runs) else runs
     if len(flagged):
         lines += ["Runs outside the published spread (final held-out accuracy):", "",
                   flagged.to_markdown(index=False, floatfmt=".3f"), ""]
+    found = problems(out)
+    if found:
+        lines += ["**Runs that cannot be compared** (damaged or not finished: their files are named), and claims "
+                  "left unjudged because of them:", "", *[f"- {line}" for line in found], ""]
     claims = pd.DataFrame(out["claims"])
     lines.append(f"Claims: {out['claims_judged'] - out['claims_differ']} of {out['claims_judged']} judged the same "
-                 "as in the publication.")
+                 "as in the publication"
+                 + (f"; {len(out['problems']['claims'])} reproduction(s) not judged (above)."
+                    if out.get("problems", {}).get("claims") else "."))
     if out["claims_differ"]:
         moved = claims[~claims["same"]].drop(columns="same")
         lines += ["", "Claims judged differently:", "", moved.to_markdown(index=False)]
