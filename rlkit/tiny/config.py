@@ -82,6 +82,7 @@ class RunSettings:
     """The warm start (cached by its hash; the task knobs live here)."""
     def __post_init__(self) -> None:
         check_settings(self)
+        check_model(self)
         known = registry.list_methods()["method"]
         if self.method not in known:
             raise InvalidSetting(f"unknown method {self.method!r}; valid: {', '.join(known)}")
@@ -193,8 +194,9 @@ def parse_sets(items: list[str] | None) -> dict[str, str]:
     return out
 
 
-def set_field(obj: Any, dotted: str, value: Any) -> None:
-    """Set a (nested, frozen or not) dataclass field by dotted name; strings are parsed as YAML scalars."""
+def set_field(obj: Any, dotted: str, value: Any, _above: str = "") -> None:
+    """Set a (nested, frozen or not) dataclass field by dotted name; strings are parsed as YAML scalars, and a
+    string for a tuple field is its comma-separated items (``--set sft.task.templates=shopping,ages``)."""
     head, _, rest = dotted.partition(".")
     names = {f.name for f in fields(obj)}
     if head not in names:
@@ -203,21 +205,29 @@ def set_field(obj: Any, dotted: str, value: Any) -> None:
         child = getattr(obj, head)
         if not is_dataclass(child):
             raise UnknownSetting(f"{head!r} is not a group of settings, so {dotted!r} cannot be set")
-        set_field(child, rest, value)
+        set_field(child, rest, value, f"{_above}{head}.")
         if getattr(type(child), "__dataclass_params__").frozen:  # frozen configs (TaskConfig) are rebuilt
             try:
                 object.__setattr__(obj, head, type(child)(**asdict(child)))
             except (TypeError, ValueError) as e:
-                raise InvalidSetting(f"{dotted}: {e}") from None
+                raise InvalidSetting(f"{_above}{dotted}: {e}") from None
         return
     if isinstance(value, str):
         value = _parse_scalar(value)
-    current = getattr(obj, head)
+    current, hint = getattr(obj, head), typing.get_type_hints(type(obj)).get(head, Any)
     if isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
-    if isinstance(current, tuple) and isinstance(value, list):
+    if _takes_tuple(hint) and isinstance(value, str):  # not letter by letter: "shopping" is one item
+        value = [item.strip() for item in value.split(",") if item.strip()]
+    if (isinstance(current, tuple) or _takes_tuple(hint)) and isinstance(value, list):
         value = tuple(value)
     object.__setattr__(obj, head, value)
+
+
+def _takes_tuple(hint: Any) -> bool:
+    """Whether the annotated type ``hint`` is, or allows, a tuple (``tuple[str, ...] | None``)."""
+    args = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    return any(a is tuple or typing.get_origin(a) is tuple for a in args)
 
 
 def _parse_scalar(text: str) -> Any:
@@ -311,6 +321,8 @@ def check_settings(obj: Any, prefix: str = "") -> None:
 def _check_range(key: str, value: Any) -> None:
     if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
         return
+    if isinstance(value, int) and not -2**63 <= value < 2**63:  # torch, numpy, range(): 64-bit integers
+        raise InvalidSetting(f"{key}={value} is out of range: at most {2**63 - 1:,} (a 64-bit integer)")
     name = key.rsplit(".", 1)[-1]
     if key in _POSITIVE and not value > 0:
         raise InvalidSetting(f"{key} must be > 0, got {value}")
@@ -320,6 +332,40 @@ def _check_range(key: str, value: Any) -> None:
         raise InvalidSetting(f"{key} (the dual clip's c) must be > 1, or null to switch it off; got {value}")
     if value != value or value in (float("inf"), float("-inf")):
         raise InvalidSetting(f"{key} must be a finite number, got {value}")
+
+
+def longest_prompt_tokens() -> int:
+    """Tokens of the longest prompt the task writes: ``<bos>``, a question of at most
+    :data:`~rlkit.tasks.arithmetic.MAX_QUESTION_CHARS` characters (one token each) and the separator."""
+    from rlkit.tasks import arithmetic
+
+    return 1 + arithmetic.MAX_QUESTION_CHARS + len(arithmetic.SEPARATOR)
+
+
+def check_model(cfg: Any) -> None:
+    """The settings that must agree with each other, checked with the rest before any work: the model's shape
+    (``sft.n_heads`` splitting ``sft.d_model`` into heads of even width, as RoPE rotates pairs; ``sft.n_kv_heads``
+    dividing ``sft.n_heads``) and its context ``sft.max_len``, which must hold the longest prompt with the longest
+    gold solution (SFT) and with the response budget ``max_new_tokens`` (RL)."""
+    from rlkit.tiny.task import max_response_tokens
+
+    sft = cfg.sft
+    if sft.d_model % sft.n_heads or (sft.d_model // sft.n_heads) % 2:
+        heads = [h for h in range(1, min(sft.d_model, 256) + 1) if sft.d_model % h == 0 and (sft.d_model // h) % 2 == 0]
+        hint = (f"sft.n_heads may be {', '.join(map(str, heads))} for this width" if heads
+                else "choose an even sft.d_model")
+        raise InvalidSetting(f"sft.n_heads={sft.n_heads} must split sft.d_model={sft.d_model} into heads of even "
+                             f"width (RoPE rotates pairs): {hint}")
+    if sft.n_kv_heads is not None and sft.n_heads % sft.n_kv_heads:
+        raise InvalidSetting(f"sft.n_kv_heads={sft.n_kv_heads} must divide sft.n_heads={sft.n_heads}")
+    prompt, solution = longest_prompt_tokens(), max_response_tokens(sft.task, sft.form)
+    if prompt + solution > sft.max_len:
+        raise InvalidSetting(f"sft.max_len={sft.max_len} is too short: the longest prompt ({prompt} tokens) and "
+                             f"the longest gold solution ({solution}) need sft.max_len ≥ {prompt + solution}")
+    if cfg.max_new_tokens is not None and prompt + cfg.max_new_tokens > sft.max_len:
+        raise InvalidSetting(f"max_new_tokens={cfg.max_new_tokens} does not fit the model's context: after the "
+                             f"longest prompt ({prompt} tokens) sft.max_len={sft.max_len} leaves "
+                             f"{sft.max_len - prompt}: lower max_new_tokens or raise sft.max_len")
 
 
 def flat_settings(tree: Any, prefix: str = "") -> dict[str, Any]:
