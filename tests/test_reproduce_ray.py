@@ -30,10 +30,26 @@ def untimed(run_dir: Path) -> list[str]:
             for r in read_metrics(run_dir / "metrics.jsonl", whole=True)]
 
 
+def task_records(count: int, timeout: float = 60) -> list:
+    """The records of the runs' task attempts (``rlkit run ...``) once ``count`` of them have ended: workers report
+    to the records every second or so, after the launcher has its results."""
+    import time
+
+    from ray.util.state import list_tasks
+
+    deadline = time.monotonic() + timeout
+    while True:
+        tasks = [t for t in list_tasks(detail=True, limit=1000) if t.name.startswith("rlkit run ")]
+        if sum(t.state in ("FINISHED", "FAILED") for t in tasks) >= count or time.monotonic() > deadline:
+            return tasks
+        time.sleep(0.5)
+
+
 @pytest.fixture
-def cluster(monkeypatch):
+def cluster(tmp_path, monkeypatch):
     from ray.cluster_utils import Cluster
 
+    monkeypatch.setenv("RLKIT_CACHE", str(tmp_path / "cache"))  # before the nodes start: their workers inherit it
     monkeypatch.setenv("RAY_enable_worker_prestart", "0")  # the raylets read it: no idle workers on two cores
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})  # the dashboard: list_tasks' server
@@ -46,9 +62,6 @@ def cluster(monkeypatch):
 
 
 def test_runs_on_two_ray_nodes_equal_local_ones_bit_for_bit(tmp_path, monkeypatch, cluster):
-    from ray.util.state import list_tasks
-
-    monkeypatch.setenv("RLKIT_CACHE", str(tmp_path / "cache"))
     local, remote = tmp_path / "local", tmp_path / "ray"
     assert set(train_runs(PLAN, scale="smoke", results=local, workers=2, progress=False)) == {
         "grpo seed 0", "gspo-stress seed 1", "grpo seed 1"}
@@ -57,7 +70,7 @@ def test_runs_on_two_ray_nodes_equal_local_ones_bit_for_bit(tmp_path, monkeypatc
 
     ray.init(address=cluster.address)
     try:  # the job is over; its tasks are still in the cluster's records, each with the node that ran it
-        tasks = [t for t in list_tasks(detail=True, limit=1000) if t.name.startswith("rlkit run ")]
+        tasks = task_records(len(PLAN))
         nodes = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
     finally:
         ray.shutdown()
@@ -76,3 +89,53 @@ def test_runs_on_two_ray_nodes_equal_local_ones_bit_for_bit(tmp_path, monkeypatc
                for d in (here, there)]
         assert env[0] == env[1] and env[1]["torch_threads"] == 1, env  # the pins and one thread reached Ray's workers
     assert train_runs(PLAN, scale="smoke", results=remote, ray_address=cluster.address, progress=False) == {}
+
+
+def test_a_run_lost_with_its_node_is_retried_and_resumes_from_its_checkpoint(tmp_path, cluster):
+    """Shared results (``ray_shared``): the node training the run is killed after its second step; Ray runs the task
+    again on a node added then, which resumes from the checkpoint the lost attempt left, and the run ends equal to an
+    uninterrupted local one."""
+    import threading
+    import time
+
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    run = PlannedRun("grpo", "grpo", "standard", 0, (("steps", 8),))
+    local, shared = tmp_path / "local", tmp_path / "shared"
+    train_runs([run], scale="smoke", results=local, workers=1, progress=False)
+
+    ray.init(address=cluster.address)  # train_runs uses this connection
+    try:
+        head = ray.get_runtime_context().get_node_id()
+
+        def sleep(seconds):
+            time.sleep(seconds)
+
+        hold = ray.remote(num_cpus=1)(sleep).options(  # the head's CPU taken: the run goes to the other node
+            scheduling_strategy=NodeAffinitySchedulingStrategy(head, soft=False)).remote(600)
+        out: dict = {}
+        thread = threading.Thread(target=lambda: out.update(minutes=train_runs(
+            [run], scale="smoke", results=shared, ray_address=cluster.address, ray_shared=True, progress=False)))
+        thread.start()
+        metrics, deadline = shared / "grpo" / "seed0" / "metrics.jsonl", time.monotonic() + 240
+        while not (metrics.exists() and any(r["step"] >= 2 for r in read_metrics(metrics))):
+            assert thread.is_alive() and time.monotonic() < deadline, f"no step 2 on the worker node: {out}"
+            time.sleep(0.2)
+        before = metrics.read_text().splitlines()[:2]  # steps 0 and 1, checkpointed: kept by a resume, timings and all
+        lost = cluster.worker_nodes.copy().pop()
+        cluster.remove_node(lost, allow_graceful=False)
+        cluster.add_node(num_cpus=1)
+        thread.join(timeout=300)
+        assert not thread.is_alive() and out["minutes"].keys() == {"grpo seed 0"}
+        attempts = sorted((t.attempt_number, t.state, t.node_id) for t in task_records(2))
+        ray.cancel(hold, force=True)
+    finally:
+        ray.shutdown()
+    assert [(a, s) for a, s, _ in attempts] == [(0, "FAILED"), (1, "FINISHED")], attempts
+    assert attempts[0][2] == lost.node_id and attempts[1][2] not in (lost.node_id, head), attempts
+    after = (shared / "grpo" / "seed0" / "metrics.jsonl").read_text().splitlines()
+    assert after[:2] == before, "the retry trained the run again instead of resuming it"
+    there, here = shared / "grpo" / "seed0", local / "grpo" / "seed0"
+    assert untimed(there) == untimed(here) and len(untimed(there)) == 9
+    assert (there / "eval.jsonl").read_bytes() == (here / "eval.jsonl").read_bytes()
+    assert not list(shared.glob(".rlkit-ray-*")), "the launcher's token for shared storage was left behind"
