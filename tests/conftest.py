@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import uuid
 
 import numpy as np
 import pytest
@@ -49,3 +50,24 @@ def make_groups(seed: int, B: int, *, kind: str = "int") -> tuple[object, torch.
 @pytest.fixture
 def seeds():
     return range(24)
+
+
+OWNER = "RLKIT_TEST_OWNER"
+"""Environment variable that marks every process a test using :func:`reaper` starts, and their descendants."""
+
+
+@pytest.fixture
+def reaper(monkeypatch):
+    """Ends every process the test starts, whatever its outcome. Each inherits ``RLKIT_TEST_OWNER=<a token of this
+    test>`` from the test's environment, as do the processes they start in sessions of their own (a launch's
+    ``main_ppo``, Ray's and vLLM's processes): after the test they are all continued and stopped (SIGTERM, SIGCONT,
+    then SIGKILL; :func:`rlkit.verl.runner.stop_tree`), frozen ones (SIGSTOP) included. Yields the token."""
+    from rlkit.verl import runner
+
+    token = uuid.uuid4().hex
+    monkeypatch.setenv(OWNER, token)
+    yield token
+    for _ in range(2):  # the second round waits for the killed ones to be gone, and ends any started meanwhile
+        runner.stop_tree(None, token, variable=OWNER, grace_s=5.0)
+    left = runner.marked_pids(token, OWNER)
+    assert not left, f"processes the test started survived SIGKILL: {left}"

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import OWNER
 from rlkit.metrics import read_metrics
 from rlkit.verl import runner
 from rlkit.verl.runner import Limits
@@ -65,7 +66,7 @@ TRAINER = textwrap.dedent('''
 
 
 @pytest.fixture
-def fake(tmp_path, monkeypatch):
+def fake(tmp_path, monkeypatch, reaper):
     script = tmp_path / "fake_main_ppo.py"
     script.write_text(TRAINER)
     pidfile = tmp_path / "worker.pid"
@@ -142,7 +143,9 @@ def test_launch_records_the_phases_it_went_through(fake):
 
 
 def test_a_slow_step_that_computes_is_not_stopped_but_a_silent_wait_is_named_by_its_phase(fake):
-    limits = Limits(startup_s=60, step_s=60, error_grace_s=30, idle_s=2.5, idle_cpu=0.3)
+    # idle_cpu well under the share of a core a computing process gets on a loaded machine (2 cores, load 13: 0.15),
+    # well over a sleeping one's (0)
+    limits = Limits(startup_s=60, step_s=60, error_grace_s=30, idle_s=2.5, idle_cpu=0.03)
     result, _ = fake("busy", limits=limits)  # 4 s of computing without a line: longer than idle_s
     assert result.outcome == "finished" and result.steps == [1, 2, 3]
     start = time.monotonic()
@@ -218,7 +221,7 @@ def test_limits_must_be_positive():
         Limits(step_s=0)
 
 
-def test_an_earlier_launchs_stopped_process_gets_to_act_on_sigterm(tmp_path):
+def test_an_earlier_launchs_stopped_process_gets_to_act_on_sigterm(tmp_path, reaper):
     """A process left frozen (Ctrl-Z, SIGSTOP) by an earlier launch is continued after SIGTERM, so it exits
     through its handler rather than by the SIGKILL that follows the grace period."""
     import signal
@@ -237,3 +240,80 @@ def test_an_earlier_launchs_stopped_process_gets_to_act_on_sigterm(tmp_path):
     proc.wait(timeout=30)
     assert done.exists() and proc.returncode == 0
     assert runner.marked_pids("frozen-run") == []
+
+
+def test_hold_before_step_waits_at_its_step_until_its_file_is_removed(tmp_path, monkeypatch):
+    """runner.HOLD (test support): the trainer calls hold_before_step at the start of every step."""
+    import threading
+
+    held = tmp_path / "held"
+    monkeypatch.delenv(runner.HOLD, raising=False)
+    assert runner.hold_before_step(4) is False  # unset: every real run
+    monkeypatch.setenv(runner.HOLD, f"4:{held}")
+    assert runner.hold_before_step(3) is False and not held.exists()  # another step: at once
+    returned = []
+    waiter = threading.Thread(target=lambda: returned.append(runner.hold_before_step(4, poll_s=0.01)), daemon=True)
+    waiter.start()
+    deadline = time.monotonic() + 30
+    while not held.exists():
+        assert waiter.is_alive() and time.monotonic() < deadline, "hold_before_step(4) did not hold"
+        time.sleep(0.01)
+    waiter.join(timeout=0.5)
+    assert waiter.is_alive() and not returned  # it waits for as long as the file exists
+    assert held.read_text() == f"{os.getpid()}\n"
+    held.unlink()  # the release
+    waiter.join(timeout=30)
+    assert returned == [True]
+    monkeypatch.setenv(runner.HOLD, "four:x")
+    with pytest.raises(ValueError, match="RLKIT_TEST_HOLD must be <step>:<file>"):
+        runner.hold_before_step(4)
+
+
+REAPED = textwrap.dedent('''
+    import json, os, signal, subprocess, sys
+    from pathlib import Path
+
+    STAND_IN = ("import subprocess, sys, time\\n"
+                "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], "
+                "start_new_session=True)\\n"
+                "print(child.pid, flush=True)\\ntime.sleep(600)\\n")
+
+
+    def start_freeze_and_fail(name):
+        """A stand-in launch: a process in a session of its own starting another in a session of its own (as Ray
+        does), both frozen (SIGSTOP); then the test body fails."""
+        proc = subprocess.Popen([sys.executable, "-c", STAND_IN], stdout=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        pids = [proc.pid, int(proc.stdout.readline())]
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        Path(os.environ["PIDS_DIR"], name).write_text(json.dumps(pids))
+        assert False, "the test body fails"
+
+
+    def test_with_the_reaper(reaper):
+        start_freeze_and_fail("reaped")
+
+
+    def test_without_it():
+        start_freeze_and_fail("left")
+''')
+
+
+def test_the_reaper_ends_what_a_failing_test_started_frozen_ones_included(tmp_path, reaper):
+    """tests/conftest.py's ``reaper`` in a pytest run of its own: a test that freezes a stand-in process tree and
+    then fails leaves nothing behind with the fixture; the same test without it leaves both processes (this test's
+    own reaper ends them)."""
+    import subprocess
+
+    inner = tmp_path / "inner"
+    inner.mkdir()
+    (inner / "conftest.py").write_text((Path(__file__).parent / "conftest.py").read_text())
+    (inner / "test_inner.py").write_text(REAPED)
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(inner)], cwd=inner,
+                         env={**os.environ, "PIDS_DIR": str(tmp_path)}, capture_output=True, text=True, timeout=100)
+    assert "2 failed" in run.stdout and "error" not in run.stdout.splitlines()[-1], run.stdout[-3000:]
+    reaped, left = (json.loads((tmp_path / name).read_text()) for name in ("reaped", "left"))
+    assert not [pid for pid in reaped if _alive(pid)], "the reaper left a process of a failed test running"
+    assert all(_alive(pid) for pid in left), "without the reaper the stand-ins should outlive the test"
+    assert set(left) <= set(runner.marked_pids(reaper, OWNER))  # this test's reaper ends them

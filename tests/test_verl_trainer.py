@@ -103,6 +103,19 @@ def test_the_replay_buffer_looks_for_finished_rollouts_without_verls_2_s_wait():
     assert buffer.poll_interval == POLL_S <= 0.1
 
 
+def test_each_step_begins_by_asking_for_a_tests_hold(monkeypatch):
+    """``RLKIT_TEST_HOLD`` (test support: :func:`rlkit.verl.runner.hold_before_step`, tested in test_verl_runner.py)
+    is asked at the start of every step of verl's loop, with the step about to run."""
+    from rlkit.verl import trainer
+
+    asked = []
+    monkeypatch.setattr(trainer, "hold_before_step", asked.append)
+    t = trainer_for("algorithm.adv_estimator=rlkit_grpo")
+    t.global_steps = 4
+    t.on_step_begin()
+    assert asked == [4]
+
+
 def test_hapo_trainer_hands_vllm_the_adaptive_temperature_processor(tmp_path):
     t = trainer_for("algorithm.adv_estimator=rlkit_hapo_tlga", "actor_rollout_ref.actor.policy_loss.loss_mode=rlkit_hapo",
                     "+algorithm.hapo.temperature_tau=0.1", f"+algorithm.hapo.stats_path={tmp_path}/s.json")

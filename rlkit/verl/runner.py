@@ -57,6 +57,10 @@ LAUNCH = "launch.json"
 """The last launch of the run: its marker, command, start time and outcome."""
 MARKER = "RLKIT_LAUNCH_ID"
 """Environment variable every process of a launch inherits: how its process tree is found and stopped."""
+HOLD = "RLKIT_TEST_HOLD"
+"""Test support, never set by rlkit: ``<step>:<file>`` makes rlkit's verl trainer stop before it begins step
+``<step>`` — step ``<step> - 1`` logged, its checkpoint saved — write ``<file>`` and wait while the file exists
+(:func:`hold_before_step`), so that a test kills or freezes the run at that point instead of racing it."""
 
 _TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
 _FATAL = re.compile(r"Traceback \(most recent call last\)|Error executing job with overrides")
@@ -170,9 +174,10 @@ def resume_point(run_dir: str | os.PathLike, ckpt_dir: str | os.PathLike) -> int
 # ------------------------------------------------------------------------------------------------ processes
 
 
-def marked_pids(marker: str) -> list[int]:
-    """Processes (other than this one) whose environment holds ``RLKIT_LAUNCH_ID=marker`` (Linux ``/proc``)."""
-    needle = f"{MARKER}={marker}".encode() + b"\0"
+def marked_pids(marker: str, variable: str = MARKER) -> list[int]:
+    """Processes (other than this one) whose environment holds ``RLKIT_LAUNCH_ID=marker`` (Linux ``/proc``), or
+    ``variable=marker``: the tests mark every process they start with a variable of their own."""
+    needle = f"{variable}={marker}".encode() + b"\0"
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -219,15 +224,17 @@ class _CpuUse:
         return cores
 
 
-def stop_tree(proc: subprocess.Popen | None, marker: str, *, grace_s: float = 10.0) -> None:
-    """SIGTERM the launch's session and every marked process, SIGKILL what is left after ``grace_s``."""
+def stop_tree(proc: subprocess.Popen | None, marker: str, *, grace_s: float = 10.0,
+              variable: str = MARKER) -> None:
+    """SIGTERM the launch's session and every marked process (:func:`marked_pids`), SIGKILL what is left after
+    ``grace_s``."""
     def signal_all(sig: int) -> None:
         if proc is not None and proc.poll() is None:
             try:
                 os.killpg(proc.pid, sig)
             except ProcessLookupError:
                 pass
-        for pid in marked_pids(marker):
+        for pid in marked_pids(marker, variable):
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:
@@ -236,7 +243,8 @@ def stop_tree(proc: subprocess.Popen | None, marker: str, *, grace_s: float = 10
     signal_all(signal.SIGTERM)
     signal_all(signal.SIGCONT)  # a stopped process (Ctrl-Z, SIGSTOP) acts on SIGTERM only once it runs again
     deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and ((proc is not None and proc.poll() is None) or marked_pids(marker)):
+    while time.monotonic() < deadline and ((proc is not None and proc.poll() is None)
+                                           or marked_pids(marker, variable)):
         time.sleep(0.2)
     signal_all(signal.SIGKILL)
     if proc is not None:
@@ -256,6 +264,25 @@ def stop_previous(run_dir: str | os.PathLike) -> int:
     if left:
         stop_tree(None, marker)
     return len(left)
+
+
+def hold_before_step(step: int, *, poll_s: float = 0.2) -> bool:
+    """Test support (:data:`HOLD`): when ``RLKIT_TEST_HOLD`` is ``<step>:<file>`` for this ``step``, write
+    ``<file>`` (this process's pid) and wait until it is removed; True if it held. Without the variable, or for
+    another step, it returns False at once."""
+    value = os.environ.get(HOLD)
+    if not value:
+        return False
+    at, _, path = value.partition(":")
+    if not at.isdigit() or not path:
+        raise ValueError(f"{HOLD} must be <step>:<file>, got {value!r}")
+    if int(at) != step:
+        return False
+    held = Path(path)
+    held.write_text(f"{os.getpid()}\n")
+    while held.exists():
+        time.sleep(poll_s)
+    return True
 
 
 # ------------------------------------------------------------------------------------------------ errors
@@ -516,6 +543,7 @@ def execute(argv: Sequence[str], *, run_dir: str | os.PathLike, env: Mapping[str
                   phases=list(output.phases))
 
 
-__all__ = ["LAUNCH", "LOG", "MARKER", "METRICS", "PHASES", "VERL_METRICS", "Limits", "Result", "checkpoint_steps",
-           "cpu_seconds", "describe_error", "execute", "last_error", "logged_steps", "marked_pids", "ray_start_failed",
-           "resume_point", "stop_previous", "stop_tree", "strip_ray_prefix", "traceback_blocks"]
+__all__ = ["HOLD", "LAUNCH", "LOG", "MARKER", "METRICS", "PHASES", "VERL_METRICS", "Limits", "Result",
+           "checkpoint_steps", "cpu_seconds", "describe_error", "execute", "hold_before_step", "last_error",
+           "logged_steps", "marked_pids", "ray_start_failed", "resume_point", "stop_previous", "stop_tree",
+           "strip_ray_prefix", "traceback_blocks"]

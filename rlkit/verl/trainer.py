@@ -35,6 +35,8 @@ method trains with ``algorithm.adv_estimator``, else the estimator's.
   temperatures with the same hooks. vLLM only. The temperatures it applied are logged as
   ``<method>/sampler/temperature_mean``/``_std``.
 - Checkpoints: the hooks' state is saved in each checkpoint folder (``rlkit_method.pt``) and restored on resume.
+- Test support: with ``RLKIT_TEST_HOLD=<step>:<file>`` in its environment the trainer stops before step ``<step>``
+  and waits while ``<file>`` exists (:func:`rlkit.verl.runner.hold_before_step`), so a test kills the run there.
 
 Deviations forced by verl's extension points (for the methods' book pages):
 
@@ -88,6 +90,7 @@ from rlkit.hooks import Hooks, Recalled, StepBatch, checked
 from rlkit.tasks.tools import CodeDetection, count_code_calls, first_code_char
 from rlkit.verl import ADV_ESTIMATORS, POLICY_LOSSES, TRAINER
 from rlkit.verl.inputs import estimator_inputs, loss_inputs, method_config, rows_of
+from rlkit.verl.runner import hold_before_step
 from rlkit.verl.sampling import APPLIED, CONFIG_KEY, applied_metrics, processor_settings, read_applied, save_state
 
 Tensor = torch.Tensor
@@ -381,6 +384,10 @@ class RlkitTrainer(PPOTrainerSync):
     def _init_dataloader(self):
         super()._init_dataloader()
         self.start_hooks()
+
+    def on_step_begin(self):
+        super().on_step_begin()
+        hold_before_step(self.global_steps)  # test support only (module doc): nothing unless a test asks for it
 
     def start_hooks(self) -> None:
         """The hooks' start, over the training set's prompts (by ``extra_info["prompt_id"]``) when they keep state
