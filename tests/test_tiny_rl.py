@@ -250,22 +250,53 @@ def test_resume_after_a_kill_between_the_metrics_line_and_the_checkpoint(method,
     assert timeless(read_metrics(part / "metrics.jsonl")) == timeless(read_metrics(full / "metrics.jsonl"))
 
 
-def test_sigkill_and_resume_from_the_command_line(tmp_path, cache):
-    def cli(out):
-        return [sys.executable, "-m", "rlkit.cli", "train", "--method", "spo", "--scale", "smoke", "--out", str(out),
-                "--sft-cache", str(cache), "--set", "steps=30"]
+HELD_CLI = """
+import runpy, sys, time
+from pathlib import Path
+from rlkit.metrics import MetricsWriter
 
-    ref = subprocess.run(cli(tmp_path / "ref"), capture_output=True, text=True)
+hold_at, held = int(sys.argv[1]), Path(sys.argv[2])
+log = MetricsWriter.log
+
+
+def log_then_hold(self, data, step):  # rlkit train, stopped after a step's metrics line, before its checkpoint
+    log(self, data, step)
+    if self.path.name == "metrics.jsonl" and step == hold_at:
+        held.write_text("held")
+        while True:
+            time.sleep(60)
+
+
+MetricsWriter.log = log_then_hold
+sys.argv = ["rlkit", *sys.argv[3:]]
+runpy.run_module("rlkit.cli", run_name="__main__")
+"""
+"""``python -c HELD_CLI <step> <file> <rlkit arguments>``: the command line, held at a point for a test to kill it
+there (not a race with the run's speed)."""
+
+
+def test_sigkill_and_resume_from_the_command_line(tmp_path, cache, reaper):
+    def cli(out):
+        return ["train", "--method", "spo", "--scale", "smoke", "--out", str(out), "--sft-cache", str(cache),
+                "--set", "steps=30"]
+
+    ref = subprocess.run([sys.executable, "-m", "rlkit.cli", *cli(tmp_path / "ref")], capture_output=True, text=True)
     assert ref.returncode == 0, ref.stderr[-2000:]
-    proc = subprocess.Popen(cli(tmp_path / "run"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    metrics = tmp_path / "run" / "metrics.jsonl"
-    deadline = time.time() + 120
-    while time.time() < deadline and (not metrics.exists() or metrics.read_text().count("\n") < 5):
-        time.sleep(0.001)
-    os.kill(proc.pid, signal.SIGKILL)
+    held, err = tmp_path / "held", tmp_path / "stderr"
+    with err.open("w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-c", HELD_CLI, "5", str(held), *cli(tmp_path / "run")],
+                                stdout=subprocess.DEVNULL, stderr=stderr)
+    deadline = time.monotonic() + 300
+    while not held.exists():  # the run waits there once it arrives
+        assert proc.poll() is None, f"the run ended before step 5:\n{err.read_text()[-2000:]}"
+        assert time.monotonic() < deadline, "the run did not reach step 5 in 300 s"
+        time.sleep(0.1)
+    os.kill(proc.pid, signal.SIGKILL)  # between step 5's metrics line and its checkpoint
     proc.wait()
-    assert metrics.read_text().count("\n") < 31, "the run finished before it could be killed"
-    again = subprocess.run([*cli(tmp_path / "run"), "--resume"], capture_output=True, text=True)
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    assert [r["step"] for r in read_metrics(metrics)] == list(range(6))  # step 0: the SFT start's evaluation
+    again = subprocess.run([sys.executable, "-m", "rlkit.cli", *cli(tmp_path / "run"), "--resume"],
+                           capture_output=True, text=True)
     assert again.returncode == 0, again.stderr[-2000:]
     assert timeless(read_metrics(metrics)) == timeless(read_metrics(tmp_path / "ref" / "metrics.jsonl"))
 
