@@ -7,9 +7,11 @@ beside the published ones), ``start`` (the shipped SFT start), ``env`` (CPU, flo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from rlkit import __version__
@@ -408,9 +410,29 @@ class Refused(SystemExit):
 
 def main(argv: list[str] | None = None) -> int:
     """``rlkit``: run the sub-command; a refusal (:mod:`rlkit.errors`) is printed as one message and exits 2
-    (usage) or 1 (run time), with its traceback only under ``--debug``."""
-    args = build_parser().parse_args(argv)
+    (usage) or 1 (run time), with its traceback only under ``--debug``. The environment variables rlkit reads are
+    checked first (:func:`rlkit.environ.check`); Ctrl-C ends any command with one line and exit 130; rlkit's own
+    warnings are printed once each, as one line."""
+    command = "rlkit"
     try:
+        args = build_parser().parse_args(argv)
+        command = f"rlkit {args.command}"
+        with _readable_warnings(command):
+            return _run(args)
+    except KeyboardInterrupt:
+        _close_progress_bars()  # the message on a line of its own, not after a half-drawn bar
+        message = f"{command}: interrupted (Ctrl-C)" + (
+            ": rlkit train --resume continues the run from its last finished step" if command == "rlkit train"
+            else "")
+        print(message, file=sys.stderr)
+        raise Refused(130, message) from None
+
+
+def _run(args: argparse.Namespace) -> int:
+    from rlkit import environ
+
+    try:
+        environ.check()
         return args.func(args)
     except (RlkitError, OSError) as e:
         error = e if isinstance(e, RlkitError) else from_os_error(e)
@@ -419,6 +441,39 @@ def main(argv: list[str] | None = None) -> int:
         message = f"rlkit {args.command}: {error}"
         print(message, file=sys.stderr)
         raise Refused(error.exit_code, message) from None
+
+
+@contextlib.contextmanager
+def _readable_warnings(command: str) -> Iterator[None]:
+    """Warnings rlkit's own modules raise (a torn metrics line skipped, ...) printed as ``rlkit CMD: warning: ...``,
+    each message once however many readers meet it; other libraries' warnings as Python prints them."""
+    import warnings
+
+    shown, python_s = set(), warnings.showwarning
+    package = str(Path(__file__).parent)
+
+    def show(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001 (warnings' signature)
+        if not str(filename).startswith(package):
+            return python_s(message, category, filename, lineno, file, line)
+        text = f"{command}: warning: {message}"
+        if text not in shown:
+            shown.add(text)
+            print(text, file=sys.stderr)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = python_s
+
+
+def _close_progress_bars() -> None:
+    """Close the progress bars still drawn (tqdm's: a bar that clears on close clears its line)."""
+    if "tqdm" in sys.modules:
+        from tqdm import tqdm
+
+        for bar in list(getattr(tqdm, "_instances", ())):
+            bar.close()
 
 
 if __name__ == "__main__":

@@ -60,6 +60,10 @@ class BadSource(UsageError, ValueError):
     """A data source that is missing, empty or malformed."""
 
 
+class BadEnvironment(UsageError, ValueError):
+    """An environment variable rlkit reads (``RLKIT_NUMERICS``, ``RLKIT_CACHE``, ...) holds a value it cannot use."""
+
+
 # ---------------------------------------------------------------------------------------- run time (exit 1)
 class RunLocked(RunError):
     """Another process is writing the same run directory."""

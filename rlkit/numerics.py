@@ -50,14 +50,21 @@ def mode() -> str:
     """The numerics mode asked for: ``$RLKIT_NUMERICS`` (``pinned`` when unset)."""
     value = os.environ.get("RLKIT_NUMERICS", "pinned").strip().lower() or "pinned"
     if value not in MODES:
-        raise ValueError(f"RLKIT_NUMERICS={value!r}: valid values are {', '.join(MODES)}")
+        from rlkit.errors import BadEnvironment  # a ValueError too
+
+        raise BadEnvironment(f"RLKIT_NUMERICS={value}: valid values are {', '.join(MODES)} (or unset it)")
     return value
 
 
 def pin() -> bool:
     """Set the kernel-selection variables of :func:`mode` unless torch is loaded already (then they could not act);
-    True when they were set or already in force. A variable the user set is left as it is."""
-    wanted = MODES[mode()]
+    True when they were set or already in force. A variable the user set is left as it is. An unknown mode pins
+    nothing and does not fail the import: every command refuses it in one line first (:func:`rlkit.environ.check`),
+    as does each use of :func:`mode`."""
+    try:
+        wanted = MODES[mode()]
+    except ValueError:
+        return False
     if "torch" in sys.modules:
         return all(os.environ.get(k) == v for k, v in wanted.items())
     for key, value in wanted.items():

@@ -32,12 +32,12 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from rlkit import registry
+from rlkit import environ, registry
 from rlkit.core.masked import masked_mean
 from rlkit.core.tool_use import tool_metrics
-from rlkit.errors import CannotResume, ResumeMismatch, RunExists
+from rlkit.errors import CannotResume, DamagedFile, ResumeMismatch, RunExists
 from rlkit.hooks import Recalled, StepBatch, checked, draw, side_generator
-from rlkit.files import TRAINING_RUN, atomic_write, claim_dir, lock_dir, os_errors, write_text
+from rlkit.files import TRAINING_RUN, atomic_write, claim_dir, lock_dir, os_errors, read_json, write_text
 from rlkit.metrics import MetricsWriter, read_metrics
 from rlkit.tasks import arithmetic
 from rlkit.tiny.checkpoint import RunState, environment, load_checkpoint, restore_checkpoint, save_checkpoint
@@ -45,7 +45,7 @@ from rlkit.tiny.checkpoint import RunState, environment, load_checkpoint, restor
 # tests/test_reproduce.py, notebooks/07_comparison.md); new code imports them from rlkit.tiny.config
 from rlkit.tiny.config import METHODS, REGIMES, RLConfig, build_config, flat_settings, parse_sets  # noqa: F401
 from rlkit.tiny.model import token_logprobs
-from rlkit.tiny.sft import warm_start
+from rlkit.tiny.sft import start_source, warm_start
 from rlkit.tiny.task import (
     accuracy, evaluate, max_response_tokens, response_logprobs, rollout, score_rollout, select_rows,
 )
@@ -154,6 +154,8 @@ def train(cfg: RLConfig, out_dir: str | Path, *, device: str = "cpu", resume: bo
     (:func:`rlkit.files.claim_dir`).
     """
     out = Path(out_dir)
+    environ.check()  # before any work: the environment, and where the SFT start comes from (a cache it can write)
+    start_source(cfg.sft, cache_dir=sft_cache)
     claim_dir(out, TRAINING_RUN, force=force, writes=RUN_FILES + _OLD_TEMPORARY)
     with lock_dir(out, TRAINING_RUN), os_errors():
         for name in _OLD_TEMPORARY:
@@ -245,13 +247,22 @@ def _train(cfg: RLConfig, out: Path, *, device: str, resume: bool, progress: boo
 
 
 def _steps(path: Path) -> list[int]:
-    """The steps of ``path``'s whole lines (none when it is missing)."""
+    """The steps of ``path``'s whole lines (none when it is missing); a line that is not one, or steps that are not
+    one line each in order (a line copied or moved by hand), are :class:`~rlkit.errors.CannotResume` naming the
+    file."""
     if not path.exists():
         return []
     try:
-        return [r["step"] for r in read_metrics(path)]
+        steps = [r["step"] for r in read_metrics(path)]
     except ValueError as e:
-        raise CannotResume(f"{e}: the run's metrics are damaged; start it again in another --out") from None
+        raise CannotResume(f"{e}: the run's {path.name} is damaged; restore it, or start the run again in another "
+                           "--out") from None
+    for before, after in zip(steps, steps[1:]):
+        if after <= before:
+            what = f"step {after} twice" if after == before else f"step {after} after step {before}"
+            raise CannotResume(f"{path} holds {what}, where a run writes one line per step in order (a line copied "
+                               "or moved by hand?): restore the file, or start the run again in another --out")
+    return steps
 
 
 def _differing(a: dict, b: dict) -> list[str]:
@@ -273,12 +284,12 @@ def _resume_point(out: Path, config: dict) -> tuple[dict | None, dict[str, Any]]
     cannot continue exactly: metrics without a checkpoint, a damaged checkpoint or config, or metrics lacking a
     step the checkpoint took that it cannot re-log."""
     ckpt_path, metrics_path, config_path = out / "checkpoint.pt", out / "metrics.jsonl", out / "config.json"
-    steps = _steps(metrics_path)
+    steps, eval_steps = _steps(metrics_path), _steps(out / "eval.jsonl")  # both read whole before any work
     if config_path.exists():
         try:
-            saved = json.loads(config_path.read_text())
-        except ValueError as e:
-            raise CannotResume(f"{config_path} is not valid JSON ({e}): restore it, or start the run again in "
+            saved = read_json(config_path)  # a JSON object, or the damage named
+        except DamagedFile as e:
+            raise CannotResume(f"{e}: the run's settings are unreadable; restore it, or start the run again in "
                                "another --out") from None
         if changed := _differing(saved, config):
             raise ResumeMismatch(f"{out} was started with other settings ({', '.join(changed)} differ from "
@@ -306,8 +317,7 @@ def _resume_point(out: Path, config: dict) -> tuple[dict | None, dict[str, Any]]
         missing = sorted(set(range(k + 1)) - set(done))
         raise CannotResume(f"{metrics_path} lacks step(s) {missing[:5]} that {ckpt_path.name} (step {k}) has taken, "
                            "and the checkpoint cannot re-log them: start the run again in another --out")
-    eval_path = out / "eval.jsonl"
-    if logged.get("eval") is not None and k not in _steps(eval_path):
+    if logged.get("eval") is not None and k not in eval_steps:
         relog["eval"] = logged["eval"]
     return blob, relog
 

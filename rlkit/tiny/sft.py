@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -25,6 +24,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from rlkit.environ import cache_origin, cache_root, check_dir, flag, writable_dir
 from rlkit.numerics import cpu_model, fingerprint, weights_sha256
 from rlkit.tasks import arithmetic
 from rlkit.tiny.model import ARCHITECTURE, ModelConfig, TinyDecoder
@@ -81,7 +81,23 @@ class SFTConfig:
 
 def default_cache_dir() -> Path:
     """``$RLKIT_CACHE/sft`` (default ``~/.cache/rlkit/sft``)."""
-    return Path(os.environ.get("RLKIT_CACHE", "~/.cache/rlkit")).expanduser() / "sft"
+    return cache_root() / "sft"
+
+
+def estimated_minutes(cfg: SFTConfig) -> float:
+    """Roughly how many minutes :func:`train` takes for ``cfg`` on one thread of a recent x86 CPU: per step a fixed
+    cost and one proportional to batch × layers × width², fitted to two trainings — the cpu scale's 1,000 steps in
+    16.3 min (the shipped start's MANIFEST.json) and the gpu scale's 1,500 steps on the CPU in about 85 min.
+    Another CPU may take half or twice as long; the final evaluation is not counted."""
+    return cfg.steps * (0.0126 + 1.75e-9 * cfg.batch_size * cfg.n_layers * cfg.d_model ** 2)
+
+
+def _duration(minutes: float) -> str:
+    if minutes < 1:
+        return "under a minute"
+    if minutes < 90:
+        return f"about {minutes:.0f} min"
+    return f"about {minutes / 60:.1f} h"
 
 
 def lr_at(step: int, cfg: SFTConfig) -> float:
@@ -178,7 +194,7 @@ from these exact weights, whatever the CPU."""
 def retrain_requested() -> bool:
     """``RLKIT_RETRAIN_SFT=1`` (``rlkit train/reproduce --retrain-sft``): train the SFT start on this machine even
     where rlkit ships one."""
-    return os.environ.get("RLKIT_RETRAIN_SFT", "").strip() not in ("", "0")
+    return flag("RLKIT_RETRAIN_SFT")
 
 
 def shipped_manifest() -> dict[str, dict]:
@@ -222,24 +238,39 @@ def warm_start(
     shipped start. ``info["source"]`` says which: ``shipped``, ``cache`` or ``trained``; ``info["sha256"]`` hashes
     the weights."""
     tokenizer = build_tokenizer()
-    name = f"sft-{cfg.key(tokenizer)}.pt"
-    retrain = retrain_requested() if retrain is None else retrain
-    shipped = SHIPPED_DIR / name
-    if shipped.exists() and not retrain:
-        model, info = load_checkpoint(shipped, device, shipped_manifest().get(name, {}).get("sha256"))
+    source, path = start_source(cfg, cache_dir=cache_dir, retrain=retrain)
+    if source == "shipped":
+        model, info = load_checkpoint(path, device, shipped_manifest().get(path.name, {}).get("sha256"))
         return model, tokenizer, {**info, "source": "shipped", "cached": True}
-    path = Path(cache_dir or default_cache_dir()) / name
-    if path.exists():
+    if source == "cache":
         model, info = load_checkpoint(path, device)
         return model, tokenizer, {**info, "source": "cache", "cached": True}
     if progress:
-        why = "--retrain-sft" if shipped.exists() else "rlkit ships no start for this SFT config"
-        print(f"SFT start: training it on this machine ({why}); its weights, and every number after them, depend "
-              "on this CPU's float kernels (rlkit env)", file=sys.stderr, flush=True)
+        why = "--retrain-sft" if (SHIPPED_DIR / path.name).exists() else "rlkit ships no start for this SFT config"
+        print(f"SFT start: training {cfg.steps:,} steps on this machine ({why}), {_duration(estimated_minutes(cfg))} "
+              "on one CPU thread (progress below; Ctrl-C stops it); its weights, and every number after them, "
+              "depend on this CPU's float kernels (rlkit env)", file=sys.stderr, flush=True)
     model, info = train(cfg, device=device, progress=progress)
     save_checkpoint(path, model, info, cfg)
     return model, tokenizer, {**info, "source": "trained", "cached": False, "path": str(path),
                               "sha256": weights_sha256(model.state_dict())}
+
+
+def start_source(cfg: SFTConfig, *, cache_dir: str | Path | None = None,
+                 retrain: bool | None = None) -> tuple[str, Path]:
+    """Where :func:`warm_start` takes the start for ``cfg`` from, before any work: ``("shipped", file)``,
+    ``("cache", file)`` or ``("trained", file it will be cached in)`` — for the last, the cache is checked to be a
+    directory this process may write (a one-line refusal otherwise, before the training it would lose)."""
+    name = f"sft-{cfg.key(build_tokenizer())}.pt"
+    retrain = retrain_requested() if retrain is None else retrain
+    if (SHIPPED_DIR / name).exists() and not retrain:
+        return "shipped", SHIPPED_DIR / name
+    folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    origin = cache_origin(cache_dir)
+    check_dir(folder, origin)
+    if (folder / name).exists():
+        return "cache", folder / name
+    return "trained", writable_dir(folder, origin) / name
 
 
 def seed_spread(cfg: SFTConfig, seeds: int = 3, *, problems: int = 1000, workers: int = 2,

@@ -32,7 +32,6 @@ Llama of the tiny engine's vocabulary that rlkit builds itself (:func:`default_c
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -421,8 +420,10 @@ def cpu_batch(method: str) -> Batch:
 
 
 def cache_dir() -> Path:
-    """``$RLKIT_CACHE`` (default ``~/.cache/rlkit``)."""
-    return Path(os.environ.get("RLKIT_CACHE", "~/.cache/rlkit")).expanduser()
+    """``$RLKIT_CACHE`` (default ``~/.cache/rlkit``; :func:`rlkit.environ.cache_root`)."""
+    from rlkit.environ import cache_root
+
+    return cache_root()
 
 
 def default_cpu_model_path() -> Path:

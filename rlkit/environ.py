@@ -1,0 +1,88 @@
+"""The environment variables rlkit reads, each checked before any work and refused in one line
+(:class:`~rlkit.errors.BadEnvironment`, exit 2): :func:`check` runs first in every ``rlkit`` command and in
+:func:`rlkit.tiny.rl.train`.
+
+- ``RLKIT_NUMERICS``: ``pinned`` (default), ``compatible`` or ``native`` (:mod:`rlkit.numerics`).
+- ``RLKIT_CACHE``: where SFT starts, SPO's offline passes and the default CPU model are cached (default
+  ``~/.cache/rlkit``; set but empty counts as unset): a directory, or a path where one can be made. Whether it can
+  be written is checked before anything is trained to be cached there (:func:`writable_dir`).
+- ``RLKIT_RETRAIN_SFT``, ``RLKIT_FUSED_LOSS``, ``RLKIT_VLLM_KEEP_WEIGHTS``: ``0`` or ``1`` (:func:`flag`).
+- ``RLKIT_PROJECT``: checked where a project is looked up (:func:`rlkit.lab.paths.find_project`), as only the
+  commands that read one need it.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from rlkit.errors import BadEnvironment, UsageError
+
+CACHE = "RLKIT_CACHE"
+DEFAULT_CACHE = "~/.cache/rlkit"
+FLAGS = ("RLKIT_RETRAIN_SFT", "RLKIT_FUSED_LOSS", "RLKIT_VLLM_KEEP_WEIGHTS")
+"""The switches rlkit reads: ``0`` or ``1``, unset (or empty) for the default."""
+
+
+def flag(name: str, default: bool = False) -> bool:
+    """The switch ``$name``: ``1`` on, ``0`` off, unset or empty ``default``; anything else is refused."""
+    value = os.environ.get(name, "").strip()
+    if value not in ("", "0", "1"):
+        raise BadEnvironment(f"{name}={value}: expected 0 or 1 (or unset it)")
+    return default if not value else value == "1"
+
+
+def cache_root() -> Path:
+    """``$RLKIT_CACHE`` (default, also when set but empty, ``~/.cache/rlkit``)."""
+    return Path(os.environ.get(CACHE, "").strip() or DEFAULT_CACHE).expanduser()
+
+
+def cache_origin(path: str | Path | None = None) -> str:
+    """How the user named the cache ``path`` (None: the default one), for messages: ``--sft-cache PATH``,
+    ``RLKIT_CACHE=PATH`` or ``the default cache PATH``."""
+    if path is not None:
+        return f"--sft-cache {path}"
+    named = os.environ.get(CACHE, "").strip()
+    return f"{CACHE}={named}" if named else f"the default cache {cache_root()}"
+
+
+def _refusal(origin: str) -> type[UsageError]:
+    return UsageError if origin.startswith("--") else BadEnvironment
+
+
+def check_dir(path: Path, origin: str) -> Path:
+    """``path`` is a directory or could be made one (no file in the way), else a one-line refusal naming
+    ``origin`` (how the user named it)."""
+    for part in (path, *path.parents):
+        if part.exists():
+            if not part.is_dir():
+                where = "is a file" if part == path else f"lies under {part}, a file"
+                raise _refusal(origin)(f"{origin}: {path} {where}, not a directory: name a directory")
+            break
+    return path
+
+
+def writable_dir(path: Path, origin: str) -> Path:
+    """``path`` (made if missing) where this process may write a file, else a one-line refusal naming ``origin``:
+    checked before the work whose result goes there."""
+    check_dir(path, origin)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        raise _refusal(origin)(f"{origin}: cannot write into {path} ({e.strerror or e}): choose a directory you "
+                               "may write, or fix its permissions") from None
+    return path
+
+
+def check() -> None:
+    """Every variable rlkit reads holds a value it can use (``RLKIT_PROJECT`` aside: see the module)."""
+    from rlkit import numerics
+
+    numerics.mode()
+    for name in FLAGS:
+        flag(name)
+    if os.environ.get(CACHE, "").strip():
+        check_dir(cache_root(), cache_origin())
