@@ -15,14 +15,32 @@ half (mean context ≈ (L+1)/2).
 
     python benchmarks/tiny_engine.py              # defaults: 1 thread, 128 sequences × 64 new tokens
     python benchmarks/tiny_engine.py --threads 2 --batch 64
+
+Whole-run mode (``--runs``): trains whole reproduction runs as ``rlkit reproduce``'s workers do (cpu scale, one
+thread, the numerics :mod:`rlkit.numerics` pins, the shipped SFT start) into a temporary folder and prints where
+each run's time goes — CPU-seconds (``time.process_time``) and wall seconds per phase: the update's forward
+(``token_logprobs``), backward and optimizer step, generation, the evaluation every ``eval_every``, the final
+evaluation, the stale policy's evaluation, and the rest (warm start, advantages, metrics, checkpoints). Phases are
+timed by wrapping the engine's functions, exclusively (a phase's time excludes the phases it calls).
+
+    python benchmarks/tiny_engine.py --runs grpo grpo:stress      # one standard and one stress run
+    python benchmarks/tiny_engine.py --runs grpo --set steps=5    # a shorter run
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
+import json
+import resource
 import statistics
+import tempfile
 import time
+from pathlib import Path
+from typing import Any
 
+import rlkit  # noqa: F401  (pins the float kernels before torch loads, as the reproduction's workers do)
 import torch
 
 from rlkit.tiny.model import ModelConfig, TinyDecoder, token_logprobs
@@ -90,6 +108,125 @@ def gemm_shapes(cfg: ModelConfig, rows: int) -> list[tuple[int, int, int]]:
 def matmul_params(cfg: ModelConfig) -> int:
     return sum(k * n for _, k, n in gemm_shapes(cfg, 1))
 
+# ------------------------------------------------------------------------------------------------ whole runs
+PHASES = ("update: forward", "update: backward", "update: optimizer", "generation", "evaluation (every eval_every)",
+          "evaluation (final)", "stale policy's evaluation", "other")
+
+
+class PhaseClock:
+    """Exclusive CPU and wall seconds per phase: entering a phase charges the time so far to the enclosing one."""
+
+    def __init__(self):
+        self.cpu = dict.fromkeys(PHASES, 0.0)
+        self.wall = dict.fromkeys(PHASES, 0.0)
+        self.stack = ["other"]
+        self.mark = (time.process_time(), time.perf_counter())
+
+    def _charge(self) -> None:
+        now = (time.process_time(), time.perf_counter())
+        self.cpu[self.stack[-1]] += now[0] - self.mark[0]
+        self.wall[self.stack[-1]] += now[1] - self.mark[1]
+        self.mark = now
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        self._charge()
+        self.stack.append(name)
+        try:
+            yield
+        finally:
+            self._charge()
+            self.stack.pop()
+
+    def wrap(self, owner, attr: str, name) -> None:
+        """Time ``owner.attr`` as phase ``name`` (a string, or ``name(*args, **kwargs)`` choosing one: None = the
+        enclosing phase's)."""
+        fn = getattr(owner, attr)
+
+        @functools.wraps(fn)
+        def timed(*args, **kwargs):
+            label = name(*args, **kwargs) if callable(name) else name
+            if label is None:
+                return fn(*args, **kwargs)
+            with self.phase(label):
+                return fn(*args, **kwargs)
+
+        setattr(owner, attr, timed)
+
+
+def profile_run(method: str, regime: str, sets: dict, out: Path, scale: str = "cpu") -> tuple[PhaseClock, Any]:
+    """Train one run of ``method`` in ``regime`` at ``scale`` into ``out`` with every phase timed; (clock, config)."""
+    from rlkit.tiny import rl, task
+    from rlkit.tiny.config import build_config
+
+    cfg = build_config(method, scale, {"seed": 0, **sets}, regime=regime)
+    clock = PhaseClock()
+    saved = {(o, a): getattr(o, a) for o, a in ((rl, "rollout"), (rl, "evaluate"), (rl, "_policy_eval"),
+                                                (rl, "token_logprobs"), (task, "token_logprobs"),
+                                                (torch.autograd, "backward"), (torch.optim.Adam, "step"),
+                                                (torch.nn.utils, "clip_grad_norm_"))}
+    after_eval = [False]  # the final evaluation is the one that follows the last step's, with no rollout between
+
+    def which_eval(*args, **kw):
+        label = "evaluation (final)" if after_eval[0] else "evaluation (every eval_every)"
+        after_eval[0] = True
+        return label
+
+    def which_rollout(*args, **kw):  # the stale policy's rollout is timed by _policy_eval around it
+        after_eval[0] = False
+        return None if clock.stack[-1] == "stale policy's evaluation" else "generation"
+
+    try:
+        clock.wrap(rl, "rollout", which_rollout)
+        clock.wrap(rl, "evaluate", which_eval)
+        clock.wrap(rl, "_policy_eval", "stale policy's evaluation")
+        for owner in (rl, task):
+            clock.wrap(owner, "token_logprobs", "update: forward")
+        clock.wrap(torch.autograd, "backward", "update: backward")
+        clock.wrap(torch.optim.Adam, "step", "update: optimizer")
+        clock.wrap(torch.nn.utils, "clip_grad_norm_", "update: optimizer")
+        rl.train(cfg, out, progress=False)
+        clock._charge()
+    finally:
+        for (owner, attr), fn in saved.items():
+            setattr(owner, attr, fn)
+    return clock, cfg
+
+
+def whole_runs(specs: list[str], sets: dict, threads: int, keep: str | None, scale: str = "cpu") -> None:
+    """``--runs``: train each ``method[:regime]`` and print its phases (see the module doc)."""
+    from rlkit import numerics
+
+    torch.set_num_threads(threads)
+    kernels = numerics.kernels()
+    print(f"torch {torch.__version__}, {threads} thread(s), numerics {kernels['mode']} "
+          f"(in force: {kernels['in_force']}, {kernels['aten_cpu_capability']}, MKL_CBWR={kernels['mkl_cbwr']})")
+    for spec in specs:
+        method, _, regime = spec.partition(":")
+        regime = regime or "standard"
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / f"{method}-{regime}"
+            r0 = resource.getrusage(resource.RUSAGE_SELF)
+            clock, cfg = profile_run(method, regime, sets, out, scale)
+            r1 = resource.getrusage(resource.RUSAGE_SELF)
+            if keep:
+                dest = Path(keep) / out.name
+                dest.mkdir(parents=True, exist_ok=True)
+                for name in ("metrics.jsonl", "eval.jsonl"):
+                    (dest / name).write_bytes((out / name).read_bytes())
+        total_cpu, total_wall = sum(clock.cpu.values()), sum(clock.wall.values())
+        rusage = (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)
+        print(f"\n{method} ({regime}): {cfg.steps} steps, {cfg.prompts_per_step}×{cfg.group_size} responses, "
+              f"{cfg.mini_batches} mini-batches, staleness {cfg.staleness}; {total_cpu:.1f} CPU-s "
+              f"(getrusage {rusage:.1f}), {total_wall:.1f} wall-s")
+        print(f"| {'phase':<30} | CPU-s  | share | wall-s |")
+        print(f"|{'-' * 32}|--------|-------|--------|")
+        for name in PHASES:
+            print(f"| {name:<30} | {clock.cpu[name]:6.1f} | {100 * clock.cpu[name] / total_cpu:4.1f}% "
+                  f"| {clock.wall[name]:6.1f} |")
+        print("RESULT " + json.dumps({"run": spec, "cpu_s": total_cpu, "wall_s": total_wall,
+                                      "phases_cpu_s": clock.cpu}))
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -105,7 +242,17 @@ def main() -> None:
     ap.add_argument("--n-heads", type=int, default=4)
     ap.add_argument("--n-kv-heads", type=int, default=None, help="grouped-query attention (default: n-heads)")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--runs", nargs="+", metavar="METHOD[:REGIME]",
+                    help="whole-run mode: train these cpu-scale runs (e.g. grpo grpo:stress) and print their phases")
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="whole-run mode: settings (steps=5)")
+    ap.add_argument("--scale", default="cpu", help="whole-run mode: the runs' scale (the reproduction's: cpu)")
+    ap.add_argument("--keep", help="whole-run mode: copy each run's metrics.jsonl and eval.jsonl under this folder")
     args = ap.parse_args()
+    if args.runs:
+        from rlkit.tiny.config import parse_sets
+
+        whole_runs(args.runs, parse_sets(args.set), args.threads, args.keep, args.scale)
+        return
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
 

@@ -175,6 +175,29 @@ def test_sampled_logp_equals_recomputed(seed, temp, kv_heads, prompts):
     (logp_grad * r.mask).sum().backward()
 
 
+@pytest.mark.parametrize("scale,seed", [(50.0, 0), (3.0, 1), (3.0, 2)])
+def test_greedy_without_scores_is_the_same_rollout(scale, seed):
+    """``scores=False`` (what greedy evaluation asks) skips log-probs and entropies and nothing else: every other
+    field equals the scored greedy rollout's bit for bit — tool calls and their forced tokens, rows that end early and
+    are dropped from the batch (``b`` ends at once, ``c`` never) — and the skipped ones are zeros."""
+    model = Scripted(SCRIPT, scale=scale, seed=seed)
+    prompts = ["a", "b", "1+2 = ?", "c", "b", "a", "x", "b", "b", "b"]
+    full = sample(model, TOK, prompts, max_new_tokens=40, greedy=True, tool=fake_tool)
+    bare = sample(model, TOK, prompts, max_new_tokens=40, greedy=True, tool=fake_tool, scores=False)
+    assert full.tool_calls.sum() > 0 and not full.finished.all() and full.finished.any()
+    assert (full.entropy.sum() > 1) == (scale < 10)  # a bigram of 50 leaves greedy steps ~no entropy
+    for name, value in vars(full).items():
+        if name in ("logp", "entropy"):
+            assert torch.equal(getattr(bare, name), torch.zeros_like(value)), name
+        elif isinstance(value, torch.Tensor):
+            assert torch.equal(getattr(bare, name), value), name
+        else:
+            assert getattr(bare, name) == value, name
+    sampled = [sample(model, TOK, prompts, max_new_tokens=40, generator=torch.Generator().manual_seed(0),
+                      tool=fake_tool, scores=scores) for scores in (True, False)]  # greedy decoding's flag only
+    assert all(torch.equal(getattr(sampled[0], k), getattr(sampled[1], k)) for k in ("tokens", "logp", "entropy"))
+
+
 def test_temperature_hook_is_applied():
     model = small_model(2)
     prompts = ["1+2", "abc", "x"]

@@ -106,6 +106,7 @@ def sample(
     max_tool_output: int = 32,
     add_bos: bool = True,
     ignore_eos: bool = False,
+    scores: bool = True,
 ) -> Rollout:
     """Sample a response for each prompt (see the module doc for the tool protocol and the logp convention).
 
@@ -113,6 +114,9 @@ def sample(
     ``lambda z: adaptive_temperature(z, T, stats, tau=0.05)``); ``greedy`` takes the argmax and ignores both.
     ``generator`` (on the model's device) makes sampling reproducible: the same seed gives the same rollout.
     ``ignore_eos`` keeps rows running after ``<eos>`` (fixed-length generation for benchmarks, as vLLM's flag).
+    ``scores=False`` with ``greedy`` skips the log-probs and entropies (returned as zeros): the tokens are the
+    argmax of the same logits, so texts and tool calls are those of ``scores=True`` bit for bit (greedy evaluation
+    reads nothing else).
     """
     _check(prompts, max_new_tokens, temperature, max_tool_calls, max_tool_output)
     if model.config.vocab_size != tokenizer.vocab_size:
@@ -120,7 +124,7 @@ def sample(
     with torch.inference_mode():
         out = _sample(
             model, tokenizer, prompts, max_new_tokens, float(temperature), temperature_fn, tool, generator,
-            greedy, max_tool_calls, max_tool_output, add_bos, ignore_eos,
+            greedy, max_tool_calls, max_tool_output, add_bos, ignore_eos, scores or not greedy,
         )
     # inference tensors cannot be saved for backward: hand out ordinary ones (RL feeds them to token_logprobs)
     return Rollout(**{k: v.clone() if isinstance(v, Tensor) else v for k, v in out.items()})
@@ -128,7 +132,7 @@ def sample(
 
 def _sample(
     model, tok, prompts, T, temperature, temperature_fn, tool, generator, greedy, max_tool_calls, max_tool_output,
-    add_bos, ignore_eos,
+    add_bos, ignore_eos, scores,
 ) -> dict:
     device = model.embed.weight.device
     prompt_ids, prompt_mask = (x.to(device) for x in tok.encode_batch(list(prompts), bos=add_bos))
@@ -171,7 +175,9 @@ def _sample(
     for t in range(T):
         col = (rows, t) if compacted else (slice(None), t)
         # ---- choose the next token of every running row
-        if greedy:
+        if greedy and not scores:  # the tokens alone (greedy evaluation reads the texts only)
+            nxt = logits.argmax(-1)
+        elif greedy:
             lp_all = logits.log_softmax(-1)
             nxt = logits.argmax(-1)
             negent = (lp_all.exp() * lp_all).sum(-1)
@@ -192,8 +198,9 @@ def _sample(
                 negent = (probs * lp_all).sum(-1)  # untempered = sampling distribution
             else:
                 negent = -entropy_from_logits(logits, chunk_size=None)
-        logp_out[col] = lp_all.gather(1, nxt.unsqueeze(1)).squeeze(1)
-        negent_out[col] = negent
+        if scores:
+            logp_out[col] = lp_all.gather(1, nxt.unsqueeze(1)).squeeze(1)
+            negent_out[col] = negent
         if forced_steps:
             is_forced = forced_ptr < forced_len
             nxt = torch.where(is_forced, forced.gather(1, forced_ptr.clamp(max=Q - 1).unsqueeze(1)).squeeze(1), nxt)

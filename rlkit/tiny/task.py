@@ -106,7 +106,7 @@ def evaluate(
     correct = []
     for i in range(0, len(problems), batch_size):
         chunk = problems[i : i + batch_size]
-        out = rollout(model, tokenizer, chunk, max_new_tokens=max_new_tokens, form=form, greedy=True)
+        out = rollout(model, tokenizer, chunk, max_new_tokens=max_new_tokens, form=form, greedy=True, scores=False)
         correct.append(score_rollout(out, chunk).rewards.float().cpu())
     model.train(was_training)
     return torch.cat(correct) if correct else torch.zeros(0)

@@ -1,0 +1,43 @@
+"""benchmarks/tiny_engine.py's whole-run mode: every second of a run is charged to exactly one phase."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "tiny_engine.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("tiny_engine_bench", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_phase_clock_charges_each_second_once(bench):
+    clock = bench.PhaseClock()
+    with clock.phase("generation"):
+        with clock.phase("update: forward"):
+            sum(range(200_000))
+        sum(range(100_000))
+    assert clock.stack == ["other"]
+    assert clock.cpu["update: forward"] > 0 and clock.cpu["generation"] > 0
+    assert sum(clock.wall.values()) > 0
+
+
+@pytest.mark.parametrize("regime", ["standard", "stress"])
+def test_whole_run_is_timed_by_phase_and_unpatched_after(bench, tmp_path, regime):
+    from rlkit.tiny import rl
+
+    before = rl.rollout, rl.evaluate, rl.token_logprobs
+    clock, cfg = bench.profile_run("grpo", regime, {"steps": 2, "eval_every": 1}, tmp_path / "run", scale="smoke")
+    assert (rl.rollout, rl.evaluate, rl.token_logprobs) == before
+    assert (tmp_path / "run" / "eval.jsonl").exists()
+    for phase in ("update: forward", "update: backward", "generation", "evaluation (every eval_every)",
+                  "evaluation (final)", "other"):
+        assert clock.cpu[phase] > 0, phase
+    assert (clock.cpu["stale policy's evaluation"] > 0) == (cfg.staleness > 0)
