@@ -239,6 +239,34 @@ def test_long_training_is_announced_with_its_length_and_a_progress_bar(argv, ann
     assert calls == [(int(announced.split()[1].replace(",", "")), {"device": "cpu", "progress": True})]
 
 
+def test_a_minutes_long_rl_stage_is_announced_above_its_progress_bar(tmp_path, capsys, monkeypatch):
+    """``rlkit train`` at cpu scale (the shipped SFT start: nothing else to announce), stopped at its first step."""
+    monkeypatch.setenv("RLKIT_CACHE", str(tmp_path / "cache"))
+
+    def interrupted(run, state):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(rl, "rl_step", interrupted)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as info:
+        cli.main(["train", "--method", "grpo", "--out", str(tmp_path / "run")])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert info.value.code == 130, err
+    assert err[0] == ("RL: 20 steps of 128 responses, about 1 min on one CPU thread (progress below; Ctrl-C stops it, "
+                      "--resume continues it)"), err
+    assert any(line.startswith("grpo seed 0:") for line in err[1:-1]), err  # the bar
+    assert err[-1].startswith("rlkit train: interrupted (Ctrl-C)"), err
+
+
+def test_a_short_run_is_not_announced(tmp_path, capsys):
+    from rlkit.tiny.config import estimated_minutes
+
+    cfg = build_config("grpo", "smoke", {"sft.steps": 1})
+    assert estimated_minutes(cfg) < 1
+    rl.train(cfg, tmp_path / "run", sft_cache=tmp_path / "cache")
+    assert "RL:" not in capsys.readouterr().err
+
+
 # ------------------------------------------------------------------------------------------------ Ctrl-C
 def test_ctrl_c_inside_training_is_one_line_and_exit_130(tmp_path):
     """SIGINT to a real ``rlkit train`` once its SFT has taken a step (its progress bar shows a loss)."""

@@ -23,6 +23,7 @@ import copy
 from math import nan
 import hashlib
 import json
+import sys
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
@@ -44,8 +45,9 @@ from rlkit.tiny.checkpoint import RunState, environment, load_checkpoint, restor
 # METHODS, build_config, parse_sets: re-exported for importers not moved yet (rlkit.verl.launch,
 # tests/test_reproduce.py, notebooks/07_comparison.md); new code imports them from rlkit.tiny.config
 from rlkit.tiny.config import METHODS, REGIMES, RLConfig, build_config, flat_settings, parse_sets  # noqa: F401
+from rlkit.tiny.config import estimated_minutes
 from rlkit.tiny.model import token_logprobs
-from rlkit.tiny.sft import start_source, warm_start
+from rlkit.tiny.sft import roughly, start_source, warm_start
 from rlkit.tiny.task import (
     accuracy, evaluate, max_response_tokens, response_logprobs, rollout, score_rollout, select_rows,
 )
@@ -217,6 +219,9 @@ def _train(cfg: RLConfig, out: Path, *, device: str, resume: bool, progress: boo
                     "timing_s/init": time.perf_counter() - t_init}, step=0)  # hooks' start (offline pass), eval
 
     last = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
+    if progress and device == "cpu" and (minutes := estimated_minutes(cfg, last - state.step)) >= 1:
+        print(f"RL: {last - state.step:,} steps of {cfg.samples_per_step} responses, {roughly(minutes)} on one CPU "
+              "thread (progress below; Ctrl-C stops it, --resume continues it)", file=sys.stderr, flush=True)
     bar = tqdm(range(state.step + 1, last + 1), desc=f"{cfg.method} seed {cfg.seed}", disable=not progress)
     for step in bar:
         t0 = time.perf_counter()

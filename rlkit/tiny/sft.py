@@ -92,7 +92,8 @@ def estimated_minutes(cfg: SFTConfig) -> float:
     return cfg.steps * (0.0126 + 1.75e-9 * cfg.batch_size * cfg.n_layers * cfg.d_model ** 2)
 
 
-def _duration(minutes: float) -> str:
+def roughly(minutes: float) -> str:
+    """``minutes`` in words for an announcement: "under a minute", "about 16 min", "about 2.5 h"."""
     if minutes < 1:
         return "under a minute"
     if minutes < 90:
@@ -247,7 +248,7 @@ def warm_start(
         return model, tokenizer, {**info, "source": "cache", "cached": True}
     if progress:
         why = "--retrain-sft" if (SHIPPED_DIR / path.name).exists() else "rlkit ships no start for this SFT config"
-        print(f"SFT start: training {cfg.steps:,} steps on this machine ({why}), {_duration(estimated_minutes(cfg))} "
+        print(f"SFT start: training {cfg.steps:,} steps on this machine ({why}), {roughly(estimated_minutes(cfg))} "
               "on one CPU thread (progress below; Ctrl-C stops it); its weights, and every number after them, "
               "depend on this CPU's float kernels (rlkit env)", file=sys.stderr, flush=True)
     model, info = train(cfg, device=device, progress=progress)
