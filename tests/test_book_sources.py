@@ -297,3 +297,140 @@ def test_show_source_folds_registration_and_checks_and_keeps_every_line(monkeypa
     source = "@dataclass\n@register_advantage(\n    'x', method='m')\ndef f(x):\n    return x\n"
     assert fold_registration(source) == ("@dataclass\ndef f(x):\n    return x\n",
                                          ["@register_advantage(\n    'x', method='m')"])
+
+
+"""The first screen is the method, and every result is followed by words generated from the runs (issue 36)."""
+
+SILENT = {"glue_settings", "book_style", "set_printoptions"}
+"""Calls a cell before the method may end with: each returns None, so it shows nothing (tested below)."""
+RESULTS = re.compile(r"\bcompare_runs\(|\bplots\.curves\(|\bfinal_dots\(|\.forest\(|\bplots\.describe\(")
+"""What draws a run's results in a figure cell (toy-tensor pictures draw none)."""
+
+
+def _shows_output(source: str) -> bool:
+    """Whether a cell's code shows output: a print/display, or a last statement that is an expression (Jupyter
+    shows its value) other than a call to one of the :data:`SILENT` functions."""
+    tree = ast.parse(source)
+    calls = {_name(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    if calls & {"print", "display", "say", "Markdown", "HTML"}:
+        return True
+    last = tree.body[-1] if tree.body else None
+    return isinstance(last, ast.Expr) and not (isinstance(last.value, ast.Call) and _name(last.value.func) in SILENT)
+
+
+def _name(func: ast.AST) -> str:
+    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+
+
+def test_the_output_rule_catches_a_settings_dump():
+    assert _shows_output("x = 1\nglue_settings('grpo', scale, seeds)\n") is False
+    assert _shows_output("x = 1\nrun_settings('grpo', scale, seeds)\n") is True
+    assert _shows_output("print(REGIMES)\n") is True
+    assert _shows_output("import torch\ntorch.set_printoptions(precision=4)\nplots.book_style()\n") is False
+
+
+def test_glue_settings_shows_nothing(monkeypatch):
+    import myst_nb
+
+    from rlkit.lab.notebook import glue_settings
+
+    glued = []
+    monkeypatch.setattr(myst_nb, "glue", lambda name, value, display=True: glued.append((name, display)))
+    assert glue_settings("grpo", "smoke", 3) is None
+    assert glued and not any(display for _, display in glued)
+
+
+@pytest.mark.parametrize("name", [*IMPLEMENTATION_PAGES, "07_comparison"])
+def test_no_code_output_before_the_method(name):
+    """Nothing a code cell prints or returns stands between a page's title and its Background (on the comparison
+    page: its first section): the first screen is the method, not a settings dump."""
+    text = (REPO / "notebooks" / f"{name}.md").read_text()
+    head = text[:text.index("\n## Background")] if "\n## Background" in text else text[:text.index("\n## ")]
+    loud = [src.strip().splitlines()[-1] for tags, src in _code_cells(head)
+            if "parameters" not in tags and _shows_output(src)]
+    assert not loud, f"{name}: code output before the method: {loud}"
+
+
+def _figure_cells(text: str) -> list[tuple[str, str]]:
+    """``(source, next code cell's source)`` of every figure cell (``mystnb: figure:``) of a MyST notebook."""
+    bodies = re.findall(r"```\{code-cell\} ipython3\n(.*?)```", text, re.S)
+    return [(b, bodies[i + 1] if i + 1 < len(bodies) else "") for i, b in enumerate(bodies)
+            if re.search(r"^mystnb:\n  figure:", b, re.M)]
+
+
+def _words_follow(source: str, following: str) -> bool:
+    """A results figure cell is followed by generated words: ``say(`` after its drawing call, or opening the next
+    code cell."""
+    draw = RESULTS.search(source)
+    return bool(re.search(r"^say\(", source[draw.end():], re.M) or re.match(r"\s*say\(", following))
+
+
+def test_the_words_rule_catches_a_silent_figure():
+    cell = "---\nmystnb:\n  figure:\n    caption: x\n---\nruns, fig = compare_runs('x', ['val/acc'])\nplt.show()\n"
+    assert not _words_follow(cell, "print(1)\n")
+    assert _words_follow(cell + "say(runs)\n", "")
+    assert _words_follow(cell, "say(runs)\n")
+    assert [s for s, _ in _figure_cells(f"```{{code-cell}} ipython3\n{cell}```\n")] == [cell]
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "notebooks").glob("*.md")), ids=lambda p: p.stem)
+def test_every_results_figure_is_followed_by_words(path):
+    silent = [src.split("---\n", 2)[-1].strip().splitlines()[0] for src, nxt in _figure_cells(path.read_text())
+              if RESULTS.search(src) and not _words_follow(src, nxt)]
+    assert not silent, f"{path.name}: results figures with no generated words after them: {silent}"
+
+
+def _run(tmp_path: Path, name: str, seed: int, start: float, end: float, zero: float = 0.2):
+    """A run directory ``name/seed<seed>`` whose held-out accuracy goes from ``start`` to ``end``."""
+    from rlkit.lab.plots import load_run
+
+    run = tmp_path / name / f"seed{seed}"
+    run.mkdir(parents=True)
+    method = name.split("-")[0]
+    (run / "config.json").write_text(f'{{"method": "{method}", "seed": {seed}}}')
+    lines = [f'{{"step": {k}, "data": {{"val/acc": {start if k == 0 else end}, "adv/zero_frac": {zero}}}}}'
+             for k in range(12)]
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    return load_run(run)
+
+
+def test_words_name_every_run_that_ends_below_its_start(tmp_path):
+    from rlkit.lab.notebook import endings, survivors_sentence, words
+
+    runs = ([_run(tmp_path, "grpo-stress", k, 0.5, 0.6) for k in range(3)]
+            + [_run(tmp_path, "cispo-stress", k, 0.4, e, zero=0.95) for k, e in enumerate((0.01, 0.0, 0.02))]
+            + [_run(tmp_path, "hapo-stress", k, 0.4, e) for k, e in enumerate((0.3, 0.2, 0.5))])
+    assert [(e.label, e.below, e.fell) for e in endings(runs)] == [
+        ("grpo-stress", 0, False), ("cispo-stress", 3, True), ("hapo-stress", 2, True)]
+    said = " ".join(words(runs))
+    assert "`cispo-stress` collapses (3 of 3 seeds end below their start)" in said
+    assert "`hapo-stress` ends below its start (2 of 3 seeds end below their start)" in said
+    assert "grpo-stress` ends below" not in said and "`grpo-stress` ends highest" in said
+    survivors = survivors_sentence(runs)
+    assert survivors.startswith("`grpo-stress` survives") and "`cispo-stress` (0.400 → 0.010" in survivors
+    assert "Every run ends at or above its start." in words(runs[:3] + [_run(tmp_path, "gspo-stress", 0, 0.1, 0.2)])
+
+
+def test_the_published_stress_collapses_are_named():
+    """On the published runs: CISPO's stress runs collapse and the words say so (issue 36's example)."""
+    from rlkit.lab.notebook import words
+    from rlkit.lab.paths import published_dir
+    from rlkit.lab.plots import load_run
+
+    root = published_dir()
+    if not (root / "cispo-stress").is_dir():
+        pytest.skip("no published stress runs in this checkout")
+    runs = [load_run(p) for m in ("grpo", "cispo") for p in sorted((root / f"{m}-stress").glob("seed*"))]
+    assert "`cispo-stress` collapses" in " ".join(words(runs))
+
+
+def test_the_verdict_rules_are_stated_once_and_linked():
+    """The 200-word rule is on one page (the comparison's, labelled ``verdict-rules``); the method pages link it."""
+    pages = {p.stem: p.read_text() for p in (REPO / "notebooks").glob("*.md")}
+    stating = sorted(n for n, t in pages.items() if "RULES" in t)
+    assert stating == ["07_comparison"], f"the verdict rules are rendered on {stating}"
+    assert "(verdict-rules)=" in pages["07_comparison"]
+    unlinked = sorted(n for n, t in pages.items() if "claims_table(" in t and "<verdict-rules>" not in t)
+    assert not unlinked, f"claims pages that do not link the verdict rules: {unlinked}"
+    stale = sorted(n for n, t in pages.items() if re.search(r"calibrated by a null|measured against a null|90% confidence", t))
+    assert not stale, f"pages that still describe the old claims rules: {stale}"

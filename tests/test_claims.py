@@ -391,7 +391,10 @@ def test_forest_plots_judged_claims_in_units_of_their_margin():
                _record("zero", claims.INCONCLUSIVE, 0.0, [-0.1, 0.1], margin=0.0), _record("u", claims.UNTESTABLE)]
     fig = forest(records)
     ax = fig.axes[0]
-    assert [t.get_text() for t in ax.get_yticklabels()] == ["down", "up"]
+    labels = [t.get_text() for t in ax.get_yticklabels()]  # short names: the method, then the claim's first words
+    assert [label.split(":")[0] for label in labels] == ["down", "up"] and all(": " in label for label in labels)
+    verdicts = list(claims.MARKERS)
+    assert len(set(claims.MARKERS.values())) == len(verdicts) and len(set(claims.SHAPES.values())) == len(verdicts)
     spans = sorted(tuple(line.get_xdata()) for line in ax.get_lines()
                    if len(line.get_xdata()) == 2 and line.get_xdata()[0] != line.get_xdata()[1])  # not the zero line
     # "down" flipped: −0.3..−0.1 over 0.1 → 1..3; "up": 0.1..0.3 over 0.05 → 2..6

@@ -39,6 +39,9 @@ BOOK_RUNS: dict[str, dict[str, tuple[str, int, int]]] = {
 }
 
 
+NO_DUAL_CLIP = ("cispo",)
+"""Loss modes with no dual clip (their loss never reads ``clip_ratio_c``): the presets table shows "—" for their c."""
+
 RAY_HEAD = "HEAD:6379"
 """The Ray address the page's multi-node commands show (the cluster's head node)."""
 
@@ -74,11 +77,13 @@ def presets_table() -> str:
     for method in BOOK_METHODS:
         preset = PRESETS[method]
         keys = {**preset.keys, **preset.dapo}
-        clip = " / ".join(f"{keys[actor + 'clip_ratio_' + k]:g}" for k in ("low", "high", "c"))
+        mode = keys[actor + "policy_loss.loss_mode"]
+        c = "—" if any(m in mode for m in NO_DUAL_CLIP) else f"{keys[actor + 'clip_ratio_c']:g}"
+        clip = " / ".join([*(f"{keys[actor + 'clip_ratio_' + k]:g}" for k in ("low", "high")), c])
         mechanics = [name for name, on in (
             ("dynamic sampling", keys.get("algorithm.filter_groups.enable")),
             ("overlong penalty", keys.get("reward.reward_manager.name") == "dapo")) if on]
-        tables["loss"].append([method, keys["algorithm.adv_estimator"], keys[actor + "policy_loss.loss_mode"], clip,
+        tables["loss"].append([method, keys["algorithm.adv_estimator"], mode, clip,
                                keys[actor + "loss_agg_mode"]])
         tables["batch"].append([method, preset.n, preset.updates, preset.dapo_prompts,
                                 f"{keys['data.max_response_length']:,}", ", ".join(mechanics) or "—",

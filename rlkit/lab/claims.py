@@ -865,12 +865,38 @@ def html(records: Sequence[Mapping[str, Any]], *, method_column: bool = False) -
         claim = (f"<b>{escape(r['statement'])}</b><br><span class='rlkit-finding'>{escape(r['finding'])}</span>"
                  f"<details><summary>details</summary><ul>{details}</ul></details>")
         method = f"<td>{escape(r['id'].rsplit('-', 1)[0])}</td>" if method_column else ""
-        rows.append(f"<tr>{method}<td>{claim}</td><td style='white-space:nowrap'>{escape(t['estimate [90% CI]'])}"
+        rows.append(f"<tr>{method}<td>{claim}</td><td>{estimate_cell(r, t['estimate [90% CI]'])}"
                     f"</td><td style='background-color:{COLOURS.get(r['verdict'], 'white')}'>"
                     f"{escape(r['verdict'])}</td></tr>")
-    head = ("<th>method</th>" if method_column else "") + "<th>claim and finding</th><th>estimate [90% CI]</th>" \
+    head = ("<th>method</th>" if method_column else "") + "<th>claim and finding</th><th>value; difference [CI]</th>" \
         "<th>verdict</th>"
     return (f"<table class='rlkit-claims'><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
+
+
+def estimate_cell(r: Mapping[str, Any], difference: str) -> str:
+    """The estimate column of :func:`html`: the metric's own value (the run's mean over seeds, and the baseline's or
+    the threshold it is held against), then the difference and its interval, which the verdict reads."""
+    values = r.get("values") or {}
+    if not difference or values.get("run") is None or "minus the first" in (r.get("rule") or ""):
+        return escape(difference)  # a rise is itself a difference, from the run's own start
+    own = f"{escape(str(r['metric']))} {_fmt(values['run'])}"
+    if values.get("baseline") is not None:
+        own += f" vs {_fmt(values['baseline'])}"
+    elif (r.get("rule") or "").endswith("above the threshold"):
+        own += f" (threshold {_fmt(values['run'] - r['estimate'])})"
+    return f"{own};<br><span style='white-space:nowrap'>{escape(difference)}</span>"
+
+
+def short_name(r: Mapping[str, Any], width: int = 38) -> str:
+    """A claim's label in the forest plot: its method and the first words of its statement (at most ``width``
+    characters), e.g. ``aspo: the first tool call moves earlier…``."""
+    method = str(r["id"]).rsplit("-", 1)[0]
+    words, out = str(r["statement"]).split(), ""
+    for w in words:
+        if len(out) + len(w) + 1 > width:
+            return f"{method}: {out}…"
+        out = f"{out} {w}".strip()
+    return f"{method}: {out}"
 
 
 def found_box(records: Sequence[Mapping[str, Any]]) -> str:
@@ -885,10 +911,11 @@ def glossary_html() -> str:
     return f"<details><summary>What the verdict words mean</summary><dl>{items}</dl></details>"
 
 
-MARKERS = {HOLDS: "#009E73", NO_EFFECT: "#D55E00", SMALLER: "#D55E00", OPPOSITE: "#CC79A7", DIFFERS: "#D55E00",
-           INCONCLUSIVE: "#E69F00", IDLE: "#999999"}
-"""Marker colours of the forest plot by verdict (Okabe–Ito: distinguishable with the common colour-vision
-deficiencies)."""
+MARKERS = {HOLDS: "#009E73", NO_EFFECT: "#D55E00", SMALLER: "#56B4E9", OPPOSITE: "#CC79A7", DIFFERS: "#0072B2",
+           INCONCLUSIVE: "#000000", IDLE: "#999999"}
+"""Marker colours of the forest plot by verdict, one colour each (Okabe–Ito and black: distinguishable with the
+common colour-vision deficiencies); each verdict has its own marker shape too (:data:`SHAPES`)."""
+SHAPES = {HOLDS: "o", NO_EFFECT: "s", SMALLER: "D", OPPOSITE: "v", DIFFERS: "^", INCONCLUSIVE: "X", IDLE: "."}
 
 
 def forest(records: Sequence[Mapping[str, Any]]):
@@ -911,11 +938,11 @@ def forest(records: Sequence[Mapping[str, Any]]):
         lo, hi = sorted(sign * v / r["margin"] for v in r["interval"])
         colour = MARKERS.get(r["verdict"], "#999999")
         ax.plot([lo, hi], [y, y], color=colour, lw=2)
-        ax.plot(sign * r["estimate"] / r["margin"], y, "o", color=colour, ms=5)
-    ax.set_yticks(range(len(shown)), [r["id"] for r in reversed(shown)], fontsize=9)
+        ax.plot(sign * r["estimate"] / r["margin"], y, SHAPES.get(r["verdict"], "o"), color=colour, ms=6)
+    ax.set_yticks(range(len(shown)), [short_name(r) for r in reversed(shown)], fontsize=9)
     ax.set_ylim(-0.8, len(shown) - 0.2)
     ax.set_xlabel("difference in the claimed direction, in units of the claim's margin (its CI)")
-    handles = [plt.Line2D([], [], color=c, marker="o", lw=2, label=v) for v, c in MARKERS.items()
+    handles = [plt.Line2D([], [], color=c, marker=SHAPES[v], lw=2, label=v) for v, c in MARKERS.items()
                if any(r["verdict"] == v for r in shown)]
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3, frameon=False)
     fig.tight_layout()

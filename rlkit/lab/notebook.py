@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 import inspect
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
 from pathlib import Path
@@ -258,15 +258,13 @@ def preset_settings() -> dict[str, str]:
                   "preset_dapo_max_length": f"{dapo['data.max_response_length'] - buffer:,}"}
 
 
-def glue_settings(method: str, scale: str, seeds: int) -> dict[str, Any]:
-    """Glue :func:`run_settings` under their names for the page's ``{glue:text}`` roles (nothing is shown);
-    returns them."""
+def glue_settings(method: str, scale: str, seeds: int) -> None:
+    """Glue :func:`run_settings` under their names for the page's ``{glue:text}`` roles. Nothing is shown: it
+    returns None, so a cell that ends with it prints no settings dump above the page's method."""
     from myst_nb import glue
 
-    settings = run_settings(method, scale, seeds)
-    for name, value in settings.items():
+    for name, value in run_settings(method, scale, seeds).items():
         glue(name, value, display=False)
-    return settings
 
 
 def regime_settings(method: str, scale: str, regime: str = "stress") -> str:
@@ -284,6 +282,11 @@ def regime_settings(method: str, scale: str, regime: str = "stress") -> str:
             f"steps (standard: {std.steps}). Everything else is the standard run's.")
 
 
+RULES_LINK = ("<p>How verdicts are reached — intervals, margins, the seed rule — is stated once, on "
+              "<a href='07_comparison.html#verdict-rules'>the comparison page</a>.</p>")
+"""The link every claims table ends with: the verdict rules are stated once in the book (the comparison page)."""
+
+
 def claims_table(name: str, *, seed: int | None = None, seeds: int | None = None,
                  results: str | Path | None = None):
     """The spec's claims (the rules: :data:`rlkit.lab.claims.RULES`) as HTML: a "What we found" box in plain
@@ -296,4 +299,143 @@ def claims_table(name: str, *, seed: int | None = None, seeds: int | None = None
     records = claims.load(root, spec.notebook, chosen) or claims.judge_spec(spec, root, chosen)
     from IPython.display import HTML
 
-    return HTML(claims.found_box(records) + claims.html(records) + claims.glossary_html())
+    return HTML(say_html(records_sentences(records)) + claims.found_box(records) + claims.html(records)
+                + claims.glossary_html() + RULES_LINK)
+
+
+# ------------------------------------------------------------------------------------------------ words after results
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How one run group (a method or variant, over its seeds) ended on held-out accuracy: the mean over seeds at
+    the start (``val/acc`` at step 0) and the end (``val/acc_final``, or the last ``val/acc``), how many seeds ended
+    below their own start, and the seeds :func:`rlkit.lab.claims.collapse_facts` calls collapsed."""
+
+    label: str
+    seeds: int
+    start: float
+    end: float
+    below: int
+    collapsed: int
+
+    @property
+    def fell(self) -> bool:
+        """Ended below its start in most seeds: a page must name it (:func:`endings_sentences`)."""
+        return self.below * 2 > self.seeds
+
+    @property
+    def survives(self) -> bool:
+        """Ended at or above its start in most seeds."""
+        return not self.fell
+
+
+def endings(runs: Sequence[Run]) -> list[Ending]:
+    """Each run group's :class:`Ending`, in the order the runs come; groups that logged no ``val/acc`` are left out."""
+    out = []
+    for label, group in plots.by_method(runs).items():
+        ends = []
+        for run in group:
+            frame = run.frame
+            if "val/acc" not in frame or frame["val/acc"].dropna().empty:
+                continue
+            last = "val/acc_final" if "val/acc_final" in frame and not frame["val/acc_final"].dropna().empty \
+                else "val/acc"
+            facts = claims.collapse_facts(run)
+            ends.append((float(frame["val/acc"].dropna().iloc[0]), float(frame[last].dropna().iloc[-1]),
+                         bool(facts and facts["collapsed"])))
+        if ends:
+            n = len(ends)
+            out.append(Ending(label, n, sum(s for s, _, _ in ends) / n, sum(e for _, e, _ in ends) / n,
+                              sum(e < s for s, e, _ in ends), sum(c for _, _, c in ends)))
+    return out
+
+
+def _acc(x: float) -> str:
+    return f"{x:.3f}"
+
+
+def endings_sentences(runs: Sequence[Run]) -> list[str]:
+    """Up to three sentences on how ``runs`` ended, computed from them (never typed): held-out accuracy from start
+    to end per run group over its seeds; which groups end highest; and every group that ended below its start in
+    most seeds, named as such ("collapses" where :func:`rlkit.lab.claims.collapse_facts` says so)."""
+    ends = endings(runs)
+    if not ends:
+        return []
+    seeds = sorted({e.seeds for e in ends})
+    over = f"{seeds[0]} seed{'s' * (seeds[0] > 1)}" if len(seeds) == 1 else "their seeds"
+    moves = "; ".join(f"`{e.label}` {_acc(e.start)} → {_acc(e.end)}" for e in ends)
+    out = [f"Held-out accuracy, start → end, mean of {over}: {moves}."]
+    if len(ends) > 1:
+        best = max(ends, key=lambda e: e.end)
+        rest = [e for e in ends if e is not best]
+        gaps = ", ".join(f"`{e.label}` by {_acc(best.end - e.end)}" for e in rest)
+        out.append(f"`{best.label}` ends highest, ahead of {gaps}.")
+    fell = [e for e in ends if e.fell]
+    if fell:
+        words = []
+        for e in fell:
+            what = "collapses" if e.collapsed * 2 > e.seeds else "ends below its start"
+            words.append(f"`{e.label}` {what} ({e.below} of {e.seeds} seeds end below their start)")
+        out.append("Not every run survives: " + "; ".join(words) + ".")
+    elif len(ends) > 1:
+        out.append("Every run ends at or above its start.")
+    return out
+
+
+def survivors_sentence(runs: Sequence[Run]) -> str:
+    """Which run groups survive (end at or above their start in most seeds) and which do not, in one sentence."""
+    ends = endings(runs)
+    alive = [f"`{e.label}`" for e in ends if e.survives]
+    gone = [f"`{e.label}` ({_acc(e.start)} → {_acc(e.end)}, {e.below} of {e.seeds} seeds below their start"
+            f"{', collapsed' if e.collapsed * 2 > e.seeds else ''})" for e in ends if e.fell]
+    if not gone:
+        return f"Every method survives: {', '.join(alive)} end at or above their start in most seeds."
+    one = len(alive) == 1
+    head = (f"{', '.join(alive)} survive{'s' * one} (end{'s' * one} at or above {'its' if one else 'their'} start); "
+            if alive else "No method survives; ")
+    return head + f"{', '.join(gone)} end{'s' * (len(gone) == 1)} below {'its' if len(gone) == 1 else 'their'} start."
+
+
+def records_sentences(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Sentences from verdict records: how many claims hold, fail or are undecided, and each run the records call
+    collapsed (their ``collapsed`` field), with its facts."""
+    if not records:
+        return []
+    counts: dict[str, int] = {}
+    for r in records:
+        counts[r["verdict"]] = counts.get(r["verdict"], 0) + 1
+    out = [f"Of {len(records)} claim{'s' * (len(records) > 1)}: "
+           + ", ".join(f"{n} {v}" for v, n in counts.items()) + "."]
+    told: set[str] = set()
+    for r in records:
+        c = r.get("collapsed")
+        if c and c["run"] not in told:
+            told.add(c["run"])
+            out.append(claims.collapse_sentence(c))
+    return out
+
+
+def say_html(sentences: Sequence[str]) -> str:
+    """``sentences`` as the book's result words: a paragraph of class ``rlkit-say`` (inline `code` kept)."""
+    import re
+
+    text = re.sub(r"`([^`]+)`", r"<code>\1</code>", escape(" ".join(sentences)))
+    return f"<p class='rlkit-say'>{text}</p>"
+
+
+def words(runs: Sequence[Run] = (), records: Sequence[Mapping[str, Any]] | None = None, *,
+          survivors: bool = False, extra: Sequence[str] = ()) -> list[str]:
+    """The sentences :func:`say` shows: from ``runs`` (:func:`endings_sentences`, or with ``survivors``
+    :func:`survivors_sentence`), from verdict ``records`` (:func:`records_sentences`), then ``extra``."""
+    sentences = [survivors_sentence(runs)] if survivors and runs else endings_sentences(runs) if runs else []
+    return sentences + records_sentences(records or []) + list(extra)
+
+
+def say(runs: Sequence[Run] = (), records: Sequence[Mapping[str, Any]] | None = None, *, survivors: bool = False,
+        extra: Sequence[str] = ()) -> None:
+    """Display the words that follow a result (:func:`words`), generated from the runs and the verdict records so
+    that they stay true when the runs are redone. Returns None: the cell shows the words once."""
+    from IPython.display import HTML, display
+
+    display(HTML(say_html(words(runs, records, survivors=survivors, extra=extra))))
