@@ -1,8 +1,14 @@
 """The reproduction's runs on a Ray cluster (``rlkit reproduce --ray-address``): a cluster of two nodes simulated on
 this machine (``ray.cluster_utils.Cluster``: two raylets of one CPU each, the head with Ray's dashboard, whose state
-API keeps the task records), smoke-scale runs sent to it as one-CPU tasks. Ray's records must show runs on both
-nodes, and every run's files must equal those of the same runs trained locally, bit for bit (timings aside).
-About 1.5–2 minutes on 2 cores: the cluster's start-up (~25 s), a Ray worker's imports, three runs each way."""
+API serves the task records), smoke-scale runs sent to it as one-CPU tasks.
+
+- Ray's records show runs on both nodes, one CPU each; every run's files equal those of the same runs trained
+  locally, bit for bit (timings aside); a run killed part-way in the results folder is resumed on its node, and
+  finished ones are reused;
+- on shared storage, a run whose node is killed mid-run is retried on another and resumes from its checkpoint.
+
+About 45-80 s each on 2 cores (more when the cores are shared): the cluster's start-up (~15-25 s), a Ray worker's
+imports, the runs each way."""
 
 from __future__ import annotations
 
@@ -13,6 +19,8 @@ import pytest
 
 from rlkit.lab.reproduce import PlannedRun, train_runs
 from rlkit.metrics import read_metrics
+from rlkit.tiny.config import build_config
+from rlkit.tiny.rl import train
 
 ray = pytest.importorskip("ray")  # verl brings it
 
@@ -65,8 +73,12 @@ def test_runs_on_two_ray_nodes_equal_local_ones_bit_for_bit(tmp_path, monkeypatc
     local, remote = tmp_path / "local", tmp_path / "ray"
     assert set(train_runs(PLAN, scale="smoke", results=local, workers=2, progress=False)) == {
         "grpo seed 0", "gspo-stress seed 1", "grpo seed 1"}
+    killed = remote / "grpo" / "seed1"  # a run an earlier reproduction left after step 1: resumed, as locally
+    train(build_config("grpo", "smoke", {"seed": 1}), killed, progress=False, stop_after=1)
+    before = (killed / "metrics.jsonl").read_text().splitlines()
     minutes = train_runs(PLAN, scale="smoke", results=remote, ray_address=cluster.address, progress=False)
     assert set(minutes) == {"grpo seed 0", "gspo-stress seed 1", "grpo seed 1"}
+    assert (killed / "metrics.jsonl").read_text().splitlines()[:2] == before  # steps 0, 1 kept, timings and all
 
     ray.init(address=cluster.address)
     try:  # the job is over; its tasks are still in the cluster's records, each with the node that ran it

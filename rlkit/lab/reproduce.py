@@ -322,7 +322,8 @@ def train_runs(
             from rlkit.lab.cluster import RayRuns
 
             cluster = stack.enter_context(RayRuns(ray_address, results, shared=ray_shared))
-            slots, where = cluster.cpus, f"on the Ray cluster at {ray_address}"
+            slots = cluster.cpus
+            where = f"on the {slots} CPUs of the Ray cluster at {ray_address}"
             ended = cluster.train(todo, _train_one, scale=scale, device=device)
         else:
             from rlkit.tiny.sft import warm_start
@@ -340,15 +341,16 @@ def train_runs(
         order = {p: i for i, p in enumerate(todo)}
         bar = tqdm(total=len(todo), desc=f"runs ({where})", disable=not progress,
                    bar_format="{desc}: {n_fmt}/{total_fmt} |{bar}| {elapsed} elapsed{postfix}")
+        stack.callback(bar.close)
         bar.set_postfix_str(left.text())
         minutes: dict[str, float] = {}
         for done in ended:  # one pass per finished run (None: a tick of the clock), the bar moving as runs end
             if done is not None:
-                p, minutes[label[done[0]]] = done[0], done[1]
-                left.ended(order[p], done[1] * 60)
+                p, m = done
+                minutes[label[p]] = m
+                left.ended(order[p], m * 60)
                 bar.update()
             bar.set_postfix_str(left.text())
-        bar.close()
     return minutes
 
 
