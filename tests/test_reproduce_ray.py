@@ -5,7 +5,8 @@ API serves the task records), smoke-scale runs sent to it as one-CPU tasks.
 - Ray's records show runs on both nodes, one CPU each; every run's files equal those of the same runs trained
   locally, bit for bit (timings aside); a run killed part-way in the results folder is resumed on its node, and
   finished ones are reused;
-- on shared storage, a run whose node is killed mid-run is retried on another and resumes from its checkpoint.
+- on shared storage, a run whose node is killed mid-run is retried on another and resumes from its checkpoint;
+- the environment the Ray workers are given: the kernel pins and switches a local worker would have.
 
 About 45-80 s each on 2 cores (more when the cores are shared): the cluster's start-up (~15-25 s), a Ray worker's
 imports, the runs each way."""
@@ -151,3 +152,22 @@ def test_a_run_lost_with_its_node_is_retried_and_resumes_from_its_checkpoint(tmp
     assert untimed(there) == untimed(here) and len(untimed(there)) == 9
     assert (there / "eval.jsonl").read_bytes() == (here / "eval.jsonl").read_bytes()
     assert not list(shared.glob(".rlkit-ray-*")), "the launcher's token for shared storage was left behind"
+
+
+def test_the_workers_get_the_kernel_pins_and_switches_a_local_worker_would(monkeypatch):
+    """A local worker inherits this process's environment and pins what is unset when it imports rlkit; a Ray worker
+    on another machine inherits nothing of it: ``runtime_env`` hands it the same values."""
+    from rlkit.lab.cluster import worker_env
+
+    for key in ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "RLKIT_NUMERICS", "RLKIT_RETRAIN_SFT"):
+        monkeypatch.delenv(key, raising=False)
+    assert worker_env() == {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}  # pinned, the default
+    monkeypatch.setenv("RLKIT_NUMERICS", "compatible")
+    monkeypatch.setenv("RLKIT_RETRAIN_SFT", "1")
+    assert worker_env() == {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE", "RLKIT_NUMERICS": "compatible",
+                            "RLKIT_RETRAIN_SFT": "1"}
+    monkeypatch.setenv("MKL_CBWR", "AUTO")  # the user's own setting wins, as numerics.pin lets it
+    assert worker_env()["MKL_CBWR"] == "AUTO"
+    monkeypatch.setenv("RLKIT_NUMERICS", "native")
+    monkeypatch.delenv("MKL_CBWR")
+    assert worker_env() == {"RLKIT_NUMERICS": "native", "RLKIT_RETRAIN_SFT": "1"}
