@@ -42,14 +42,24 @@ FIGURES = """els => els.map(e => {
 TYPESET = "() => [...document.querySelectorAll('div.math')].every(d => d.querySelector('mjx-container'))"
 WIDTH = """() => {
   const column = document.querySelector('article.bd-article');
-  const limit = column.getBoundingClientRect().width + 1;
+  const limit = column.getBoundingClientRect().width + 1, right = column.getBoundingClientRect().right + 1;
   const wide = e => e.getBoundingClientRect().width > limit || e.scrollWidth > e.clientWidth + 1;
   const text = e => e.textContent.trim().replace(/\\s+/g, ' ').slice(0, 60);
   const blocks = [...column.querySelectorAll('pre')];
   return {equations: [...column.querySelectorAll('mjx-container[display="true"]')].filter(wide).map(text),
-          tables: [...column.querySelectorAll('table')].filter(t => t.getBoundingClientRect().width > limit).map(text),
+          // a table is cut when any cell's right edge passes the column, scroll wrappers included
+          tables: [...column.querySelectorAll('table')].filter(t => t.getBoundingClientRect().width > limit
+            || [...t.querySelectorAll('td, th')].some(c => c.getBoundingClientRect().right > right)).map(text),
           blocks: blocks.length, scrolling: blocks.filter(e => e.scrollWidth > e.clientWidth + 1).map(text)};
 }"""
+
+
+FIRST_SCREENS = 1800  # CSS px from the top of a method page that show the method, not code output
+EARLY_OUTPUT = """limit => [...document.querySelectorAll('article.bd-article .cell_output')]
+  .filter(e => e.textContent.trim() || e.querySelector('img'))
+  .filter(e => e.getBoundingClientRect().top + window.scrollY < limit)
+  .map(e => e.textContent.trim().replace(/\\s+/g, ' ').slice(0, 60))"""
+RESULTS = re.compile(r"\bcompare_runs\(|\bplots\.curves\(|\bfinal_dots\(|\.forest\(|\bplots\.describe\(")
 
 
 def toc_pages(book: Path = BOOK_DIR) -> list[str]:
@@ -119,6 +129,40 @@ def test_claims_json_has_a_complete_record_for_every_claim(smoke):
             assert r["activity"] and r["activity"]["metric"] and r["activity"]["gate"], r["id"]
         if r["interval"] is not None and None not in r["interval"]:
             assert r["interval"][0] <= r["estimate"] <= r["interval"][1] and r["margin_source"], r["id"]
+
+
+def test_every_results_figure_is_followed_by_words_and_every_fallen_run_is_named(smoke):
+    """In the executed notebooks: each cell that draws runs into a figure shows generated words (``rlkit-say``)
+    after its figure, and every run group of a page's method that ended below its start in most seeds is named as
+    such in that page's output."""
+    from rlkit.lab.notebook import endings
+    from rlkit.lab.plots import load_run
+
+    root, done = smoke
+    for path in done["notebooks"]:
+        nb = json.loads(path.read_text())
+        said = []
+        for cell in nb["cells"]:
+            source = "".join(cell.get("source", ""))
+            kinds = ["image" if "image/png" in o.get("data", {}) else
+                     "say" if "rlkit-say" in "".join(o.get("data", {}).get("text/html", "")) else "other"
+                     for o in cell.get("outputs", [])]
+            said += ["".join(o.get("data", {}).get("text/html", "")) for o in cell.get("outputs", [])]
+            if cell["cell_type"] == "code" and RESULTS.search(source) and "image" in kinds:
+                assert "say" in kinds[kinds.index("image"):], f"{path.name}: a results figure with no words: " \
+                    f"{source.splitlines()[0][:80]}"
+        text = " ".join(said)
+        spec = next(s for s in load_specs() if Path(s.notebook).stem == path.stem)
+        if not spec.method:
+            continue
+        dirs = [d for d in (root / "results").iterdir() if d.is_dir() and (d.name == spec.method
+                                                                          or d.name.startswith(spec.method + "-"))]
+        runs = [load_run(s) for d in dirs for s in sorted(d.glob("seed*")) if (s / "metrics.jsonl").exists()]
+        for e in endings(runs):
+            if e.fell:
+                assert f"<code>{e.label}</code> ends below its start" in text or \
+                    f"<code>{e.label}</code> collapses" in text, f"{path.name}: {e.label} ended below its start " \
+                    "in most seeds and the page does not say so"
 
 
 def test_a_failing_cell_stops_with_the_cell_and_the_error(tmp_path):
@@ -240,6 +284,9 @@ def test_every_page_shows_its_figures_and_its_links_resolve(book, served, browse
         if name == "notebooks/01_grpo.html":  # MathJax is served by the book itself: equations render offline
             page.wait_for_selector("mjx-container", timeout=20_000)
         page.wait_for_function(TYPESET, timeout=30_000)
+        if name.startswith("notebooks/") and name not in ("notebooks/00_overview.html", "notebooks/08_two_engines.html"):
+            early = page.evaluate(EARLY_OUTPUT, FIRST_SCREENS)
+            assert not early, f"{name}: code output in the first {FIRST_SCREENS} px: {early}"
         width = page.evaluate(WIDTH)
         assert not width["equations"], f"{name}: equations wider than the text column: {width['equations']}"
         assert not width["tables"], f"{name}: tables wider than the text column: {width['tables']}"

@@ -434,3 +434,36 @@ def test_the_verdict_rules_are_stated_once_and_linked():
     assert not unlinked, f"claims pages that do not link the verdict rules: {unlinked}"
     stale = sorted(n for n, t in pages.items() if re.search(r"calibrated by a null|measured against a null|90% confidence", t))
     assert not stale, f"pages that still describe the old claims rules: {stale}"
+
+
+def _drawn(source: str) -> set[str] | None:
+    """The methods a ``compare_runs`` figure cell draws: its method and its baseline (GRPO unless ``baseline=``
+    says otherwise); None for other cells."""
+    call = next((n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call) and _name(n.func) == "compare_runs"),
+                None)
+    if call is None:
+        return None
+    base = next((k.value for k in call.keywords if k.arg == "baseline"), ast.Constant("grpo"))
+    return {call.args[0].value} | ({base.value} if isinstance(base, ast.Constant) and base.value else set())
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "notebooks").glob("*.md")), ids=lambda p: p.stem)
+def test_captions_name_only_the_methods_drawn(path):
+    from rlkit.lab.plots import methods
+
+    named = {m: re.compile(rf"\b{re.escape(m.upper())}\b") for m in methods() if m != "dr_grpo"}
+    for source, _ in _figure_cells(path.read_text()):
+        drawn = _drawn(source.split("\n---\n", 1)[-1])
+        caption = re.search(r"caption: \"(.*)\"", source)
+        if drawn is None or caption is None:
+            continue
+        extra = sorted(m for m, word in named.items() if word.search(caption.group(1).replace("Dr. GRPO", ""))
+                       and m not in drawn)
+        assert not extra, f"{path.name}: a caption names {extra}, not drawn: {caption.group(1)}"
+
+
+def test_the_caption_rule_catches_a_method_not_drawn():
+    cell = ('---\nmystnb:\n  figure:\n    caption: "CISPO beside GRPO and GSPO in the stress regime."\n---\n'
+            'stress_runs, fig = compare_runs("cispo", ["val/acc"], regime="stress")\n')
+    assert _drawn(cell.split("\n---\n", 1)[-1]) == {"cispo", "grpo"}
+    assert _drawn('runs, fig = compare_runs("grpo", ["val/acc"], baseline=None)\n') == {"grpo"}
