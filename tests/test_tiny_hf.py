@@ -145,9 +145,10 @@ def test_rlkit_export_writes_the_sft_start(tmp_path, monkeypatch, capsys):
 
 @pytest.mark.verl_cpu
 @pytest.mark.timeout(600)
-def test_vllm_cpu_serves_the_export_and_decodes_as_the_tiny_engine(tmp_path):
+def test_vllm_cpu_serves_the_export_and_decodes_as_the_tiny_engine(tmp_path, reaper):
     """vLLM's CPU build loads an exported model (no custom code) and its greedy continuations of held-out prompts
-    equal the tiny sampler's, token for token (``tests/vllm_serves_export.py``, a fresh process)."""
+    equal the tiny sampler's, token for token (``tests/vllm_serves_export.py``, a fresh process; vLLM's engine
+    processes ended whatever the outcome: ``reaper``)."""
     import json
     import subprocess
     import sys

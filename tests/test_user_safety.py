@@ -70,7 +70,8 @@ HOLD = textwrap.dedent("""
 """)
 
 
-def test_a_second_writer_is_refused_naming_the_first_and_a_killed_ones_lock_is_taken_over(tmp_path, cache, capsys):
+def test_a_second_writer_is_refused_naming_the_first_and_a_killed_ones_lock_is_taken_over(tmp_path, cache, capsys,
+                                                                                          reaper):
     out = tmp_path / "run"
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(out)], stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
@@ -86,7 +87,7 @@ def test_a_second_writer_is_refused_naming_the_first_and_a_killed_ones_lock_is_t
         assert stale["pid"] == holder.pid
 
 
-def test_two_concurrent_trains_on_one_out_one_runs_one_is_refused(tmp_path, cache, reference):
+def test_two_concurrent_trains_on_one_out_one_runs_one_is_refused(tmp_path, cache, reference, reaper):
     cmd = [sys.executable, "-m", "rlkit.cli", *train_args(tmp_path / "run", cache, "--set", f"steps={STEPS}")]
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     results = [(p.wait(timeout=300), p.stderr.read()) for p in procs]

@@ -1,8 +1,9 @@
 """verl's real trainer on this CPU: ``rlkit launch --device cpu`` runs ``python -m verl.trainer.main_ppo`` (Ray
 local, FSDP2 over gloo, vLLM's CPU build) with rlkit's plugin, trainer hooks and metrics file.
 
-- GRPO end to end, killed after a checkpoint and resumed: every step in ``metrics.jsonl`` exactly once, validation
-  logged, advantages not all zero, nothing left running;
+- GRPO end to end, held before step 4 (checkpoint 2 saved, step 3 logged; ``RLKIT_TEST_HOLD``), killed there and
+  resumed: every step in ``metrics.jsonl`` exactly once, validation logged, advantages not all zero, nothing left
+  running;
 - a launch while two busy loops hold both cores finishes;
 - a failure inside vLLM (its weight sync, with rlkit's fix switched off) ends the launch with the error shown,
   within the watchdog's bound, where it used to hang;
@@ -24,6 +25,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -36,7 +38,9 @@ pytestmark = [pytest.mark.verl, pytest.mark.verl_cpu, pytest.mark.timeout(1800),
 
 
 @pytest.fixture
-def workdir(tmp_path, monkeypatch):
+def workdir(tmp_path, monkeypatch, reaper):
+    """The test's directory; every process the test starts (launches, their main_ppo, Ray and vLLM, busy loops, a
+    Ray cluster) is ended after it, whatever its outcome (``reaper``, tests/conftest.py)."""
     monkeypatch.setenv("RLKIT_CACHE", str(tmp_path / "cache"))
     monkeypatch.chdir(tmp_path)
     return tmp_path
@@ -47,16 +51,15 @@ def rlkit(*args: str, **popen) -> subprocess.Popen:
                             stderr=subprocess.STDOUT, text=True, **popen)
 
 
-def wait_for_step(path: Path, step: int, proc: subprocess.Popen, timeout: float) -> None:
+def wait_until(done: Callable[[], bool], what: str, proc: subprocess.Popen, timeout: float) -> None:
+    """Wait for a state the run reaches and then keeps (it is held there): not a race with the run."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and any(r["step"] >= step for r in read_metrics(path)):
-            return
+    while not done():
         if proc.poll() is not None:
-            pytest.fail(f"the launch ended before step {step}:\n{proc.stdout.read()[-4000:]}")
+            pytest.fail(f"the launch ended before {what}:\n{proc.stdout.read()[-4000:]}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"no {what} within {timeout} s")
         time.sleep(1)
-    proc.kill()
-    pytest.fail(f"no step {step} within {timeout} s")
 
 
 def varies(frame, column: str) -> bool:
@@ -68,8 +71,13 @@ def test_grpo_end_to_end_killed_after_a_checkpoint_and_resumed(workdir):
     args = ["launch", "--method", "grpo", "--device", "cpu", "--steps", "4", "--experiment", "e2e",
             "--", "trainer.save_freq=2", "trainer.test_freq=4"]
     run_dir = workdir / "runs" / "e2e"
-    first = rlkit(*args, start_new_session=True)
-    wait_for_step(run_dir / "metrics.jsonl", 3, first, timeout=900)  # checkpoint 2 is on disk, step 3 logged
+    held = workdir / "held-before-step-4"
+    # The trainer stops before step 4 and waits (runner.HOLD, test support): checkpoint 2 saved, step 3 logged,
+    # checkpoint 4 not begun, however fast the machine.
+    first = rlkit(*args, env={**os.environ, runner.HOLD: f"4:{held}"}, start_new_session=True)
+    wait_until(held.exists, "the hold before step 4", first, timeout=900)
+    wait_until(lambda: 3 in runner.logged_steps(run_dir), "step 3 in metrics.jsonl", first, timeout=120)
+    assert runner.logged_steps(run_dir) == [0, 1, 2, 3]
     orphans = runner.marked_pids(json.loads((run_dir / "launch.json").read_text())["marker"])
     assert orphans, "the first launch's main_ppo, Ray and vLLM processes should be running"
     # Frozen first, so they are still there for the second launch: left running, main_ppo would die of the
