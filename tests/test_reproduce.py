@@ -115,7 +115,7 @@ def test_train_runs_progress_moves_as_each_run_ends(tmp_path, monkeypatch):
         def update(self, n=1):
             updates.append(time.time())
 
-        def set_postfix_str(self, s=""):  # the estimated time left
+        def set_postfix_str(self, s="", refresh=True):  # the estimated time left
             pass
 
         def close(self):
@@ -280,7 +280,7 @@ def test_workers_default_to_the_cpus_this_process_may_use(monkeypatch, capsys):
 
     monkeypatch.setattr(reproduce.os, "sched_getaffinity", lambda pid: {0, 2, 5})  # a taskset of 3 CPUs
     assert reproduce.default_workers() == 3
-    assert reproduce._where(None, None).startswith("3 at a time, one CPU thread each: the CPUs this process may use")
+    assert reproduce._where(None, None).startswith("3 at a time, one CPU thread each, as many as the CPUs this process")
     assert reproduce._where(8, None) == "8 at a time, one CPU thread each"
     seen = {}
 

@@ -349,8 +349,10 @@ def train_runs(
                 p, m = done
                 minutes[label[p]] = m
                 left.ended(order[p], m * 60)
+                bar.set_postfix_str(left.text(), refresh=False)
                 bar.update()
-            bar.set_postfix_str(left.text())
+            else:
+                bar.set_postfix_str(left.text())
     return minutes
 
 
@@ -452,8 +454,8 @@ def _where(workers: int | None, ray_address: str | None) -> str:
     if ray_address:
         return f"one CPU each, as tasks of the Ray cluster at {ray_address}"
     if workers is None:
-        return (f"{default_workers()} at a time, one CPU thread each: the CPUs this process may use "
-                "(--workers N to change)")
+        return (f"{default_workers()} at a time, one CPU thread each, as many as the CPUs this process may use: "
+                "--workers N to change")
     return f"{workers} at a time, one CPU thread each"
 
 
