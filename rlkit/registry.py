@@ -20,6 +20,12 @@ ASPO's base advantage) — go to the functions whose signatures name them.
 
 :func:`advantage` and :func:`policy_loss` are the dispatch by method name (:func:`call_policy_loss`: a loss by its
 own name, knobs given). Registering a name twice fails; an unknown name lists the valid ones.
+
+A ``Config`` declares the values its knobs may take: a range in the field's metadata (:func:`knob`:
+``temperature_tau: float = knob(0.05, gt=0, lt=1)``) and, for knobs that take one of a few values, the class
+variable ``CHOICES`` (``{"rho_type": ("kl", "constant")}``). :func:`check_settings` is the one check of a method's
+section against them, which both engines run before any work (the tiny engine's ``--set hapo.…``, verl's
+``+algorithm.hapo.…``): a refusal is one line naming the full key, ``spo.d_half=-1: must be > 0``.
 """
 
 from __future__ import annotations
@@ -27,6 +33,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import math
+import types
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -182,6 +191,14 @@ def register_method(method: Method) -> Method:
     unknown = sorted(set(method.engine_defaults) - fields)
     if unknown:
         raise ValueError(f"method {method.name!r}: engine default(s) {', '.join(unknown)} are not Config fields")
+    unknown = sorted(set(getattr(method.config, "CHOICES", {})) - fields)
+    if unknown:
+        raise ValueError(f"method {method.name!r}: CHOICES name(s) {', '.join(unknown)} that are not Config fields")
+    for config in (method.config(), method.default_config()):  # its defaults and the tiny engine's obey its rules
+        try:
+            _check_config(method.name, config)
+        except ValueError as e:
+            raise ValueError(f"method {method.name!r}: its default {e}") from None
     if method.hooks is not None:
         from rlkit.hooks import check_hooks
 
@@ -207,6 +224,125 @@ def unregister(name: str) -> None:
     for (kind, fn_name), home in list(_HOMES.items()):
         if home == name:
             del _KINDS[kind][fn_name], _HOMES[(kind, fn_name)]
+
+
+# --------------------------------------------------------------------------- settings: ranges and choices
+
+
+@dataclass(frozen=True)
+class Range:
+    """The numbers a ``Config`` field may take (declared with :func:`knob`): a lower bound ``gt`` (>) or ``ge`` (≥)
+    and an upper bound ``lt`` (<) or ``le`` (≤), None where unbounded. NaN lies in no range."""
+
+    gt: float | None = None
+    ge: float | None = None
+    lt: float | None = None
+    le: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.gt is not None and self.ge is not None or self.lt is not None and self.le is not None:
+            raise ValueError(f"{self!r}: give one lower bound (gt or ge) and one upper bound (lt or le)")
+        if self.gt is self.ge is self.lt is self.le is None:
+            raise ValueError("a Range needs a bound")
+
+    def __contains__(self, value: float) -> bool:
+        return ((self.gt is None or value > self.gt) and (self.ge is None or value >= self.ge)
+                and (self.lt is None or value < self.lt) and (self.le is None or value <= self.le))
+
+    def __str__(self) -> str:
+        """``> 0``, ``≥ 0``, ``< 1``, ``in [0, 1)``: how a refusal says it."""
+        low, high = (self.ge if self.gt is None else self.gt), (self.le if self.lt is None else self.lt)
+        if low is not None and high is not None:
+            return (f"in {'[' if self.gt is None else '('}{_shown(low)}, "
+                    f"{_shown(high)}{']' if self.lt is None else ')'}")
+        if low is not None:
+            return f"{'≥' if self.gt is None else '>'} {_shown(low)}"
+        return f"{'≤' if self.lt is None else '<'} {_shown(high)}"
+
+
+def knob(default: Any, *, gt: float | None = None, ge: float | None = None, lt: float | None = None,
+         le: float | None = None) -> Any:
+    """A ``Config`` field with ``default`` whose values must lie in a :class:`Range` (None stays allowed where the
+    field's type allows it): ``d_half: float = knob(0.06, gt=0)``. :func:`check_settings` refuses the others."""
+    return dataclasses.field(default=default, metadata={"range": Range(gt=gt, ge=ge, lt=lt, le=le)})
+
+
+def declared_rules(config: type) -> dict[str, tuple[Range | None, tuple | None]]:
+    """Field → ``(range, choices)`` for each field of the ``Config`` class ``config`` that declares either."""
+    choices = getattr(config, "CHOICES", {})
+    rules = {f.name: (f.metadata.get("range"), choices.get(f.name)) for f in dataclasses.fields(config)}
+    return {name: rule for name, rule in rules.items() if rule != (None, None)}
+
+
+def check_settings(method: str, section: Mapping[str, Any] | Any = None) -> Any:
+    """``method``'s ``Config`` from ``section`` — a mapping of its field names (verl's ``algorithm.<method>``), a
+    ``Config`` instance (the tiny engine's ``RLConfig.<method>``) or None (the defaults) — checked against the
+    ``Config``'s declarations: each range (:func:`knob`), each choice (``Config.CHOICES``), every number finite.
+
+    Refused with :class:`~rlkit.errors.InvalidSetting` (:class:`~rlkit.errors.UnknownSetting` for a key the
+    ``Config`` lacks), one line naming the full key: ``hapo.temperature_tau=-1: must be > 0``.
+    """
+    from rlkit.errors import InvalidSetting, UnknownSetting
+
+    cls = get_method(method).config
+    if isinstance(section, cls):
+        values = {f.name: getattr(section, f.name) for f in dataclasses.fields(cls)}
+    else:
+        values = dict(section or {})
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(values) - set(names))
+        if unknown:
+            raise UnknownSetting(f"{method}.{unknown[0]}: {method} has no such setting; valid: {', '.join(names)}")
+    try:
+        _check_values(method, cls, values)  # before the Config is built: its own __post_init__ checks come after
+        return section if isinstance(section, cls) else cls(**values)
+    except ValueError as e:
+        raise InvalidSetting(str(e) if str(e).startswith(f"{method}.") else f"{method}: {e}") from None
+
+
+def _check_config(method: str, config: Any) -> None:
+    """:func:`_check_values` of a ``Config`` instance's fields."""
+    _check_values(method, type(config), {f.name: getattr(config, f.name) for f in dataclasses.fields(config)})
+
+
+def _check_values(method: str, cls: type, values: Mapping[str, Any]) -> None:
+    """Refuse (``ValueError``, the message :func:`check_settings` gives) the first of ``values`` (field → value of
+    the ``Config`` class ``cls``) that breaks its field's declaration."""
+    hints = typing.get_type_hints(cls)
+    rules = declared_rules(cls)
+    for name, value in values.items():
+        problem = _problem(value, *rules.get(name, (None, None)), hints.get(name, Any))
+        if problem:
+            raise ValueError(f"{method}.{name}={_shown(value)}: {problem}")
+
+
+def _problem(value: Any, where: Range | None, choices: tuple | None, hint: Any) -> str | None:
+    """What is wrong with ``value`` for a field with these declarations and annotation (None: nothing)."""
+    if choices is not None and value not in choices:
+        return f"must be one of {', '.join(map(_shown, choices))}"
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if number and not math.isfinite(value):
+        return "must be a finite number"
+    if where is None:
+        return None
+    if value is None:
+        allows_none = hint is type(None) or (typing.get_origin(hint) in (typing.Union, types.UnionType)
+                                             and type(None) in typing.get_args(hint))
+        return None if allows_none else f"must be a number {where}"
+    if not number:
+        return f"must be a number {where}"
+    return None if value in where else f"must be {where}"
+
+
+def _shown(value: Any) -> str:
+    """``value`` as a command line writes it (``-1`` for -1.0, ``null``, ``true``, a string unquoted)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return str(value)
 
 
 # --------------------------------------------------------------------------- lookup

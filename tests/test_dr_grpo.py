@@ -70,7 +70,7 @@ def test_dr_grpo_is_a_registered_method_with_its_own_estimator_and_grpo_s_loss()
                                agg="seq-mean-token-sum-norm", loss_scale_factor=164)
     torch.testing.assert_close(via, direct)  # the registry may run the loss's fused path: the last bits may differ
     assert m1.keys() == m2.keys() and all(m1[k] == pytest.approx(m2[k], rel=1e-6, abs=1e-9) for k in m1)
-    with pytest.raises(InvalidSetting, match="loss_scale_factor must be > 0"):
+    with pytest.raises(InvalidSetting, match="dr_grpo.loss_scale_factor=0: must be > 0"):
         build_config("dr_grpo", "smoke", {"dr_grpo.loss_scale_factor": 0})
 
 

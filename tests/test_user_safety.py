@@ -171,7 +171,7 @@ def test_killed_anywhere_resume_gives_every_step_once_with_the_uninterrupted_val
 @pytest.mark.parametrize("sets, named", [
     (["steps=abc"], "steps: expected an integer"), (["steps=1.5"], "steps: expected an integer"),
     (["lr=-1"], "lr must be > 0"), (["grpo.agg=foo"], "grpo.agg"), (["temperature=0"], "temperature must be > 0"),
-    (["group_size=1"], "group_size must be ≥ 2"), (["grpo.clip_low=-0.1"], "grpo.clip_low must be ≥ 0"),
+    (["group_size=1"], "group_size must be ≥ 2"), (["grpo.clip_low=-0.1"], "grpo.clip_low=-0.1: must be ≥ 0"),
     (["max_new_tokens=0"], "max_new_tokens must be > 0"), (["nope=1"], "no field 'nope'"),
     (["seed=5", "--seed", "3"], "disagree"), (["method=gspo"], "disagree"),
 ])

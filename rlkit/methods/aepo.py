@@ -52,9 +52,10 @@ from typing import ClassVar, NamedTuple
 import torch
 
 from rlkit.core import fused
+from rlkit.core.aggregation import AGG_MODES
 from rlkit.core.masked import check_shapes, masked_mean
 from rlkit.core.ppo import clipped_surrogate, log_ratio, reduce_policy_loss
-from rlkit.registry import Method, register_method, register_policy_loss
+from rlkit.registry import Method, knob, register_method, register_policy_loss
 
 Tensor = torch.Tensor
 
@@ -65,16 +66,16 @@ VARIANTS = ("paper", "arlarena")
 class Config:
     """AEPO hyperparameters (the paper's; ARLArena's math config for the clip)."""
 
-    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"variant": VARIANTS}
-    """The values each choice field may take (checked by the engines' settings check)."""
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"agg": AGG_MODES, "variant": VARIANTS}
+    """The values each choice field may take (checked by :func:`rlkit.registry.check_settings`)."""
 
     coef: float = 0.2
     """a in Ã = A·(1 + a·H̃): the weight of the standardized entropy (hard-coded 0.2 in both codes)."""
-    clip_low: float = 0.2
+    clip_low: float = knob(0.2, ge=0, lt=1)
     """ε_l: the ratio is clipped below at 1 − 0.2."""
-    clip_high: float = 0.28
+    clip_high: float = knob(0.28, ge=0)
     """ε_h: the upper bound (1+ε_h)/sg(r)·r (ARLArena math config; the ARPO scripts use 0.2)."""
-    clip_c: float | None = 3.0
+    clip_c: float | None = knob(3.0, gt=1)
     """Dual-clip constant c for negative advantages (both codes: 3.0); None disables it."""
     agg: str = "token-mean"
     """Loss aggregation (see :mod:`rlkit.core.aggregation`)."""

@@ -44,7 +44,7 @@ from rlkit.core.masked import advantage_shift, check_shapes, masked_mean
 from rlkit.core.tool_use import flags as _flags, per_sample as _per_sample
 from rlkit.core.tool_use import tool_metrics as aspo_metrics  # noqa: F401  (every run's tool metrics: ASPO's names)
 from rlkit.hooks import Hooks, StepBatch
-from rlkit.registry import AdvantageInputs, Method, estimate, register_advantage, register_method
+from rlkit.registry import AdvantageInputs, Method, estimate, knob, register_advantage, register_method
 
 Tensor = torch.Tensor
 
@@ -54,13 +54,13 @@ class Config:
     """ASPO hyperparameters (paper §4.5), under the verl recipe's names ``algorithm.aspo.*``."""
 
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"shaping": ("advantage", "reward")}
-    """The values each choice field may take (checked by the engines' settings check)."""
+    """The values each choice field may take (checked by :func:`rlkit.registry.check_settings`)."""
 
     enabled: bool = True
     """Apply the shaping (off by default in the verl recipe; on here: this Config is read only for ASPO)."""
     delta: float = -2.0
     """δ: bias per unit of (p_i − p̄)/L̄. Negative moves code earlier; −2.5 is the aggressive setting."""
-    k: float = 0.7
+    k: float = knob(0.7, ge=0, lt=1)
     """Bias cap as a fraction of |A_i|, in [0, 1) (0.9 is the paper's aggressive setting)."""
     require_code_pass: bool = False
     """Only responses whose code ran successfully are eligible (needs per-sample ``code_pass``)."""

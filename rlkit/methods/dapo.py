@@ -40,12 +40,13 @@ Deviations:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
+from rlkit.core.aggregation import AGG_MODES
 from rlkit.hooks import Hooks
-from rlkit.registry import Method, register_method
+from rlkit.registry import Method, knob, register_method
 
 Tensor = torch.Tensor
 
@@ -54,21 +55,24 @@ Tensor = torch.Tensor
 class Config:
     """DAPO hyperparameters (paper §4.1 / verl's ``recipe/dapo``)."""
 
-    clip_low: float = 0.2
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"agg": AGG_MODES}
+    """The values each choice field may take (checked by :func:`rlkit.registry.check_settings`)."""
+
+    clip_low: float = knob(0.2, ge=0)
     """ε_low (§3.1)."""
-    clip_high: float = 0.28
+    clip_high: float = knob(0.28, ge=0)
     """ε_high, clip-higher (§3.1)."""
-    clip_c: float | None = None
+    clip_c: float | None = knob(None, gt=1)
     """Dual clip for negative advantages: not part of DAPO (None: off)."""
     agg: str = "token-mean"
     """Token-level loss (§3.3, Eq. 12): every token of the batch weighs the same."""
     dynamic_sampling: bool = True
     """Drop groups whose rewards are all equal and refill the batch (§3.2, Eq. 11)."""
-    oversample: int = 2
+    oversample: int = knob(2, gt=0)
     """Groups sampled per wanted group when ``dynamic_sampling`` is on."""
-    overlong_buffer: int = 4096
+    overlong_buffer: int = knob(4096, ge=0)
     """L_cache: the last this-many tokens of the response budget cost reward linearly (§3.4, Eq. 13; 0: off)."""
-    overlong_penalty: float = 1.0
+    overlong_penalty: float = knob(1.0, ge=0)
     """Reward lost at the very end of the budget (Eq. 13's 1; verl's ``penalty_factor``)."""
 
 

@@ -38,14 +38,15 @@ of the reward std over groups whose rewards differ — 0 means GRPO's 1/std is o
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
+from rlkit.core.aggregation import AGG_MODES
 from rlkit.core.groups import group_advantage, group_index, group_mean_std
 from rlkit.core.masked import masked_count
 from rlkit.hooks import Hooks, StepBatch
-from rlkit.registry import AdvantageInputs, Method, register_advantage, register_method
+from rlkit.registry import AdvantageInputs, Method, knob, register_advantage, register_method
 
 Tensor = torch.Tensor
 
@@ -54,20 +55,23 @@ Tensor = torch.Tensor
 class Config:
     """Dr. GRPO hyperparameters (§3.2; the PPO clip as in Eq. 2)."""
 
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"agg": AGG_MODES}
+    """The values each choice field may take (checked by :func:`rlkit.registry.check_settings`)."""
+
     norm_by_std: bool = False
     """Divide the advantage by the group std (Eq. 3, GRPO's); Dr. GRPO's is False."""
-    eps: float = 1e-6
+    eps: float = knob(1e-6, ge=0)
     """Added to the group std when ``norm_by_std`` is on."""
-    clip_low: float = 0.2
+    clip_low: float = knob(0.2, ge=0)
     """ε of Eq. 2's clip, below: the ratio is clipped at 1 − clip_low."""
-    clip_high: float = 0.2
+    clip_high: float = knob(0.2, ge=0)
     """ε of Eq. 2's clip, above: the ratio is clipped at 1 + clip_high."""
-    clip_c: float | None = None
+    clip_c: float | None = knob(None, gt=1)
     """Dual-clip constant c > 1 for negative advantages; not part of the paper (None: off)."""
     agg: str = "seq-mean-token-sum-norm"
     """Each response's token losses summed and divided by ``loss_scale_factor``, averaged over responses (§3.2);
     ``seq-mean-token-mean`` is Eq. 2's 1/|o_i|."""
-    loss_scale_factor: int | None = None
+    loss_scale_factor: int | None = knob(None, gt=0)
     """The constant of ``seq-mean-token-sum-norm``: the paper's generation budget (MAX_TOKENS). None: the padded
     length of the batch, verl's default — a constant only where responses are padded to the budget."""
 
@@ -90,11 +94,6 @@ def coefficient_of_variation(values: Tensor) -> float:
 
 class DrGrpoHooks(Hooks):
     """Dr. GRPO's metrics: how much GRPO's 1/|o_i| and 1/std would have moved this batch's update (module doc)."""
-
-    def check(self, settings: Any) -> None:
-        if self.config.loss_scale_factor is not None and not self.config.loss_scale_factor > 0:
-            raise ValueError(f"dr_grpo.loss_scale_factor must be > 0 (it divides the loss), got "
-                             f"{self.config.loss_scale_factor}")
 
     def advantage_metrics(self, adv: Tensor, inputs: Any, batch: StepBatch) -> dict[str, float]:
         tokens = masked_count(inputs.mask, dim=-1)

@@ -41,20 +41,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import math
 
 import torch
 
 from rlkit.core import fused
+from rlkit.core.aggregation import AGG_MODES
 from rlkit.core.entropy import entropy_from_logits
 from rlkit.core.groups import group_inputs, group_mean_std, group_scalars, group_sum
 from rlkit.core.masked import advantage_shift, check_shapes, masked_mean
 from rlkit.core.ppo import clipped_surrogate, log_ratio, reduce_policy_loss
 from rlkit.hooks import Hooks, StepBatch
 from rlkit.registry import (
-    AdvantageInputs, Method, estimate, kwargs_for, register_advantage, register_method, register_policy_loss,
+    AdvantageInputs, Method, estimate, knob, kwargs_for, register_advantage, register_method, register_policy_loss,
 )
 
 Tensor = torch.Tensor
@@ -73,35 +74,39 @@ class Config:
     """HAPO hyperparameters: field names are the keyword names of this module's functions (one name per knob,
     :func:`rlkit.registry.kwargs_for`); defaults the paper's, but for τ."""
 
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"adv_estimator": ("hapo_tlga", "grpo"), "agg": AGG_MODES}
+    """The values each choice field may take (checked by :func:`rlkit.registry.check_settings`); ``adv_estimator``:
+    component B on (``hapo_tlga``) or off (``grpo``)."""
+
     adaptive_temperature: bool = True
     """A: sample each token at T·(1 + τ·h̃) (the patched vLLM sampler's switch)."""
-    temperature: float = 1.0
+    temperature: float = knob(1.0, gt=0)
     """Base sampling temperature T."""
-    temperature_tau: float = 0.05
+    temperature_tau: float = knob(0.05, gt=0, lt=1)
     """τ, the temperature's relative range (every released recipe; the paper gives 0.1)."""
-    entropy_pivot: float = 0.8
+    entropy_pivot: float = knob(0.8, ge=0, le=1)
     """ρ: h is centred on the ρ-quantile of the log-entropies."""
     adv_estimator: str = "hapo_tlga"
     """B: the registered advantage estimator (the released code's ``adv_estimator=hapo``)."""
     norm_by_std: bool = True
     """Divide TLGA by the group's token std (``norm_adv_by_std_in_grpo``)."""
-    fallback_threshold: float | None = 5.0
+    fallback_threshold: float | None = knob(5.0, gt=0)
     """A group where some |A| reaches this falls back to GRPO; None never falls back."""
-    eps: float = 1e-6
+    eps: float = knob(1e-6, ge=0)
     """Added to the group std."""
     use_redistribution: bool = True
     """C: advantage redistribution."""
-    adv_beta: float = 1.0
+    adv_beta: float = knob(1.0, ge=0, le=1)
     """β, the redistribution strength."""
     use_adaptive_clip: bool = True
     """D: entropy-adaptive clip bounds."""
-    clip_alpha: float = 1.0
+    clip_alpha: float = knob(1.0, ge=0)
     """α, the adaptive clip's strength."""
-    clip_low: float = 0.2
+    clip_low: float = knob(0.2, ge=0)
     """ε_L, the base lower clip range."""
-    clip_high: float = 0.28
+    clip_high: float = knob(0.28, ge=0)
     """ε_R, the base upper clip range (paper, DAPO clip-higher; the released recipes use 0.2)."""
-    clip_c: float | None = 10.0
+    clip_c: float | None = knob(10.0, gt=1)
     """Dual-clip constant c for negative advantages (the recipes' ``clip_ratio_c``)."""
     agg: str = "token-mean"
     """Loss aggregation (see :mod:`rlkit.core.aggregation`)."""
@@ -517,13 +522,7 @@ class HapoHooks(Hooks):
     ``hapo/tlga_shift`` (B: Σ|A − A_GRPO| / Σ|A_GRPO| over valid tokens, 0 with B off) and the temperatures the
     rollout sampled at, where the engine knows them."""
 
-    ESTIMATORS = ("hapo_tlga", "grpo")
-    """Component B on (``hapo_tlga``) or off (``grpo``)."""
-
     def check(self, settings: Any) -> None:
-        if self.config.adv_estimator not in self.ESTIMATORS:
-            raise ValueError(f"hapo.adv_estimator must be 'hapo_tlga' (component B) or 'grpo' (B off), "
-                             f"got {self.config.adv_estimator!r}")
         if self.config.temperature != settings.temperature:
             raise ValueError(f"hapo.temperature ({self.config.temperature}) differs from temperature "
                              f"({settings.temperature}): the engine samples at `temperature`; set that one")

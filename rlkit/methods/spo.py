@@ -46,10 +46,11 @@ import numpy as np
 import pandas as pd
 import torch
 
+from rlkit.core.aggregation import AGG_MODES
 from rlkit.core.groups import group_sum
 from rlkit.core.masked import check_shapes, masked_mean
 from rlkit.hooks import Hooks, StepBatch, draw, side_generator
-from rlkit.registry import AdvantageInputs, Method, kwargs_for, register_advantage, register_method
+from rlkit.registry import AdvantageInputs, Method, knob, kwargs_for, register_advantage, register_method
 
 Tensor = torch.Tensor
 
@@ -60,34 +61,34 @@ RHO_TYPES = ("kl", "constant")
 class Config:
     """SPO hyperparameters (verl recipe ``spo_trainer.yaml`` / ``train.sh``; the paper's where they agree)."""
 
-    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"rho_type": RHO_TYPES}
-    """The values each choice field may take (checked by the engines' settings check)."""
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"agg": AGG_MODES, "rho_type": RHO_TYPES}
+    """The values each choice field may take (checked by :func:`rlkit.registry.check_settings`)."""
 
     rho_type: str = "kl"
     """Forgetting schedule (recipe ``rho.type``): "kl" = clip(2^(−D/D_half), ρ_min, ρ_max) or "constant"."""
-    rho_value: float | None = None
+    rho_value: float | None = knob(None, gt=0, le=1)
     """The constant ρ when rho_type is "constant" (recipe ``rho.value``; no default, it must be set)."""
-    rho_min: float = 0.875
+    rho_min: float = knob(0.875, gt=0, lt=1)
     """ρ_min, the lower clip of ρ (recipe ``rho.clip_lower``); also sets N₀ = 1/(1 − ρ_min) = 8."""
-    rho_max: float = 0.96
+    rho_max: float = knob(0.96, gt=0, le=1)
     """ρ_max, the upper clip of ρ (hard-coded in verl); a prompt seen for the first time has D = 0 → ρ_max."""
-    d_half: float = 0.06
+    d_half: float = knob(0.06, gt=0)
     """D_half: the divergence at which 2^(−D/D_half) halves (hard-coded in verl)."""
-    offline_N: int = 8
+    offline_N: int = knob(8, ge=0)
     """Offline scores per prompt behind α₀, β₀ (recipe ``offline_N``); 0 starts every prompt at α = β = ½."""
-    eps: float = 0.05
+    eps: float = knob(0.05, ge=0)
     """ε added to the sampling weight √(v̂(1 − v̂)) so no prompt is starved."""
-    gamma: float = 0.0
+    gamma: float = knob(0.0, ge=0, le=1)
     """γ in the weight's N_eff^γ divisor (paper, γ ∈ [0, 1]); verl uses 0."""
-    adv_eps: float = 1e-8
+    adv_eps: float = knob(1e-8, ge=0)
     """Added to the batch std in the advantage normalisation."""
     no_baseline: bool = False
     """Ablation (recipe ``no_baseline``, paper App. F): v̂ = 0, i.e. trainers pass zero baselines."""
-    clip_low: float = 0.2
+    clip_low: float = knob(0.2, ge=0)
     """ε_low of the PPO clip (recipe)."""
-    clip_high: float = 0.28
+    clip_high: float = knob(0.28, ge=0)
     """ε_high of the PPO clip (recipe, clip-higher)."""
-    clip_c: float | None = 10.0
+    clip_c: float | None = knob(10.0, gt=1)
     """Dual-clip constant for negative advantages (recipe ``clip_ratio_c``)."""
     agg: str = "token-mean"
     """Loss aggregation (recipe ``loss_agg_mode``)."""

@@ -241,28 +241,18 @@ def _parse_scalar(text: str) -> Any:
 
 
 # ------------------------------------------------------------------------------------------------ checks
-def _agg_modes() -> tuple[str, ...]:
-    from rlkit.core.aggregation import AGG_MODES
-
-    return AGG_MODES
-
-
 def _choices() -> dict[str, tuple]:
-    """Field name (any group) → the values it may take."""
+    """Dotted key → the values it may take (a method's choices are its ``Config``'s: :func:`check_methods`)."""
     from rlkit.tasks import arithmetic
 
-    methods = {f"{name}.{key}": tuple(values) for name in registry.list_methods()["method"]
-               for key, values in getattr(registry.get_method(name).config, "CHOICES", {}).items()}
-    return {"agg": _agg_modes(), **methods, "sft.form": arithmetic.FORMS, "scale": tuple(SCALES)}
+    return {"sft.form": arithmetic.FORMS, "scale": tuple(SCALES)}
 
 
 _POSITIVE = {"lr", "temperature", "grad_clip", "sft.lr", "sft.grad_clip", "sft.d_model", "sft.n_layers", "sft.n_heads",
-             "sft.max_len", "sft.steps", "sft.batch_size", "sft.eval_size", "max_new_tokens", "sft.n_kv_heads",
-             "dapo.oversample", "hapo.temperature_tau", "spo.d_half"}
-"""Fields that must be > 0 (when set: None stays allowed where the type allows it)."""
-_NON_NEGATIVE = {"warmup_steps", "dapo.overlong_buffer", "dapo.overlong_penalty", "staleness", "sft.warmup",
-                 "sft.weight_decay",
-                 "spo.offline_N", "behav_imp_weight_cap"}
+             "sft.max_len", "sft.steps", "sft.batch_size", "sft.eval_size", "max_new_tokens", "sft.n_kv_heads"}
+"""Fields that must be > 0 (when set: None stays allowed where the type allows it). A method's ranges are declared
+on its ``Config`` (:func:`rlkit.registry.knob`)."""
+_NON_NEGATIVE = {"warmup_steps", "staleness", "sft.warmup", "sft.weight_decay", "behav_imp_weight_cap"}
 """Fields that must be ≥ 0."""
 
 
@@ -313,9 +303,17 @@ def check_settings(obj: Any, prefix: str = "") -> None:
     if choices is not None:  # the whole tree, once, from the top
         flat = flat_settings(obj)
         for key, value in flat.items():
-            allowed = choices.get(key, choices.get(key.rsplit(".", 1)[-1]) if key.endswith(".agg") else None)
+            allowed = choices.get(key)
             if allowed is not None and value not in allowed:
                 raise InvalidSetting(f"{key}: {value!r} is not one of {', '.join(map(str, allowed))}")
+        check_methods(obj)
+
+
+def check_methods(cfg: Any) -> None:
+    """Each method's section against its ``Config``'s ranges and choices, the check verl runs on
+    ``+algorithm.<method>.*`` too (:func:`rlkit.registry.check_settings`: one message on both engines)."""
+    for name, section in cfg.method_configs.items():
+        registry.check_settings(name, section)
 
 
 def _check_range(key: str, value: Any) -> None:
@@ -323,13 +321,10 @@ def _check_range(key: str, value: Any) -> None:
         return
     if isinstance(value, int) and not -2**63 <= value < 2**63:  # torch, numpy, range(): 64-bit integers
         raise InvalidSetting(f"{key}={value} is out of range: at most {2**63 - 1:,} (a 64-bit integer)")
-    name = key.rsplit(".", 1)[-1]
     if key in _POSITIVE and not value > 0:
         raise InvalidSetting(f"{key} must be > 0, got {value}")
-    if (key in _NON_NEGATIVE or name in ("clip_low", "clip_high", "eps", "adv_eps")) and not value >= 0:
+    if key in _NON_NEGATIVE and not value >= 0:
         raise InvalidSetting(f"{key} must be ≥ 0, got {value}")
-    if name == "clip_c" and not value > 1:
-        raise InvalidSetting(f"{key} (the dual clip's c) must be > 1, or null to switch it off; got {value}")
     if value != value or value in (float("inf"), float("-inf")):
         raise InvalidSetting(f"{key} must be a finite number, got {value}")
 

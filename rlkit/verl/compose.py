@@ -24,6 +24,7 @@ import logging
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from rlkit.verl import TRAINER, cpu
@@ -77,6 +78,36 @@ def merge_overrides(base: Sequence[str], extra: Sequence[str]) -> list[str]:
 
 def _key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
+
+
+def check_method_overrides(overrides: Sequence[str]) -> None:
+    """The ``+algorithm.<method>.<field>=VALUE`` items of a user's ``overrides`` checked against the method's
+    ``Config`` (:func:`rlkit.verl.inputs.method_config`: keys, ranges, choices) before anything is prepared or
+    composed; :func:`validate` checks the composed config again in full. Values Hydra resolves later
+    (``${...}``) and overrides Hydra cannot parse are left to that check."""
+    from rlkit.verl.inputs import method_config
+
+    try:
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+        from hydra.errors import HydraException
+    except ImportError:  # without verl (and its Hydra) the launch is refused when it composes
+        return
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except HydraException:
+        return
+    sections: dict[str, dict[str, Any]] = {}
+    for o in parsed:
+        path = o.key_or_group.split(".")
+        value = None if o.is_delete() else o.value()
+        if len(path) == 3 and path[0] == "algorithm" and path[1] in METHODS and not o.is_delete() \
+                and not (isinstance(value, str) and "${" in value):
+            sections.setdefault(path[1], {})[path[2]] = value
+    for method, section in sections.items():
+        try:
+            method_config({method: section}, method)
+        except (KeyError, ValueError, TypeError) as e:
+            raise LaunchError(str(e.args[0] if e.args else e)) from None
 
 
 # ------------------------------------------------------------------------------------------------ compose
@@ -330,7 +361,8 @@ def check_batch(cfg) -> None:
 
 def check_rlkit_names(cfg) -> None:
     """rlkit's trainer, estimator and loss are registered in verl, every ``algorithm.<method>`` block is valid
-    (:func:`rlkit.verl.plugin.method_config`), and the rlkit trainer accepts the config."""
+    (:func:`rlkit.verl.plugin.method_config`: its ranges and choices as the tiny engine checks them), the rlkit
+    trainer accepts the config, and the run's method accepts the engine's settings (:func:`check_hooks`)."""
     from verl.trainer.ppo import core_algos
     from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
 
@@ -355,9 +387,34 @@ def check_rlkit_names(cfg) -> None:
             if cfg.algorithm.get(method) is not None:
                 method_config(cfg.algorithm, method)
         if cfg.trainer.v1.trainer_mode == TRAINER:
-            MethodSetup.from_config(cfg)
+            setup = MethodSetup.from_config(cfg)
     except (KeyError, ValueError, TypeError) as e:
         raise LaunchError(str(e.args[0] if e.args else e)) from None
+    if cfg.trainer.v1.trainer_mode == TRAINER and setup.name is not None:
+        check_hooks(cfg, setup)
+
+
+def engine_settings(cfg) -> SimpleNamespace:
+    """The engine's settings a method's :meth:`rlkit.hooks.Hooks.check` reads, under the tiny engine's names
+    (:class:`rlkit.tiny.config.RLConfig`), from verl's keys: ``temperature`` (the rollout's) and ``max_new_tokens``
+    (``data.max_response_length``)."""
+    return SimpleNamespace(temperature=float(cfg.actor_rollout_ref.rollout.temperature),
+                           max_new_tokens=int(cfg.data.max_response_length))
+
+
+def check_hooks(cfg, setup) -> None:
+    """The run's method's own check of the engine's settings (:meth:`rlkit.hooks.Hooks.check`), as the tiny engine
+    runs it before any work; its ``Config`` with the values verl's own keys set (:data:`rlkit.verl.VERL_OWNED`:
+    its ``temperature`` is the rollout's)."""
+    from rlkit import registry
+    from rlkit.verl.inputs import verl_owned
+
+    settings = engine_settings(cfg)
+    options = {m: verl_owned(c, temperature=settings.temperature) for m, c in setup.options.items()}
+    try:
+        registry.make_hooks(setup.name, options).check(settings)
+    except ValueError as e:
+        raise LaunchError(f"{setup.name}: {e}") from None
 
 
 def _check_logger(cfg) -> None:

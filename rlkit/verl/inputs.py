@@ -81,7 +81,9 @@ def method_config(algorithm: Any, method: str) -> tuple[Any, dict[str, Any]]:
     """``(Config, extras)`` for ``method`` from the ``algorithm.<method>`` section of a verl config.
 
     ``algorithm`` is verl's ``config.algorithm`` (DictConfig, dict, ``AlgoConfig``) or None (all defaults).
-    Unknown keys fail naming the valid ones; keys verl owns fail naming the verl key (module doc). ``extras``
+    Unknown keys fail naming the valid ones; keys verl owns fail naming the verl key (module doc); a value out of
+    its ``Config``'s range or choices fails as ``rlkit train`` refuses it (:func:`rlkit.registry.check_settings`,
+    ``hapo.temperature_tau=-1: must be in (0, 1)``). ``extras``
     holds the verl-only keys of :data:`VERL_EXTRAS` with their defaults filled in (ASPO's ``code_detection`` as a
     :class:`~rlkit.tasks.tools.CodeDetection`, None for the default detectors).
     """
@@ -102,7 +104,7 @@ def method_config(algorithm: Any, method: str) -> tuple[Any, dict[str, Any]]:
             extras[key] = section.pop(key)
     if extras.get("code_detection") is not None:
         extras["code_detection"] = _code_detection(extras["code_detection"])
-    config = cls(**section)
+    config = registry.check_settings(method, section)  # its ranges and choices, as the tiny engine checks them
     base = getattr(config, "base_advantage", None)
     if base is not None and base not in ASPO_BASES:
         raise ValueError(f"algorithm.{method}.base_advantage {base!r}; valid: {', '.join(ASPO_BASES)}")

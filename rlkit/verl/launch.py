@@ -46,6 +46,7 @@ from rlkit.files import LAUNCH_RUN, claim_dir
 from rlkit.verl import cpu, runner
 from rlkit.verl.compose import (
     check_cpu_model,
+    check_method_overrides,
     check_model_dir,
     check_tool_tags,
     compose,
@@ -486,6 +487,7 @@ def main(args) -> int:
         raise LaunchError(f"--timeout {args.timeout}: give the seconds after which the launch stops, > 0")
     refuse_conflicts(extra, steps=args.steps, gpus=args.gpus, nodes=args.nodes, experiment=args.experiment,
                      model=args.model)
+    check_method_overrides(extra)  # +algorithm.<method>.* as `rlkit train` checks --set <method>.*, before any work
     if args.tiny_scale is not None:
         from rlkit.verl import from_tiny
 

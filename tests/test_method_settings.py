@@ -1,0 +1,178 @@
+"""A method's settings are checked once, the same on both engines (issue 35, item 1): every range and choice a
+method's ``Config`` declares (:func:`rlkit.registry.knob`, ``Config.CHOICES``) is refused by the tiny engine
+(``--set <method>.<field>``) and by verl (``+algorithm.<method>.<field>``) with the one message of
+:func:`rlkit.registry.check_settings`, naming the full key; the defaults pass; and ``rlkit launch --dry-run`` refuses
+an out-of-range method setting before any work, as ``rlkit train`` does. The cases come from the registry: a new
+method's declarations are covered without editing this file."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from rlkit import cli, registry
+from rlkit.errors import InvalidSetting, UnknownSetting
+from rlkit.tiny.config import build_config
+from rlkit.verl import VERL_OWNED
+from rlkit.verl.inputs import method_config
+
+METHODS = registry.list_methods()["method"]
+
+
+def violations(where: registry.Range | None, choices: tuple | None) -> list:
+    """Values just outside a field's declarations: each bound's nearest refused values, a value not among its
+    choices."""
+    bad = ["bogus"] if choices is not None else []
+    if where is not None:
+        for bound, refused_at_bound, step in ((where.gt, True, -1), (where.ge, False, -1),
+                                              (where.lt, True, 1), (where.le, False, 1)):
+            if bound is not None:
+                bad += [bound + step] + ([bound] if refused_at_bound else [])
+    return bad
+
+
+CASES = [pytest.param(method, name, value, id=f"{method}.{name}={value}")
+         for method in METHODS
+         for name, rule in registry.declared_rules(registry.get_method(method).config).items()
+         for value in violations(*rule)]
+
+
+def test_every_method_declares_its_settings():
+    """The parametrization is not empty: each method with a number or a choice among its knobs declares it."""
+    assert len(CASES) > 50
+    for method in METHODS:
+        config = registry.get_method(method).config
+        numeric = [f.name for f in dataclasses.fields(config)
+                   if f.type in ("float", "int", "float | None", "int | None")]
+        assert registry.declared_rules(config) or not numeric, method
+
+
+@pytest.mark.parametrize("method, name, value", CASES)
+def test_a_violating_value_is_refused_the_same_by_both_engines(method, name, value):
+    key = f"{method}.{name}"
+    with pytest.raises(InvalidSetting) as tiny:  # rlkit train --set KEY=VALUE
+        build_config(method, "smoke", {key: value})
+    message = str(tiny.value)
+    assert message.startswith(f"{key}=") and ": must be " in message and "\n" not in message, message
+    with pytest.raises(InvalidSetting) as direct:
+        registry.check_settings(method, {name: value})
+    assert str(direct.value) == message
+    if name in VERL_OWNED:  # verl sets it with its own key: +algorithm.<method>.<name> is refused as such
+        with pytest.raises(ValueError, match=VERL_OWNED[name]):
+            method_config({method: {name: value}}, method)
+    else:
+        with pytest.raises(InvalidSetting) as verl:  # +algorithm.<method>.<name>=VALUE
+            method_config({method: {name: value}}, method)
+        assert str(verl.value) == message
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_defaults_and_the_tiny_engines_defaults_are_accepted(method):
+    m = registry.get_method(method)
+    assert registry.check_settings(method) == m.config()
+    assert registry.check_settings(method, m.default_config()) is not None
+    assert method_config({method: {}}, method)[0] == m.config()
+    cfg = build_config(method, "smoke")
+    assert getattr(cfg, method) == m.default_config()
+
+
+def test_values_inside_the_range_pass_and_bounds_read_as_written():
+    assert registry.check_settings("hapo", {"temperature_tau": 0.5, "adv_beta": 1.0}).temperature_tau == 0.5
+    assert registry.check_settings("spo", {"rho_value": None, "rho_type": "constant"}).rho_value is None
+    assert str(registry.Range(gt=0)) == "> 0" and str(registry.Range(ge=0, lt=1)) == "in [0, 1)"
+    assert str(registry.Range(le=1)) == "≤ 1" and str(registry.Range(gt=0, le=1)) == "in (0, 1]"
+    with pytest.raises(InvalidSetting, match=r"^hapo\.temperature_tau=abc: must be a number in \(0, 1\)$"):
+        registry.check_settings("hapo", {"temperature_tau": "abc"})
+    with pytest.raises(InvalidSetting, match=r"^spo\.d_half=null: must be a number > 0$"):
+        registry.check_settings("spo", {"d_half": None})
+    with pytest.raises(InvalidSetting, match=r"^aspo\.delta=inf: must be a finite number$"):  # any number
+        registry.check_settings("aspo", {"delta": math.inf})
+    with pytest.raises(UnknownSetting, match=r"^hapo\.temprature_tau: hapo has no such setting"):
+        registry.check_settings("hapo", {"temprature_tau": 0.1})
+
+
+def test_a_method_whose_defaults_break_its_own_rules_is_not_registered():
+    @dataclasses.dataclass
+    class Config:
+        width: float = registry.knob(-1.0, gt=0)
+
+    with pytest.raises(ValueError, match=r"method 'toy_bad': its default toy_bad\.width=-1: must be > 0"):
+        registry.register_method(registry.Method("toy_bad", Config, advantage="grpo", policy_loss="ppo"))
+    assert "toy_bad" not in registry.list_methods()["method"]
+    with pytest.raises(ValueError, match="one lower bound"):
+        registry.Range(gt=0, ge=0)
+
+
+# ------------------------------------------------------------------------------------------------ the commands
+THE_LAUNCHES = [("hapo", "temperature_tau", "-1", "hapo.temperature_tau=-1: must be in (0, 1)"),
+                ("spo", "rho_type", "bogus", "spo.rho_type=bogus: must be one of kl, constant"),
+                ("dr_grpo", "loss_scale_factor", "-5", "dr_grpo.loss_scale_factor=-5: must be > 0")]
+
+
+def refused(argv, capsys) -> str:
+    """The one-line message of a refused command (exit 2, nothing on stdout)."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as info:
+        cli.main(argv)
+    captured = capsys.readouterr()
+    assert info.value.code == 2 and not captured.out, (info.value.code, captured.out)
+    assert "\n" not in captured.err.strip(), captured.err
+    return captured.err.strip()
+
+
+@pytest.mark.parametrize("method, name, value, message", THE_LAUNCHES)
+def test_train_and_launch_refuse_the_setting_with_one_message(method, name, value, message, tmp_path, capsys,
+                                                             monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    err = refused(["train", "--method", method, "--out", str(tmp_path / "run"), "--set", f"{method}.{name}={value}"],
+                  capsys)
+    assert err == f"rlkit train: {message}"
+    pytest.importorskip("verl")
+    pytest.importorskip("hydra")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # nothing here may reach the hub
+    err = refused(["launch", "--method", method, "--dataset", "gsm8k", "--model", "Qwen/Qwen2.5-0.5B-Instruct",
+                   "--gpus", "8", "--runs-dir", str(tmp_path / "runs"), "--dry-run", "--",
+                   f"+algorithm.{method}.{name}={value}"], capsys)
+    assert err == f"rlkit launch: {message}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # before any work: nothing written
+    from rlkit.verl import launch as L
+    from rlkit.verl.presets import LaunchError
+
+    p = L.plan(method, "gsm8k", "Qwen/Qwen2.5-0.5B-Instruct", gpus=8, extra=[f"+algorithm.{method}.{name}={value}"])
+    with pytest.raises(LaunchError) as composed:  # the composed config's own check says the same
+        L.check(p)
+    assert str(composed.value) == message
+
+
+def test_a_tiny_scale_launch_refuses_before_preparing_anything(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("hydra")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RLKIT_CACHE", str(tmp_path / "cache"))
+    err = refused(["launch", "--method", "hapo", "--device", "cpu", "--tiny-scale", "smoke", "--runs-dir",
+                   str(tmp_path / "runs"), "--dry-run", "--", "+algorithm.hapo.temperature_tau=-1"], capsys)
+    assert err == "rlkit launch: hapo.temperature_tau=-1: must be in (0, 1)"
+    assert list(tmp_path.iterdir()) == []  # no SFT start, no data, no run directory
+
+
+def test_verl_runs_the_methods_own_check_of_the_engines_settings_as_the_tiny_engine_does():
+    """:meth:`rlkit.hooks.Hooks.check` on verl's settings (its response budget, its rollout temperature)."""
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from rlkit.methods import dapo, hapo
+    from rlkit.verl.compose import check_hooks
+    from rlkit.verl.presets import LaunchError
+
+    with pytest.raises(InvalidSetting) as tiny:
+        build_config("dapo", "smoke", {"dapo.overlong_buffer": 64})  # smoke's budget: 48 tokens
+    cfg = OmegaConf.create({"actor_rollout_ref": {"rollout": {"temperature": 0.7}}, "data": {"max_response_length": 48}})
+    setup = SimpleNamespace(name="dapo", options={"dapo": dapo.Config(overlong_buffer=64)})
+    with pytest.raises(LaunchError) as verl:
+        check_hooks(cfg, setup)
+    assert str(verl.value) == str(tiny.value) and "exceeds the response budget" in str(tiny.value)
+    check_hooks(cfg, SimpleNamespace(name="dapo", options={"dapo": dapo.Config(overlong_buffer=48)}))
+    # HAPO's temperature is verl's rollout temperature (a key verl owns): the two never differ there
+    check_hooks(cfg, SimpleNamespace(name="hapo", options={"hapo": hapo.Config()}))
