@@ -5,7 +5,8 @@ API serves the task records), smoke-scale runs sent to it as one-CPU tasks.
 - Ray's records show runs on both nodes, one CPU each; every run's files equal those of the same runs trained
   locally, bit for bit (timings aside); a run killed part-way in the results folder is resumed on its node, and
   finished ones are reused;
-- on shared storage, a run whose node is killed mid-run is retried on another and resumes from its checkpoint;
+- a run whose node is killed mid-run is retried on another and ends equal to a local run: on shared storage it
+  resumes from its checkpoint, without it it starts again;
 - the environment the Ray workers are given: the kernel pins and switches a local worker would have.
 
 About 45-80 s each on 2 cores (more when the cores are shared): the cluster's start-up (~15-25 s), a Ray worker's
@@ -33,10 +34,12 @@ TIMING = ("timing_s/", "perf/")
 """Keys that measure time (the steps' wall time and the throughput it gives): the only ones allowed to differ."""
 
 
-def untimed(run_dir: Path) -> list[str]:
-    """Each step's metrics without the timings, as JSON (every bit of each float; NaN equal to NaN)."""
+def untimed(run: Path | list[str]) -> list[str]:
+    """Each step's metrics without the timings, as JSON (every bit of each float; NaN equal to NaN): of a run folder's
+    ``metrics.jsonl``, or of its lines."""
+    lines = run if isinstance(run, list) else (run / "metrics.jsonl").read_text().splitlines()
     return [json.dumps({"step": r["step"], **{k: v for k, v in r["data"].items() if not k.startswith(TIMING)}})
-            for r in read_metrics(run_dir / "metrics.jsonl", whole=True)]
+            for r in map(json.loads, lines)]
 
 
 def task_records(count: int, timeout: float = 60) -> list:
@@ -104,18 +107,29 @@ def test_runs_on_two_ray_nodes_equal_local_ones_bit_for_bit(tmp_path, monkeypatc
     assert train_runs(PLAN, scale="smoke", results=remote, ray_address=cluster.address, progress=False) == {}
 
 
-def test_a_run_lost_with_its_node_is_retried_and_resumes_from_its_checkpoint(tmp_path, cluster):
-    """Shared results (``ray_shared``): the node training the run is killed after its second step; Ray runs the task
-    again on a node added then, which resumes from the checkpoint the lost attempt left, and the run ends equal to an
-    uninterrupted local one."""
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-results", "files-sent-back"])
+def test_a_run_lost_with_its_node_is_retried_and_ends_as_an_uninterrupted_one(tmp_path, cluster, shared):
+    """The node training the run is killed after its second step; Ray runs the task again on a node added then, and
+    the run ends equal to an uninterrupted local one. On shared results (``ray_shared``) the retry resumes from the
+    checkpoint the lost attempt left there; without, that checkpoint was in the lost node's scratch folder, and the
+    retry trains the run from the start."""
+    import shutil
+    import tempfile
     import threading
     import time
 
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     run = PlannedRun("grpo", "grpo", "standard", 0, (("steps", 8),))
-    local, shared = tmp_path / "local", tmp_path / "shared"
+    local, results = tmp_path / "local", tmp_path / "results"
     train_runs([run], scale="smoke", results=local, workers=1, progress=False)
+    scratch = set(Path(tempfile.gettempdir()).glob("rlkit-run-*"))  # the nodes' scratch folders: this machine's
+
+    def metrics_on_the_node() -> Path | None:
+        if shared:
+            return results / "grpo" / "seed0" / "metrics.jsonl"
+        new = set(Path(tempfile.gettempdir()).glob("rlkit-run-*")) - scratch
+        return next(iter(new), Path("-")) / "grpo" / "seed0" / "metrics.jsonl"
 
     ray.init(address=cluster.address)  # train_runs uses this connection
     try:
@@ -128,13 +142,14 @@ def test_a_run_lost_with_its_node_is_retried_and_resumes_from_its_checkpoint(tmp
             scheduling_strategy=NodeAffinitySchedulingStrategy(head, soft=False)).remote(600)
         out: dict = {}
         thread = threading.Thread(target=lambda: out.update(minutes=train_runs(
-            [run], scale="smoke", results=shared, ray_address=cluster.address, ray_shared=True, progress=False)))
+            [run], scale="smoke", results=results, ray_address=cluster.address, ray_shared=shared, progress=False)))
         thread.start()
-        metrics, deadline = shared / "grpo" / "seed0" / "metrics.jsonl", time.monotonic() + 240
-        while not (metrics.exists() and any(r["step"] >= 2 for r in read_metrics(metrics))):
+        deadline = time.monotonic() + 240
+        while not ((metrics := metrics_on_the_node()).exists()
+                   and any(r["step"] >= 2 for r in read_metrics(metrics))):
             assert thread.is_alive() and time.monotonic() < deadline, f"no step 2 on the worker node: {out}"
             time.sleep(0.2)
-        before = metrics.read_text().splitlines()[:2]  # steps 0 and 1, checkpointed: kept by a resume, timings and all
+        before = metrics.read_text().splitlines()[:2]  # steps 0 and 1, checkpointed
         lost = cluster.worker_nodes.copy().pop()
         cluster.remove_node(lost, allow_graceful=False)
         cluster.add_node(num_cpus=1)
@@ -144,14 +159,20 @@ def test_a_run_lost_with_its_node_is_retried_and_resumes_from_its_checkpoint(tmp
         ray.cancel(hold, force=True)
     finally:
         ray.shutdown()
+        if not shared:  # the lost attempt's scratch folder, which its node would have taken with it
+            for folder in set(Path(tempfile.gettempdir()).glob("rlkit-run-*")) - scratch:
+                shutil.rmtree(folder, ignore_errors=True)
     assert [(a, s) for a, s, _ in attempts] == [(0, "FAILED"), (1, "FINISHED")], attempts
     assert attempts[0][2] == lost.node_id and attempts[1][2] not in (lost.node_id, head), attempts
-    after = (shared / "grpo" / "seed0" / "metrics.jsonl").read_text().splitlines()
-    assert after[:2] == before, "the retry trained the run again instead of resuming it"
-    there, here = shared / "grpo" / "seed0", local / "grpo" / "seed0"
+    after = (results / "grpo" / "seed0" / "metrics.jsonl").read_text().splitlines()
+    if shared:  # resumed: the lines of the steps before the checkpoint kept as they were, timings and all
+        assert after[:2] == before, "the retry trained the run again instead of resuming it"
+    else:  # trained again from the start: the same numbers, other timings
+        assert after[:2] != before and untimed(after[:2]) == untimed(before)
+    there, here = results / "grpo" / "seed0", local / "grpo" / "seed0"
     assert untimed(there) == untimed(here) and len(untimed(there)) == 9
     assert (there / "eval.jsonl").read_bytes() == (here / "eval.jsonl").read_bytes()
-    assert not list(shared.glob(".rlkit-ray-*")), "the launcher's token for shared storage was left behind"
+    assert not list(results.glob(".rlkit-ray-*")), "the launcher's token for shared storage was left behind"
 
 
 def test_the_workers_get_the_kernel_pins_and_switches_a_local_worker_would(monkeypatch):
