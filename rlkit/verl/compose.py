@@ -1,7 +1,8 @@
 """Hydra overrides and verl's config: write them, compose them as ``main_ppo`` does, validate the result on CPU.
 
 - :func:`hydra_value` writes a Python value in Hydra's override grammar; :func:`merge_overrides` lets the user's
-  own overrides (after ``--``) replace a preset's value for the same key, in place.
+  own overrides (after ``--``) replace a preset's value for the same key, in place; :func:`check_method_overrides`
+  checks their ``+algorithm.<method>.*`` values against the method's ``Config`` before anything else is done.
 - :func:`compose` composes overrides with verl's packaged ``ppo_trainer.yaml`` through Hydra's compose API — the
   very config ``main_ppo`` builds from the same command line; an unknown key is named with its nearest known keys.
 - :func:`validate` checks that config before anything starts: verl's own ``validate_config``, config
