@@ -163,7 +163,8 @@ def profile_run(method: str, regime: str, sets: dict, out: Path, scale: str = "c
     clock = PhaseClock()
     saved = {(o, a): getattr(o, a) for o, a in ((rl, "rollout"), (rl, "evaluate"), (rl, "_policy_eval"),
                                                 (rl, "token_logprobs"), (task, "token_logprobs"),
-                                                (torch.autograd, "backward"), (torch.optim.Adam, "step"),
+                                                (torch.autograd, "backward"), (torch.autograd, "grad"),
+                                                (torch.optim.Adam, "step"),
                                                 (torch.nn.utils, "clip_grad_norm_"))}
     after_eval = [False]  # the final evaluation is the one that follows the last step's, with no rollout between
 
@@ -183,6 +184,7 @@ def profile_run(method: str, regime: str, sets: dict, out: Path, scale: str = "c
         for owner in (rl, task):
             clock.wrap(owner, "token_logprobs", "update: forward")
         clock.wrap(torch.autograd, "backward", "update: backward")
+        clock.wrap(torch.autograd, "grad", "update: backward")
         clock.wrap(torch.optim.Adam, "step", "update: optimizer")
         clock.wrap(torch.nn.utils, "clip_grad_norm_", "update: optimizer")
         rl.train(cfg, out, progress=False)

@@ -446,3 +446,50 @@ def test_mini_batches_hold_whole_groups_and_every_row_once(groups, n, seed):
             assert owner.setdefault(g, b) == b  # a group's rows are all in one mini-batch
     per_batch = [len(set(ids[rows].tolist())) for rows in batches]
     assert max(per_batch) - min(per_batch) <= 1  # prompts spread evenly
+
+
+@pytest.mark.parametrize("case", ["mixed", "zero", "kl"])
+def test_backward_is_loss_backward_bit_for_bit_and_skips_only_zero_gradients(case):
+    """The update's backward (rl._backward) against a plain ``loss.backward()`` on two prompts × four responses:
+    every parameter's gradient and the weights after an Adam step equal bit for bit; the pass through the model is
+    skipped only when the advantages are all zero and the loss has no term without them (a KL-like term here)."""
+    import copy
+
+    from rlkit import registry
+    from rlkit.tiny.model import ModelConfig, TinyDecoder, token_logprobs
+    from rlkit.tiny.rl import _backward
+
+    torch.manual_seed(0)
+    model = TinyDecoder(ModelConfig(vocab_size=24, d_model=32, n_layers=2, n_heads=2, max_len=64))
+    B, P, T = 8, 7, 12
+    ids = torch.randint(3, 24, (B, P + T))
+    ids[1:4, :P], ids[5:, :P] = ids[0, :P], ids[4, :P]  # a GRPO layout: the prompts run once per group
+    attn = torch.ones(B, P + T, dtype=torch.bool)
+    attn[:, P:] = torch.arange(T) < torch.randint(4, T + 1, (B, 1))
+    attn[4:, :2] = False  # the second prompt is shorter (left padding)
+    mask = attn[:, P:].float()
+    adv = {"mixed": torch.tensor([1.0, -1, 1, -1, 0, 0, 0, 0]), "zero": torch.zeros(B), "kl": torch.zeros(B)}[case]
+    adv = adv[:, None].expand(B, T) * mask
+
+    def update(m, backward):
+        opt = torch.optim.Adam(m.parameters(), lr=1e-2)
+        logp, _ = token_logprobs(m, ids, attn, P)
+        old = logp.detach() + 0.01
+        loss, _ = registry.policy_loss("grpo", logp, old, adv, mask)
+        if case == "kl":
+            loss = loss + ((logp - old) ** 2 * mask).mean()
+        seen = []
+        m.embed.weight.register_hook(lambda g: seen.append(1))
+        opt.zero_grad(set_to_none=True)
+        backward(loss, logp, m)
+        grads = [p.grad.clone() for p in m.parameters()]
+        opt.step()
+        return grads, [p.detach().clone() for p in m.parameters()], bool(seen)
+
+    plain = update(copy.deepcopy(model), lambda loss, logp, m: loss.backward())
+    ours = update(copy.deepcopy(model), lambda loss, logp, m: _backward(loss, logp, m.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(plain[0], ours[0]))
+    assert all(torch.equal(a, b) for a, b in zip(plain[1], ours[1]))
+    assert plain[2] and ours[2] == (case != "zero")
+    assert any(g.abs().sum() > 0 for g in plain[0]) == (case != "zero")
+

@@ -407,7 +407,7 @@ def rl_step(run: Run, state: RunState) -> dict[str, float]:
         loss, lm = registry.policy_loss(cfg.method, logp, old_logp[rows], adv[rows], mask[rows], run.configs,
                                         entropy=entropy.detach(), **extra)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        _backward(loss, logp, model.parameters())
         lm["actor/grad_norm"] = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip).item()
         opt.step()
         for k, v in lm.items():
@@ -457,6 +457,23 @@ def _sft_correct(sft_info: dict, n: int, max_new: int, device: str) -> Tensor | 
             or sft_info.get("val/device") != str(device)):
         return None
     return torch.tensor(correct[:n], dtype=torch.float32)
+
+
+def _backward(loss: Tensor, logp: Tensor, params) -> None:
+    """``loss.backward()``, without the pass through the model where it would give every parameter a zero gradient.
+
+    The loss reaches the parameters only through ``logp`` (old log-probs, advantages, entropies enter it as constants),
+    so when ∂loss/∂logp is zero everywhere — every response of the mini-batch has a zero advantage and the loss has
+    no KL or entropy term: about half of the stress regime's one-group mini-batches — every parameter's gradient is
+    exactly zero, and zeros are set instead (the optimizer still steps, as it did). Otherwise the backward goes on from
+    ``logp`` with that gradient: the same products and sums, in the same order, as one ``loss.backward()``
+    (tests/test_tiny_rl.py checks both bit for bit)."""
+    (grad,) = torch.autograd.grad(loss, logp)
+    if grad.any():
+        logp.backward(grad)
+    else:
+        for p in params:
+            p.grad = torch.zeros_like(p)
 
 
 def _mini_batches(group_ids: Tensor, n: int, gen: torch.Generator) -> list[Tensor]:
