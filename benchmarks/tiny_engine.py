@@ -8,6 +8,9 @@ Each timed run is paired with a measurement of the limit taken just before it, a
 runs' own ratios: other processes share this CPU, and a limit measured once, at a quiet or a busy moment, would
 skew every ratio after it.
 
+rlkit is imported before torch, so every measure runs the float kernels rlkit pins for its runs
+(:mod:`rlkit.numerics`; ``RLKIT_NUMERICS=native`` measures the libraries' own choice).
+
 Sampling time includes the prompts' prefill (its share is printed too); only new tokens are counted. FLOPs per token: forward 2·N
 (N = parameters in matmuls: the blocks' weights and the output projection; the embedding lookup is free) + attention 4·d·n_layers·context (QKᵀ and AV, context = keys attended); training 3× the
 forward. Sampling attends to the whole prefix (mean context = prompt + half the new tokens), training to a causal
