@@ -359,17 +359,19 @@ def _figure_cells(text: str) -> list[tuple[str, str]]:
 
 
 def _words_follow(source: str, following: str) -> bool:
-    """A results figure cell is followed by generated words: ``say(`` after its drawing call, or opening the next
-    code cell."""
-    draw = RESULTS.search(source)
-    return bool(re.search(r"^say\(", source[draw.end():], re.M) or re.match(r"\s*say\(", following))
+    """A results figure cell is followed by generated words: ``say(`` opening the next code cell (after its
+    ``:tags:`` lines). Not in the figure cell itself: myst-nb wraps each of a figure cell's display outputs in its
+    figure, so the words would repeat the figure's label (a duplicate target: the book's build fails)."""
+    body = re.sub(r"\A(:\w+:.*\n)*\s*", "", following)
+    return not re.search(r"^say\(", source, re.M) and body.startswith("say(")
 
 
 def test_the_words_rule_catches_a_silent_figure():
     cell = "---\nmystnb:\n  figure:\n    caption: x\n---\nruns, fig = compare_runs('x', ['val/acc'])\nplt.show()\n"
     assert not _words_follow(cell, "print(1)\n")
-    assert _words_follow(cell + "say(runs)\n", "")
+    assert not _words_follow(cell + "say(runs)\n", "")  # inside the figure cell: wrapped in its figure
     assert _words_follow(cell, "say(runs)\n")
+    assert _words_follow(cell, ":tags: [remove-input]\n\nsay(runs)\n")
     assert [s for s, _ in _figure_cells(f"```{{code-cell}} ipython3\n{cell}```\n")] == [cell]
 
 
