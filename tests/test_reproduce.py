@@ -320,3 +320,47 @@ def test_time_left_weighs_each_run_by_its_cost_and_the_slots():
     assert left.seconds(now=100.0) == 0.0
     assert TimeLeft([5.0], slots=4, now=0.0).text(now=9.0) == "time left: ? until a run ends"  # 5 s outlasted
     assert TimeLeft([2.0, 1.0, 1.0], slots=1, now=0.0).seconds(now=0.0) == 4.0  # by cost: 2 + 1 + 1 on the one slot
+
+
+def test_ctrl_c_stops_the_reproduction_and_its_workers_in_one_line(tmp_path):
+    """Ctrl-C as a terminal sends it, to the launcher and its workers alike, once the workers are training: one line,
+    exit 130, no worker's traceback, and no worker left running."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    results = tmp_path / "results"
+    env = {**os.environ, "RLKIT_CACHE": str(tmp_path / "cache")}
+    argv = [sys.executable, "-m", "rlkit.cli", "reproduce", "--only", "grpo", "--scale", "smoke", "--seeds", "2",
+            "--workers", "2", "--results", str(results)]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not list(results.glob("*/seed*/metrics.jsonl")):  # a worker has logged a step: inside the work
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read().decode()
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=60) == 130
+        err = proc.stderr.read().decode()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert sum("interrupted (Ctrl-C)" in line for line in err.splitlines()) == 1, err
+    deadline = time.monotonic() + 10
+    while True:  # the workers are gone (a zombie awaiting the container's init is no longer running)
+        alive = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == proc.pid and fields[0] != "Z":  # its process group, not a zombie
+                alive.append(stat.parent.name)
+        if not alive or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert not alive, f"workers left running: {alive}"

@@ -364,7 +364,8 @@ def _in_processes(todo: Sequence[PlannedRun], scale: str, results: str, device: 
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_quiet_interrupt)
+    try:
         futures = {pool.submit(_train_one, p, scale, results, device): p for p in todo}
         pending = set(futures)
         while pending:
@@ -376,10 +377,23 @@ def _in_processes(todo: Sequence[PlannedRun], scale: str, results: str, device: 
                 try:
                     minutes = f.result()
                 except BaseException as e:
-                    for other in pending:
-                        other.cancel()
                     raise RuntimeError(f"run {p.name} seed {p.seed} failed: {type(e).__name__}: {e}") from e
                 yield p, minutes
+    except BaseException:  # a failed run, Ctrl-C: the other runs stop now (each resumes from its last checkpoint)
+        workers_left = list(getattr(pool, "_processes", {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for process in workers_left:
+            process.terminate()
+        raise
+    pool.shutdown()
+
+
+def _quiet_interrupt() -> None:
+    """A worker's Ctrl-C (a terminal sends it to every process of its group): end at once, without a traceback of
+    its own — the launcher says it in one line, and the run resumes from its last checkpoint, as after a kill."""
+    import signal
+
+    signal.signal(signal.SIGINT, lambda *_: os._exit(130))
 
 
 class TimeLeft:
