@@ -655,7 +655,7 @@ def _same_numbers(a: Run, b: Run) -> bool:
 
 
 def finding(claim: Claim, r: Mapping[str, Any]) -> str:
-    """One sentence: what was found, with direction and size (its 90% CI), and what it means for the claim."""
+    """One sentence: what was found, with direction and size (its interval), and what it means for the claim."""
     points = claim.metric in SHARES  # a share's differences are written in points (× 100)
     unit = " points" if points else ""
 
@@ -795,7 +795,7 @@ def load(results: str | Path, notebook: str | None = None, seeds: Sequence[int] 
 
 
 def table(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
-    """Records as the page's table: claim · metric (better) · estimate [90% CI] · margin (source) · activity ·
+    """Records as the page's table: claim · metric (better) · estimate [CI] · margin (source) · activity ·
     verdict · finding."""
     rows = []
     for r in records:
@@ -805,18 +805,18 @@ def table(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
             "claim": r["statement"], "paper": r["paper"],
             "metric": f"{r['metric']} ({r['direction']} is better)" if r["direction"] and "equal" not in r["direction"]
             else (r["metric"] or "—"),
-            "estimate [90% CI]": f"{_fmt(r['estimate'], True)} [{_fmt(r['interval'][0], True)}, "
-                                 f"{_fmt(r['interval'][1], True)}]" if judged else "",
+            "estimate [CI]": f"{_fmt(r['estimate'], True)} [{_fmt(r['interval'][0], True)}, "
+                             f"{_fmt(r['interval'][1], True)}]" + _level(r) if judged else "",
             "margin": f"{_fmt(r['margin'])} ({r['margin_source']})" if judged else "",
             "activity": (f"{act['metric']} = {_fmt(act['value'])} (gate {act['gate']})" if act else ""),
             "verdict": r["verdict"], "finding": r["finding"],
         })
-    return pd.DataFrame(rows, columns=["claim", "paper", "metric", "estimate [90% CI]", "margin", "activity",
+    return pd.DataFrame(rows, columns=["claim", "paper", "metric", "estimate [CI]", "margin", "activity",
                                        "verdict", "finding"])
 
 
 GLOSSARY = {
-    HOLDS: "the 90% interval of the difference lies wholly beyond the margin, in the claimed direction",
+    HOLDS: "the interval of the difference (CI) lies wholly beyond the margin, in the claimed direction",
     NO_EFFECT: "the whole interval lies within ±margin: no effect that matters (equivalence, two one-sided tests)",
     SMALLER: "the interval excludes zero in the claimed direction but stays below the margin: an effect, too small",
     OPPOSITE: "the interval lies on the wrong side of zero: the effect runs against the claim",
@@ -855,7 +855,7 @@ def summary(records: Sequence[Mapping[str, Any]], limit: int = 4) -> list[str]:
 
 
 def html(records: Sequence[Mapping[str, Any]], *, method_column: bool = False) -> str:
-    """The claims as a narrow HTML table — claim (with its finding), estimate [90% CI], verdict (coloured) — whose
+    """The claims as a narrow HTML table — claim (with its finding), estimate [CI], verdict (coloured) — whose
     details (the paper's numbers, metric, margin and its source, the mechanism's activity) fold into a dropdown
     under each claim, so the table fits a laptop's text column."""
     rows = []
@@ -865,12 +865,18 @@ def html(records: Sequence[Mapping[str, Any]], *, method_column: bool = False) -
         claim = (f"<b>{escape(r['statement'])}</b><br><span class='rlkit-finding'>{escape(r['finding'])}</span>"
                  f"<details><summary>details</summary><ul>{details}</ul></details>")
         method = f"<td>{escape(r['id'].rsplit('-', 1)[0])}</td>" if method_column else ""
-        rows.append(f"<tr>{method}<td>{claim}</td><td>{estimate_cell(r, t['estimate [90% CI]'])}"
+        rows.append(f"<tr>{method}<td>{claim}</td><td>{estimate_cell(r, t['estimate [CI]'])}"
                     f"</td><td style='background-color:{COLOURS.get(r['verdict'], 'white')}'>"
                     f"{escape(r['verdict'])}</td></tr>")
     head = ("<th>method</th>" if method_column else "") + "<th>claim and finding</th><th>value; difference [CI]</th>" \
         "<th>verdict</th>"
     return (f"<table class='rlkit-claims'><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
+
+
+def _level(r: Mapping[str, Any]) -> str:
+    """`` (98.75%)``: the confidence of a record's interval, as its look of the seed rule chose it."""
+    level = r.get("level")
+    return f" ({level * 100:g}%)" if isinstance(level, (int, float)) else ""
 
 
 def estimate_cell(r: Mapping[str, Any], difference: str) -> str:
