@@ -89,6 +89,27 @@ def test_method_setup_reads_verls_composed_config():
     assert setup.name == "aspo" and not setup.needs_entropy and not setup.hooks().sets_temperature()
 
 
+def test_the_trainer_runs_the_methods_own_check_of_verls_settings_at_start_up(monkeypatch):
+    """A config that bypassed ``rlkit launch`` (main_ppo called directly) meets the method's own check of the
+    engine's settings (:meth:`rlkit.hooks.Hooks.check`) in the trainer itself, with verl's temperature and response
+    budget. (Of the methods with a verl twin none can fail it on verl's keys — HAPO's temperature is verl's own —
+    so the check is made to refuse and to record what it was given.)"""
+    from rlkit.methods.hapo import HapoHooks
+
+    seen = []
+
+    def refuse(self, settings):
+        seen.append((settings.temperature, settings.max_new_tokens))
+        raise ValueError("refused by the method")
+
+    monkeypatch.setattr(HapoHooks, "check", refuse)
+    cfg = verl_config("algorithm.adv_estimator=rlkit_hapo_tlga", "actor_rollout_ref.actor.policy_loss.loss_mode=rlkit_hapo",
+                      "data.max_response_length=32", "actor_rollout_ref.rollout.temperature=0.9")
+    with pytest.raises(ValueError, match="hapo: refused by the method"):
+        MethodSetup.from_config(cfg)
+    assert seen == [(0.9, 32)]
+
+
 def test_trainer_is_verl_sync_and_switches_on_what_the_loss_needs():
     t = trainer_for("algorithm.adv_estimator=rlkit_grpo", "actor_rollout_ref.actor.policy_loss.loss_mode=rlkit_aepo")
     assert t.trainer_mode == "sync" and t.config.actor_rollout_ref.actor.calculate_entropy

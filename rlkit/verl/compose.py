@@ -388,11 +388,11 @@ def check_rlkit_names(cfg) -> None:
             if cfg.algorithm.get(method) is not None:
                 method_config(cfg.algorithm, method)
         if cfg.trainer.v1.trainer_mode == TRAINER:
-            setup = MethodSetup.from_config(cfg)
+            MethodSetup.from_config(cfg)  # its method's own check of the engine's settings included (check_hooks)
+    except LaunchError:
+        raise
     except (KeyError, ValueError, TypeError) as e:
         raise LaunchError(str(e.args[0] if e.args else e)) from None
-    if cfg.trainer.v1.trainer_mode == TRAINER and setup.name is not None:
-        check_hooks(cfg, setup)
 
 
 def engine_settings(cfg) -> SimpleNamespace:

@@ -162,6 +162,10 @@ class MethodSetup:
         if self.loss_mode in POLICY_LOSSES and distillation is not None and distillation.get("enabled", False):
             raise ValueError("the rlkit trainer replaces verl's actor loss, so distillation (distillation.enabled) "
                              "cannot be combined with an rlkit policy loss")
+        if self.name is not None:  # the method's own check of the engine's settings, as the tiny engine runs it
+            from rlkit.verl.compose import check_hooks
+
+            check_hooks(config, self)
 
     @property
     def needs_entropy(self) -> bool:
