@@ -117,7 +117,33 @@ def test_spo_split_refuses_more_subsets_than_rows(tmp_path, capsys):
     assert code == 2 and "--subsets 100000" in err and "7 rows" in err, err
     assert not (tmp_path / "out").exists()
     assert cli.main(["data", "spo-split", "--input", str(rows), "--out", str(tmp_path / "out"), "--subsets", "7"]) == 0
-    assert len(json.loads(capsys.readouterr().out)) == 7 == len(list((tmp_path / "out").iterdir()))
+    assert len(json.loads(capsys.readouterr().out)) == 7 == len(list((tmp_path / "out").glob("subset_*.parquet")))
+
+
+def test_spo_split_writes_only_a_data_folder_and_leaves_one_split_in_it(tmp_path, capsys):
+    """The folder is claimed as a data folder: another kind, or a folder rlkit did not write, is refused untouched;
+    a second split into fewer parts removes the first one's extra parts (its own files only)."""
+    rows = parquet(tmp_path / "rows.parquet", 7)
+    out = tmp_path / "out"
+    assert cli.main(["data", "spo-split", "--input", str(rows), "--out", str(out), "--subsets", "5"]) == 0
+    (out / "notes.txt").write_text("mine")  # the user's own file beside the parts
+    assert cli.main(["data", "spo-split", "--input", str(rows), "--out", str(out), "--subsets", "3"]) == 0
+    assert sorted(p.name for p in out.glob("subset_*")) == [f"subset_{i}.parquet" for i in range(3)]
+    assert (out / "notes.txt").read_text() == "mine"
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "report.pdf").write_text("someone's")
+    code, err = refused(["data", "spo-split", "--input", str(rows), "--out", str(foreign)], capsys)
+    assert code == 2 and "did not write it" in err, err
+    assert tree(foreign) == ["report.pdf"]
+    run = tmp_path / "run"
+    from rlkit.files import TRAINING_RUN, claim_dir
+
+    claim_dir(run, TRAINING_RUN)
+    before = tree(run)
+    code, err = refused(["data", "spo-split", "--input", str(rows), "--out", str(run)], capsys)
+    assert code == 2 and "training run" in err, err
+    assert tree(run) == before
 
 
 def test_spo_merge_of_only_unusable_lines_is_refused_naming_them(tmp_path, capsys):

@@ -325,8 +325,12 @@ def split_subsets(path: str | os.PathLike, out_dir: str | os.PathLike, n_subsets
     """``out_dir/subset_{i}.parquet``: the rows of ``path`` in ``n_subsets`` contiguous parts (sizes differ by ≤ 1).
 
     Refused before anything is written: fewer than one part, more parts than rows (a part would be empty), an
-    input that is not parquet (:class:`~rlkit.errors.BadSource`, :class:`~rlkit.errors.InvalidSetting`)."""
+    input that is not parquet (:class:`~rlkit.errors.BadSource`, :class:`~rlkit.errors.InvalidSetting`), an
+    ``out_dir`` rlkit did not write or of another kind than a data folder (:func:`rlkit.files.claim_dir`). The parts
+    of an earlier split into more parts that rlkit wrote there are removed, so the folder holds one split."""
     import pyarrow.parquet as pq
+
+    from rlkit.files import DATA, claim_dir, record_files
 
     at_least_one(subsets=n_subsets)
     table = read_table(path)
@@ -334,12 +338,17 @@ def split_subsets(path: str | os.PathLike, out_dir: str | os.PathLike, n_subsets
         raise InvalidSetting(f"--subsets {n_subsets}: more parts than the {len(table)} rows of {path}; give at most "
                              f"{len(table)}")
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    names = [f"subset_{i}.parquet" for i in range(n_subsets)]
+    earlier = sorted(p.name for p in out_dir.glob("subset_*.parquet")) if out_dir.is_dir() else []
+    marker = claim_dir(out_dir, DATA, writes=[*DATA_FILES, *names, *earlier])
+    for name in set(earlier) - set(names) & set(marker.get("files", [])):
+        (out_dir / name).unlink()
     bounds = [len(table) * i // n_subsets for i in range(n_subsets + 1)]
     paths = []
-    for i in range(n_subsets):
-        paths.append(out_dir / f"subset_{i}.parquet")
-        pq.write_table(table.slice(bounds[i], bounds[i + 1] - bounds[i]), paths[-1])
+    for name, lo, hi in zip(names, bounds, bounds[1:]):
+        paths.append(out_dir / name)
+        pq.write_table(table.slice(lo, hi - lo), paths[-1])
+    record_files(out_dir, DATA, names)
     return paths
 
 
