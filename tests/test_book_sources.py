@@ -469,3 +469,94 @@ def test_the_caption_rule_catches_a_method_not_drawn():
             'stress_runs, fig = compare_runs("cispo", ["val/acc"], regime="stress")\n')
     assert _drawn(cell.split("\n---\n", 1)[-1]) == {"cispo", "grpo"}
     assert _drawn('runs, fig = compare_runs("grpo", ["val/acc"], baseline=None)\n') == {"grpo"}
+
+
+# The Two engines and Full-scale runs pages' lists of methods — which have a verl twin and which have none yet —
+# come from the registry and the folder of twins (rlkit.lab.two_engines.twins), never typed.
+TWO_ENGINES_PAGE, FULL_SCALE_PAGE = REPO / "notebooks" / "08_two_engines.md", REPO / "book" / "full_scale_runs.md"
+
+
+def _named(text: str) -> set[str]:
+    """The registered methods ``text`` names: by name (``dr_grpo``) or title (``DR_GRPO``, ``Dr. GRPO``), not as part
+    of another name (``DAPO-Math``)."""
+    from rlkit.lab.plots import methods
+
+    def titles(m: str) -> list[str]:
+        return [m, m.upper()] + (["Dr. GRPO"] if m == "dr_grpo" else [])
+
+    return {m for m in methods() if any(re.search(rf"(?<![\w.-]){re.escape(w)}(?![\w-])", text) for w in titles(m))}
+
+
+def _twin_list_problems(notebook: str, page: str, verl_root: Path | None = None) -> list[str]:
+    """How the two pages' texts disagree with :func:`rlkit.lab.two_engines.twins` (every registered method, with a
+    twin in ``verl_root`` or not; default: the published twins) and with the methods verl has a preset for."""
+    from rlkit.lab import book_pages, two_engines
+    from rlkit.lab.plots import methods
+    from rlkit.verl.presets import PRESETS
+
+    have, missing = map(set, two_engines.twins(verl_root))
+    problems = []
+    # Two engines: the opening pastes the lists that a code cell glues from twins_words; its prose names no method
+    # without a twin (the page is about the twins)
+    words = prose(notebook)
+    problems += [f"08_two_engines: no {{glue:text}}`{key}` in its words" for key in ("twin_methods", "no_twin_methods")
+                 if f"{{glue:text}}`{key}`" not in words]
+    if not re.search(r"for name, words in two_engines\.twins_words\(verl_root\)\.items\(\):\n\s+glue\(name, words",
+                     notebook):
+        problems.append("08_two_engines: the lists are not glued from two_engines.twins_words(verl_root)")
+    if typed := sorted(_named(words) - have):
+        problems.append(f"08_two_engines: its text names {typed}, which have no verl twin")
+    # Full-scale runs: the generated block lists every registered method on the right side; the CPU command names
+    # every method with a preset; no other paragraph about the twins names a method without one
+    block = re.search(r"<!-- rlkit twins -->\n(.*?)<!-- end -->", page, re.S)
+    if block is None:
+        problems.append("full_scale_runs: no <!-- rlkit twins --> block")
+    else:
+        said_have, _, said_none = block.group(1).partition(";")
+        if _named(said_have) != have or _named(said_none) != missing:
+            problems.append(f"full_scale_runs: its twins block says {block.group(1).strip()!r}; the registry and the "
+                            f"twins: with {sorted(have)}, without {sorted(missing)}")
+    cpu = re.search(r"<!-- rlkit cpu command -->\n(.*?)<!-- end -->", page, re.S)
+    if cpu is None or _named(cpu.group(1)) != {m for m in methods() if m in PRESETS}:
+        problems.append("full_scale_runs: the CPU command does not list every method with a verl preset")
+    outside = re.sub(r"```.*?```", "", book_pages._BLOCK.sub("", page), flags=re.S)
+    for paragraph in outside.split("\n\n"):
+        if re.search(r"twin|08_two_engines", paragraph, re.I) and (typed := sorted(_named(paragraph) - have)):
+            problems.append(f"full_scale_runs: a paragraph on the twins names {typed}, which have none: "
+                            f"{paragraph[:80]!r}…")
+    return problems
+
+
+def test_the_pages_method_lists_are_the_registrys():
+    assert _twin_list_problems(TWO_ENGINES_PAGE.read_text(), FULL_SCALE_PAGE.read_text()) == []
+
+
+def test_the_method_list_rule_catches_a_method_the_pages_do_not_follow(monkeypatch, tmp_path):
+    from rlkit import registry
+    from rlkit.lab import book_pages
+
+    notebook, page = TWO_ENGINES_PAGE.read_text(), FULL_SCALE_PAGE.read_text()
+    # a method registered later, without a twin: the typed page misses it, the regenerated one names it
+    registry.list_methods()
+    monkeypatch.setitem(registry._METHODS, "zpo", registry._METHODS["grpo"])
+    assert any("zpo" in p for p in _twin_list_problems(notebook, page))
+    assert "zpo have none yet" in book_pages.twins_block() or "zpo has none yet" in book_pages.twins_block()
+    assert _twin_list_problems(notebook, book_pages.update_book_page(page)) == []  # regenerated: it follows
+    from rlkit.verl.presets import PRESETS
+
+    monkeypatch.setitem(PRESETS, "zpo", PRESETS["grpo"])  # ... and given a verl preset: the CPU command must name it
+    assert "full_scale_runs: the CPU command does not list every method with a verl preset" in _twin_list_problems(
+        notebook, book_pages.update_book_page(page))
+    monkeypatch.delitem(PRESETS, "zpo")
+    monkeypatch.delitem(registry._METHODS, "zpo")
+    # a method named as having a twin that has none: twins folder with GRPO's only, or DAPO typed into the text
+    (tmp_path / "grpo").mkdir()
+    (tmp_path / "grpo" / "metrics.jsonl").write_text("")
+    problems = _twin_list_problems(notebook, page, tmp_path)
+    assert any("twins block" in p for p in problems) and any("08_two_engines: its text names" in p for p in problems)
+    typed = notebook.replace("## What ran\n", "## What ran\n\nDAPO's twin is drawn too.\n")
+    assert _twin_list_problems(typed, page) == ["08_two_engines: its text names ['dapo'], which have no verl twin"]
+    typed = page.replace("Nothing has run on GPUs", "Dr. GRPO has a verl twin. Nothing has run on GPUs")
+    assert len(_twin_list_problems(notebook, typed)) == 1
+    untyped = notebook.replace("{glue:text}`no_twin_methods`", "dapo, dr_grpo and cispo have none yet")
+    assert _twin_list_problems(untyped, page)[0] == "08_two_engines: no {glue:text}`no_twin_methods` in its words"

@@ -78,3 +78,26 @@ def test_figure_has_a_panel_per_quantity_and_the_legend_above(tmp_path):
     legends = [ax.get_legend() for ax in fig.axes if ax.get_legend()] + list(fig.legends)
     assert len(legends) == 1 and not any(ax.get_legend() for ax in panels)  # one legend, outside the data
     assert fig.get_size_inches()[0] <= 9.0  # the book's page width: shown at ≥ 3/4 of its size
+
+
+def test_twins_split_every_registered_method_by_the_folder_of_twins(tmp_path, monkeypatch):
+    from rlkit import registry
+
+    registry.list_methods()
+    monkeypatch.setitem(registry._METHODS, "zpo", registry._METHODS["grpo"])  # a method registered later
+    for m in ("gspo", "zpo"):
+        (tmp_path / m).mkdir()
+        (tmp_path / m / "metrics.jsonl").write_text("")
+    (tmp_path / "grpo").mkdir()  # a folder without metrics is no twin
+    have, missing = two_engines.twins(tmp_path)
+    assert have == ["gspo", "zpo"] and "grpo" in missing
+    assert sorted(have + missing) == registry.list_methods()["method"]
+    words = two_engines.twins_words(tmp_path)
+    assert words["twin_methods"] == "gspo and zpo"
+    assert words["no_twin_methods"] == " and ".join([", ".join(missing[:-1]), missing[-1]]) + " have none yet"
+    (tmp_path / "gspo" / "metrics.jsonl").unlink()
+    assert two_engines.twins_words(tmp_path)["twin_methods"] == "zpo"
+    monkeypatch.setattr(two_engines, "methods", lambda: ["grpo", "zpo"])
+    assert two_engines.twins_words(tmp_path) == {"twin_methods": "zpo", "no_twin_methods": "grpo has none yet"}
+    assert two_engines.twins_words(tmp_path / "none") == {"twin_methods": "none",
+                                                          "no_twin_methods": "grpo and zpo have none yet"}

@@ -1,11 +1,14 @@
-"""The book's generated blocks: the presets table and commands of the *Full-scale runs* page.
+"""The book's generated blocks: the presets table, commands and list of verl twins of the *Full-scale runs* page.
 
 The page (``book/full_scale_runs.md``) is hand-written except between markers: ``<!-- rlkit presets -->``
-holds :func:`presets_table`, and each ``<!-- rlkit launch METHOD DATASET -->`` the ``rlkit launch`` line of that
-run (:data:`BOOK_RUNS`) and the ``main_ppo`` command it validates and runs (:func:`book_block`), each block
-ending at ``<!-- end -->``. :func:`update_book_page` re-renders them all from today's presets
-(:mod:`rlkit.verl.presets`) and plan (:func:`rlkit.verl.launch.plan`); a test fails when the page differs from
-it. The methods are the registry's that have a verl preset, in the figures' order (:func:`rlkit.lab.plots.methods`).
+holds :func:`presets_table`; each ``<!-- rlkit launch METHOD DATASET -->`` the ``rlkit launch`` line of that
+run (:data:`BOOK_RUNS`) and the ``main_ppo`` command it validates and runs (:func:`book_block`);
+``<!-- rlkit cpu command -->`` the CPU launch line with the methods it takes (:func:`cpu_command`); and
+``<!-- rlkit twins -->`` the methods that have a verl twin on the *Two engines* page and those that have none
+yet (:func:`twins_block`, from :func:`rlkit.lab.two_engines.twins`). Each block ends at ``<!-- end -->``.
+:func:`update_book_page` re-renders them all from today's presets (:mod:`rlkit.verl.presets`), plan
+(:func:`rlkit.verl.launch.plan`) and twins; a test fails when the page differs from it. The methods are the
+registry's that have a verl preset, in the figures' order (:func:`rlkit.lab.plots.methods`).
 Nothing here imports verl.
 """
 
@@ -14,10 +17,12 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Sequence
+from pathlib import Path
 
+from rlkit.lab import two_engines
 from rlkit.lab.plots import methods
 from rlkit.verl.launch import plan
-from rlkit.verl.presets import PRESETS, dataset_spec, method_preset
+from rlkit.verl.presets import CPU_STEPS, PRESETS, dataset_spec, method_preset
 
 BOOK_METHODS = [m for m in methods() if m in PRESETS]
 """The methods the page shows: every registered method verl has a preset for, in the figures' order."""
@@ -63,7 +68,7 @@ def render_command(method: str, dataset: str, model: str | None = None, *, gpus:
     return " ".join(shlex.quote(w) for w in launch) + "\n" + p.shell(multiline=True)
 
 
-_BLOCK = re.compile(r"<!-- rlkit (presets|launch (\w+) (\w+)) -->\n.*?<!-- end -->", re.S)
+_BLOCK = re.compile(r"<!-- rlkit (presets|twins|cpu command|launch (\w+) (\w+)) -->\n.*?<!-- end -->", re.S)
 
 
 def presets_table() -> str:
@@ -99,6 +104,20 @@ def presets_table() -> str:
     return "<!-- rlkit presets -->\n" + "\n".join(lines) + "\n<!-- end -->"
 
 
+def cpu_command() -> str:
+    """The page's CPU launch line, naming every method it takes (:data:`BOOK_METHODS`) and the default step count."""
+    return ("<!-- rlkit cpu command -->\n```bash\nrlkit launch --method grpo --device cpu              # any of "
+            f"{', '.join(BOOK_METHODS)}; --steps N (default {CPU_STEPS})\n```\n<!-- end -->")
+
+
+def twins_block(verl_root: Path | str | None = None) -> str:
+    """The page's list of the methods that have a verl twin on the *Two engines* page and those that have none
+    (:func:`rlkit.lab.two_engines.twins_words`; default: the published twins)."""
+    words = two_engines.twins_words(verl_root)
+    return (f"<!-- rlkit twins -->\nThe methods with a twin: {words['twin_methods']}; "
+            f"{words['no_twin_methods']}.\n<!-- end -->")
+
+
 def book_block(method: str, dataset: str) -> str:
     """The page's Markdown for one run: the launch line, and the ``main_ppo`` command in a dropdown."""
     launch_line, _, command = render_command(method, dataset).partition("\n")
@@ -108,13 +127,15 @@ def book_block(method: str, dataset: str) -> str:
 
 
 def update_book_page(text: str) -> str:
-    """``text`` with its ``<!-- rlkit presets -->`` table and every ``<!-- rlkit launch METHOD DATASET -->``
-    block re-rendered from today's presets (the tests check that the book's page is up to date)::
+    """``text`` with its ``<!-- rlkit presets -->`` table, its CPU command, its list of twins and every
+    ``<!-- rlkit launch METHOD DATASET -->`` block re-rendered from today's presets and twins (the tests check
+    that the book's page is up to date)::
 
         python -c "from pathlib import Path; from rlkit.lab.book_pages import update_book_page as u; \\
                    p = Path('book/full_scale_runs.md'); p.write_text(u(p.read_text()))"
     """
     def render(match: re.Match) -> str:
-        return presets_table() if match.group(1) == "presets" else book_block(match.group(2), match.group(3))
+        fixed = {"presets": presets_table, "twins": twins_block, "cpu command": cpu_command}.get(match.group(1))
+        return fixed() if fixed else book_block(match.group(2), match.group(3))
 
     return _BLOCK.sub(render, text)

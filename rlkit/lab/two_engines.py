@@ -11,6 +11,11 @@ quantity for one method, both engines in one panel; :func:`agreement` tabulates 
   as independent draws, which consecutive steps are not: a lenient rule, stated as such).
 
 One seed per engine: an agreement or a difference here is an anecdote, not an estimate.
+
+Which methods have a twin is read from the folder of twins (:func:`twins`, the published ones in
+:func:`published_twins_dir`), never typed: the *Two engines* page glues :func:`twins_words` and the *Full-scale
+runs* page's generated block (:mod:`rlkit.lab.book_pages`) renders them, so a method registered later is named
+among those without a twin until its twin is made.
 """
 
 from __future__ import annotations
@@ -18,11 +23,41 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from rlkit.lab.plots import Run, method_color, methods
+
+
+def published_twins_dir() -> Path:
+    """``<project>/reproductions/results-verl-cpu``: the published verl twins, one folder per method."""
+    from rlkit.lab.paths import project_root
+
+    return project_root() / "reproductions" / "results-verl-cpu"
+
+
+def twins(verl_root: Path | str | None = None) -> tuple[list[str], list[str]]:
+    """``(with a twin, without one)``: every registered method (:func:`rlkit.lab.plots.methods`, in the figures'
+    order) split by whether ``verl_root/<method>/metrics.jsonl`` exists (default: :func:`published_twins_dir`)."""
+    root = Path(verl_root) if verl_root is not None else published_twins_dir()
+    have = [m for m in methods() if (root / m / "metrics.jsonl").exists()]
+    return have, [m for m in methods() if m not in have]
+
+
+def _series(names: Sequence[str]) -> str:
+    return " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+
+
+def twins_words(verl_root: Path | str | None = None) -> dict[str, str]:
+    """The pages' words for :func:`twins`, by glue name: ``twin_methods`` ("grpo, gspo and aspo", or "none")
+    and ``no_twin_methods`` ("dapo and cispo have none yet", or "every registered method has one"), the
+    methods by their registered names (``--method``)."""
+    have, missing = twins(verl_root)
+    none = (f"{_series(missing)} {'has' if len(missing) == 1 else 'have'} none yet" if missing
+            else "every registered method has one")
+    return {"twin_methods": _series(have) or "none", "no_twin_methods": none}
 
 
 @dataclass(frozen=True)
@@ -159,5 +194,5 @@ def minutes(run: Run) -> float:
     return float(np.nansum(s.to_numpy())) / 60 if s is not None else math.nan
 
 
-__all__ = ["ENGINES", "OWN", "QUANTITIES", "Quantity", "agreement", "figure", "minutes", "pair", "quantities",
-           "series"]
+__all__ = ["ENGINES", "OWN", "QUANTITIES", "Quantity", "agreement", "figure", "minutes", "pair",
+           "published_twins_dir", "quantities", "series", "twins", "twins_words"]
