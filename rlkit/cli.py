@@ -381,6 +381,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "and settings (rlkit/verl/from_tiny.py)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="with --tiny-scale: tiny-engine fields as rlkit train takes them (--set steps=20)")
+    p.add_argument("--rollout-correction", default=None, metavar="MODE",
+                   help="verl's train-inference mismatch correction: token_tis, seq_tis, seq_mis or icepop "
+                        "(rlkit/core/rollout_correction.py; bounds after -- as algorithm.rollout_correction.*)")
     p.add_argument("--timeout", type=float, default=None, help="stop the launch after this many seconds")
     p.add_argument("--verbose", action="store_true", help="print main_ppo's own output (always in launch.log)")
     p.add_argument("--dry-run", action="store_true", help="validate and print the command, do not run it")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import math
+import shlex
 
 import pytest
 import torch
@@ -441,3 +442,150 @@ def test_verl_settings_survive_hydra_and_verl_config(verl):
             assert node[key] == value and type(node[key]) is type(value), (mode, key, node[key])
         built = omega_conf_to_dataclass(node, RolloutCorrectionConfig)
         assert {k: getattr(built, k) for k in settings_} == settings_ and not built.bypass_mode
+
+
+# ------------------------------------------------------------------------------- rlkit's losses inside verl
+@pytest.fixture(scope="module")
+def verl_losses(verl):
+    """verl's policy-loss lookup with rlkit's ``rlkit_*`` losses registered (rlkit.verl.plugin)."""
+    from rlkit.verl import plugin
+
+    plugin.register_functions()
+    return verl[1].get_policy_loss_fn
+
+
+def _actor_config(ActorConfig, low, high, c=3.0, **batch_info):
+    cfg = ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, clip_ratio_low=low,
+                      clip_ratio_high=high, clip_ratio_c=c)
+    cfg.global_batch_info.update(batch_info)
+    return cfg
+
+
+def _verl_weights(helper, mode, b, rollout, **bounds):
+    """verl's weights and mask; None where verl 0.9.1 cannot compute them (every IcePop weight 0: its effective
+    sample size divides by 0) or every response is rejected."""
+    try:
+        w, mask, _ = verl_correction(helper, mode, b["old_logp"], rollout, b["mask"], **bounds)
+    except ZeroDivisionError:
+        return None
+    return None if mask.sum() == 0 else (w, mask)
+
+
+def _value_and_grad(fn, logp):
+    logp = logp.clone().requires_grad_()
+    loss, metrics = fn(logp)
+    return loss, torch.autograd.grad(loss, logp)[0], metrics
+
+
+@pytest.mark.verl
+@pytest.mark.parametrize("mode,bounds", CASES[1::2])
+@pytest.mark.parametrize("agg", AGG_MODES)
+def test_rlkit_ppo_in_verl_applies_rollout_is_weights_as_vanilla(verl, verl_losses, mode, bounds, agg):
+    """rlkit_ppo (GRPO's loss) given verl's ``rollout_is_weights`` and rejection-sampled mask, as verl's ``ppo_loss``
+    passes them (a bool mask), equals verl's ``vanilla`` loss given the same: value and gradient, locally and with
+    verl's global normalisation (dp_size 2, global token and sequence counts)."""
+    helper, _, ActorConfig = verl
+    ours_fn, vanilla = verl_losses("rlkit_ppo"), verl_losses("vanilla")
+    compared = 0
+    for seed in range(8):
+        b, rollout = sampler_batch(seed, noise=(0.05, 0.3, 1.0, 2.0)[seed % 4])
+        got = _verl_weights(helper, mode, b, rollout, **bounds)
+        if got is None:
+            continue
+        w, mask = got[0], got[1].bool()
+        for info in ({}, {"dp_size": 2, "batch_num_tokens": int(mask.sum()) + 7, "global_batch_size": len(mask) + 3}):
+            cfg = _actor_config(ActorConfig, 0.2, 0.28, **info)
+            args = lambda lp: (b["old_logp"], lp, b["adv"], mask, agg, cfg)  # noqa: E731
+            ours, g_ours, _ = _value_and_grad(lambda lp: ours_fn(*args(lp), rollout_is_weights=w), b["logp"])
+            ref, g_ref, _ = _value_and_grad(lambda lp: vanilla(*args(lp), rollout_is_weights=w), b["logp"])
+            torch.testing.assert_close(ours, ref, rtol=1e-7, atol=2e-8)  # verl's agg_loss adds 1e-8 to lengths
+            torch.testing.assert_close(g_ours, g_ref, rtol=1e-7, atol=2e-8)
+            unweighted, _, _ = _value_and_grad(lambda lp: ours_fn(*args(lp)), b["logp"])
+            compared += not torch.allclose(unweighted, ref)  # the weights changed the loss
+    assert compared >= 4
+
+
+@pytest.mark.verl
+@pytest.mark.parametrize("mode", rc.MODES)
+@pytest.mark.parametrize("agg", ("token-mean", "seq-mean-token-mean"))
+def test_rlkit_cispo_in_verl_with_rollout_is_weights_equals_correct(verl, verl_losses, mode, agg):
+    """rlkit_cispo given verl's weights and mask equals rlkit's own :func:`correct` of CISPO's loss on the sampler's
+    log-probs (value and gradient); without weights the verl loss is unchanged, bit for bit."""
+    helper, _, ActorConfig = verl
+    fn = verl_losses("rlkit_cispo")
+    cfg = _actor_config(ActorConfig, 1.0, 0.28)
+    wrapped = rc.correct(registry.get_policy_loss("cispo"), mode)
+    compared = 0
+    for seed in range(6):
+        b, rollout = sampler_batch(seed, noise=(0.05, 0.3, 1.0)[seed % 3])
+        got = _verl_weights(helper, mode, b, rollout)
+        if got is None:
+            continue
+        w, mask = got
+        ours, g_ours, _ = _value_and_grad(
+            lambda lp: fn(b["old_logp"], lp, b["adv"], mask.bool(), agg, cfg, rollout_is_weights=w), b["logp"])
+        ref, g_ref, _ = _value_and_grad(
+            lambda lp: wrapped(lp, b["old_logp"], b["adv"], b["mask"], rollout_logp=rollout, clip_low=1.0,
+                               clip_high=0.28, agg=agg), b["logp"])
+        torch.testing.assert_close(ours, ref, rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(g_ours, g_ref, rtol=1e-9, atol=1e-12)
+        plain, g_plain, _ = _value_and_grad(lambda lp: fn(b["old_logp"], lp, b["adv"], b["mask"].bool(), agg, cfg),
+                                            b["logp"])
+        direct, g_direct, _ = _value_and_grad(
+            lambda lp: registry.call_policy_loss("cispo", lp, b["old_logp"], b["adv"], b["mask"].bool(),
+                                                 clip_low=1.0, clip_high=0.28, agg=agg), b["logp"])
+        assert torch.equal(plain, direct) and torch.equal(g_plain, g_direct)
+        compared += not torch.allclose(plain, ours)  # the weights changed the loss
+    assert compared >= 3
+
+
+# ------------------------------------------------------------------------------------ rlkit launch's switch
+@pytest.mark.verl
+@pytest.mark.parametrize("mode", rc.MODES)
+def test_launch_switch_composes_and_validates(verl, mode, tmp_path, monkeypatch, capsys):
+    """``rlkit launch --rollout-correction MODE --dry-run``: the printed command carries verl_settings(MODE) under
+    ``algorithm.rollout_correction.`` and the sampler's log-probs; it composes and passes verl's and rlkit's checks,
+    and verl's config reads back the same values."""
+    pytest.importorskip("hydra")
+    from rlkit import cli
+    from rlkit.verl import compose as C
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)  # a dry run checks the data a launch would read
+    (tmp_path / "data" / "gsm8k").mkdir(parents=True)
+    for name in ("train.parquet", "test.parquet"):
+        (tmp_path / "data" / "gsm8k" / name).write_bytes(b"")
+    assert cli.main(["launch", "--method", "grpo", "--dataset", "gsm8k", "--model", "Qwen/Qwen2.5-0.5B-Instruct",
+                     "--gpus", "8", "--dry-run", "--rollout-correction", mode]) == 0
+    words = shlex.split(capsys.readouterr().out.replace("\\\n", " "))
+    assert words[:3] == ["python", "-m", "verl.trainer.main_ppo"]
+    cfg = C.compose(words[3:])
+    node = cfg.algorithm.rollout_correction
+    for key, value in rc.verl_settings(mode).items():
+        assert node[key] == value, key
+    assert cfg.actor_rollout_ref.rollout.calculate_log_probs is True
+    assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == "rlkit_ppo" and not node.bypass_mode
+
+
+@pytest.mark.verl
+def test_launch_switch_refusals(verl, capsys):
+    """A bad mode is refused in one line naming the valid ones; turning the sampler's log-probs off after ``--``
+    is refused (verl would skip the correction silently); bounds after ``--`` replace the defaults."""
+    pytest.importorskip("hydra")
+    from rlkit import cli
+    from rlkit.verl import launch as L
+    from rlkit.verl.presets import LaunchError
+
+    args = ["launch", "--method", "grpo", "--dataset", "gsm8k", "--model", "Qwen/Qwen2.5-0.5B-Instruct", "--gpus",
+            "8", "--dry-run", "--rollout-correction", "tis"]
+    with pytest.raises(SystemExit):
+        cli.main(args)
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "'tis'" in err and all(m in err for m in rc.MODES), err
+    with pytest.raises(LaunchError, match="calculate_log_probs=true"):
+        L.check(L.plan("grpo", "gsm8k", "Qwen/Qwen2.5-0.5B-Instruct", gpus=8, rollout_correction="icepop",
+                       extra=["actor_rollout_ref.rollout.calculate_log_probs=false"]))
+    p = L.plan("grpo", "gsm8k", "Qwen/Qwen2.5-0.5B-Instruct", gpus=8, rollout_correction="token_tis",
+               extra=["algorithm.rollout_correction.rollout_is_threshold=1.5"])
+    assert "algorithm.rollout_correction.rollout_is_threshold=1.5" in p.overrides
+    assert "algorithm.rollout_correction.rollout_is_threshold=2.0" not in p.overrides

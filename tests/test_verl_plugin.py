@@ -268,8 +268,6 @@ def test_losses_refuse_what_verls_stock_call_cannot_give_them():
         core_algos.get_policy_loss_fn("rlkit_hapo")(*args)
     with pytest.raises(ValueError, match="use_entropy_advantage=false"):
         core_algos.get_policy_loss_fn("rlkit_aepo")(*args)
-    with pytest.raises(ValueError, match="rollout-correction"):
-        core_algos.get_policy_loss_fn("rlkit_ppo")(*args, torch.ones_like(b["mask"]))
     with pytest.raises(ValueError, match="valid modes"):
         core_algos.get_policy_loss_fn("rlkit_ppo")(*args[:4], "token-sum", cfg)
     # AEPO's clip-only form (the released ARPO scripts) needs no entropy

@@ -10,6 +10,14 @@ run on this machine's CPU):
    from the same command line — and validates that before anything starts (:mod:`rlkit.verl.compose`);
 3. the exact command is printed and, without ``--dry-run``, :func:`run` runs it.
 
+``--rollout-correction MODE`` turns verl's own train–inference mismatch correction on (decoupled mode):
+``MODE`` is one of :data:`rlkit.core.rollout_correction.MODES` (``token_tis``, ``seq_tis``, ``seq_mis``,
+``icepop``), set as :func:`rlkit.core.rollout_correction.verl_settings` gives it under
+``algorithm.rollout_correction.*``, with the sampler's log-probs that verl computes it from
+(:data:`ROLLOUT_CORRECTION_NEEDS`). Bounds other than the defaults go after ``--`` as verl's keys
+(``algorithm.rollout_correction.rollout_is_threshold=1.5``). rlkit's losses apply verl's weights per token
+(:mod:`rlkit.verl.plugin`).
+
 Every launch runs under a watchdog (:mod:`rlkit.verl.runner`): a run that stops making progress, or hangs after
 an error inside Ray or vLLM, is stopped — its whole process tree — and the underlying error shown. ``--resume``
 continues a killed run from its newest checkpoint without losing or repeating a step of ``metrics.jsonl``.
@@ -90,6 +98,22 @@ RAY_START_TRIES = 3
 RAY_RETRY_PAUSE_S = 10.0
 
 
+ROLLOUT_CORRECTION_NEEDS = {"actor_rollout_ref.rollout.calculate_log_probs": True}
+"""What verl's rollout correction needs besides its own keys: the sampler's log-probs (``rollout_log_probs``).
+Without them verl 0.9.1's trainer skips the correction silently (``trainer_base.py``, ``_compute_advantage``)."""
+
+
+def rollout_correction_overrides(mode: str) -> dict[str, Any]:
+    """verl keys → values that turn rollout correction ``mode`` on (refused in one line naming the valid modes)."""
+    from rlkit.core.rollout_correction import verl_settings
+
+    try:
+        settings = verl_settings(mode)
+    except ValueError as e:
+        raise LaunchError(f"--rollout-correction: {e}") from None
+    return {**{f"algorithm.rollout_correction.{k}": v for k, v in settings.items()}, **ROLLOUT_CORRECTION_NEEDS}
+
+
 # ------------------------------------------------------------------------------------------------ the plan
 @dataclass(frozen=True)
 class Plan:
@@ -141,7 +165,7 @@ def default_experiment(method: str, dataset: str, model: str, device: str = "gpu
 def plan(method: str, dataset: str | None, model: str | None, *, gpus: int | None = None, nodes: int | None = None,
          ray_address: str | None = None, experiment: str | None = None, runs_dir: str = "runs",
          data_dir: str | None = None, device: str = "gpu", steps: int | None = None, tiny: Any = None,
-         extra: Sequence[str] = ()) -> Plan:
+         rollout_correction: str | None = None, extra: Sequence[str] = ()) -> Plan:
     """The overrides for one run (nothing is composed or checked here: see :func:`check`).
 
     ``device="cpu"``: a CPU run (:mod:`rlkit.verl.presets`); ``dataset`` defaults to ``arithmetic`` and ``model``
@@ -149,8 +173,10 @@ def plan(method: str, dataset: str | None, model: str | None, *, gpus: int | Non
     ``trainer.total_training_steps``.
     ``tiny``: a tiny-engine :class:`~rlkit.tiny.rl.RLConfig` whose settings the run takes
     (:func:`rlkit.verl.from_tiny.overrides`; ``model`` and ``data_dir`` are then its prepared ones).
+    ``rollout_correction``: verl's rollout correction of this mode on (:func:`rollout_correction_overrides`).
     """
     preset = method_preset(method)
+    correction = rollout_correction_overrides(rollout_correction) if rollout_correction is not None else {}
     if device not in DEVICES:
         raise LaunchError(f"unknown device {device!r}; valid: {', '.join(DEVICES)}")
     check_arguments(gpus=gpus, nodes=nodes, steps=steps, runs_dir=runs_dir, experiment=experiment,
@@ -216,6 +242,7 @@ def plan(method: str, dataset: str | None, model: str | None, *, gpus: int | Non
             raise LaunchError(str(e)) from None
     if steps is not None or (on_cpu and tiny is None):
         values["trainer.total_training_steps"] = steps or CPU_STEPS
+    values.update(correction)
     if ray_address:
         values["+ray_kwargs.ray_init.address"] = ray_address
         if on_cpu:
@@ -312,7 +339,23 @@ def check(p: Plan):
         check_tool_tags(p.model)
     cfg = compose(p.overrides)
     validate(cfg, tool_config=_tool_source(p, cfg))
+    check_rollout_correction(cfg)
     return cfg
+
+
+def check_rollout_correction(cfg) -> None:
+    """Refuse a rollout correction (``algorithm.rollout_correction.rollout_is`` or ``rollout_rs`` set, decoupled
+    mode) without the sampler's log-probs, which verl 0.9.1 would skip silently (:data:`ROLLOUT_CORRECTION_NEEDS`)."""
+    from omegaconf import OmegaConf
+
+    node = cfg.algorithm.get("rollout_correction", None)
+    if node is None or node.get("bypass_mode", False) or (node.get("rollout_is") is None
+                                                          and node.get("rollout_rs") is None):
+        return
+    for key, value in ROLLOUT_CORRECTION_NEEDS.items():
+        if OmegaConf.select(cfg, key) != value:
+            raise LaunchError(f"algorithm.rollout_correction needs {key}={hydra_value(value)} (the sampler's "
+                              "log-probs): without it verl skips the correction")
 
 
 def _tool_source(p: Plan, cfg) -> str | None:
@@ -512,7 +555,7 @@ def main(args) -> int:
         raise LaunchError("--set sets tiny-engine fields: use it with --tiny-scale (verl keys go after --)")
     p = plan(args.method, args.dataset, model, gpus=args.gpus, nodes=args.nodes, ray_address=args.ray_address,
              experiment=args.experiment, runs_dir=args.runs_dir, data_dir=data, device=args.device,
-             steps=args.steps, tiny=tiny, extra=extra)
+             steps=args.steps, tiny=tiny, rollout_correction=getattr(args, "rollout_correction", None), extra=extra)
     cfg = check(p)
     if args.dry_run:
         if not p.remote:  # a cluster reads its own storage: what is missing here may be there

@@ -52,8 +52,12 @@ Deviations forced by verl's extension points:
   switches are on (:attr:`rlkit.registry.Method.entropy_switches`) then refuses to run without entropies rather
   than silently dropping a component. Per-response inputs reach the estimators through :func:`estimator_inputs`
   the same way.
-- verl's rollout-correction weights (``rollout_is_weights``) are refused: rlkit's losses weight off-policy tokens
-  with their own decoupled-PPO form, which needs the rollout log-probs verl does not pass to a loss.
+- verl's rollout-correction weights (``rollout_is_weights``, ``algorithm.rollout_correction``) multiply each
+  token's loss term before aggregation, as verl's own losses do: rlkit's loss is called with the advantage
+  A_t·w_t (weights detached), which is w_t·ℓ_t in value and gradient because every registered loss is positively
+  homogeneous in its per-token advantage (:func:`rlkit.core.rollout_correction.correct`, whose tests check each
+  loss). verl's rejection sampling arrives as the response mask it passes. One difference: a token of weight 0
+  (IcePop) counts as not clipped in the clip fractions. Without weights the call is unchanged.
 - ``clip_c=None`` (no dual clip) has no verl spelling: verl always dual-clips at ``clip_ratio_c``.
 """
 
@@ -139,11 +143,8 @@ def _verl_policy_loss(name: str) -> Callable:
     ) -> tuple[Tensor, dict[str, float]]:
         if config is None:
             raise ValueError(f"{name} reads the clip ranges from verl's actor config: pass config=ActorConfig(...)")
-        if rollout_is_weights is not None:
-            raise ValueError(
-                f"{name} does not apply verl's rollout-correction weights (algorithm.rollout_correction); "
-                "unset them, rlkit's losses have their own decoupled-PPO correction"
-            )
+        if rollout_is_weights is not None:  # w_t·ℓ_t(A_t) = ℓ_t(w_t·A_t): homogeneity (module doc)
+            advantages = advantages * rollout_is_weights.detach()
         inputs = _LOSS_INPUTS.get()
         entropy = entropy if entropy is not None else (inputs.entropy if inputs is not None else None)
         batch_info = config.get("global_batch_info", None) or {}
