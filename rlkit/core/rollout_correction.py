@@ -340,9 +340,9 @@ def verl_settings(mode: str, **bounds: float | None) -> dict[str, Any]:
     verl keeps a response when log(lo) ≤ −log ρ(y) ≤ log(hi), i.e. 1/hi ≤ ρ(y) ≤ 1/lo, so ρ(y) ≤ C is
     ``lo = 1/C`` and no lower bound is ``hi = inf``.
 
-    rlkit's own losses in verl (``rlkit_*``) refuse verl's ``rollout_is_weights`` for now
-    (:mod:`rlkit.verl.plugin`), so these settings run with verl's own losses only; rejection alone
-    (``rollout_rs``) changes only the mask and runs with either.
+    rlkit's own losses in verl (``rlkit_*``) apply verl's ``rollout_is_weights`` as :func:`correct` does
+    (:mod:`rlkit.verl.plugin`; ``rlkit launch --rollout-correction MODE`` sets these fields); rejection alone
+    (``rollout_rs``) changes only the mask.
     """
     _correction(mode)  # refuses an unknown mode
     defaults = {"token_tis": {"upper": 2.0}, "seq_tis": {"upper": 2.0}, "seq_mis": {"upper": 2.0, "lower": None},
