@@ -163,7 +163,7 @@ def test_verl_runs_the_methods_own_check_of_the_engines_settings_as_the_tiny_eng
     from omegaconf import OmegaConf
 
     from rlkit.methods import dapo, hapo
-    from rlkit.verl.compose import check_hooks
+    from rlkit.verl.inputs import check_hooks
     from rlkit.verl.presets import LaunchError
 
     with pytest.raises(InvalidSetting) as tiny:

@@ -25,7 +25,6 @@ import logging
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from rlkit.verl import TRAINER, cpu
@@ -363,7 +362,7 @@ def check_batch(cfg) -> None:
 def check_rlkit_names(cfg) -> None:
     """rlkit's trainer, estimator and loss are registered in verl, every ``algorithm.<method>`` block is valid
     (:func:`rlkit.verl.plugin.method_config`: its ranges and choices as the tiny engine checks them), the rlkit
-    trainer accepts the config, and the run's method accepts the engine's settings (:func:`check_hooks`)."""
+    trainer accepts the config, and the run's method accepts the engine's settings (:func:`rlkit.verl.inputs.check_hooks`)."""
     from verl.trainer.ppo import core_algos
     from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
 
@@ -393,29 +392,6 @@ def check_rlkit_names(cfg) -> None:
         raise
     except (KeyError, ValueError, TypeError) as e:
         raise LaunchError(str(e.args[0] if e.args else e)) from None
-
-
-def engine_settings(cfg) -> SimpleNamespace:
-    """The engine's settings a method's :meth:`rlkit.hooks.Hooks.check` reads, under the tiny engine's names
-    (:class:`rlkit.tiny.config.RLConfig`), from verl's keys: ``temperature`` (the rollout's) and ``max_new_tokens``
-    (``data.max_response_length``)."""
-    return SimpleNamespace(temperature=float(cfg.actor_rollout_ref.rollout.temperature),
-                           max_new_tokens=int(cfg.data.max_response_length))
-
-
-def check_hooks(cfg, setup) -> None:
-    """The run's method's own check of the engine's settings (:meth:`rlkit.hooks.Hooks.check`), as the tiny engine
-    runs it before any work; its ``Config`` with the values verl's own keys set (:data:`rlkit.verl.VERL_OWNED`:
-    its ``temperature`` is the rollout's)."""
-    from rlkit import registry
-    from rlkit.verl.inputs import verl_owned
-
-    settings = engine_settings(cfg)
-    options = {m: verl_owned(c, temperature=settings.temperature) for m, c in setup.options.items()}
-    try:
-        registry.make_hooks(setup.name, options).check(settings)
-    except ValueError as e:
-        raise LaunchError(f"{setup.name}: {e}") from None
 
 
 def _check_logger(cfg) -> None:

@@ -18,6 +18,7 @@ import dataclasses
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -174,3 +175,25 @@ def rows_of(inputs: registry.AdvantageInputs, keep: Any) -> registry.AdvantageIn
         return [v for v, k in zip(value, keep.tolist()) if k]
 
     return dataclasses.replace(inputs, **{f.name: rows(getattr(inputs, f.name)) for f in dataclasses.fields(inputs)})
+
+
+def engine_settings(cfg) -> SimpleNamespace:
+    """The engine's settings a method's :meth:`rlkit.hooks.Hooks.check` reads, under the tiny engine's names
+    (:class:`rlkit.tiny.config.RLConfig`), from verl's keys: ``temperature`` (the rollout's) and ``max_new_tokens``
+    (``data.max_response_length``)."""
+    return SimpleNamespace(temperature=float(cfg.actor_rollout_ref.rollout.temperature),
+                           max_new_tokens=int(cfg.data.max_response_length))
+
+
+def check_hooks(cfg, setup) -> None:
+    """The run's method's own check of the engine's settings (:meth:`rlkit.hooks.Hooks.check`), as the tiny engine
+    runs it before any work; its ``Config`` with the values verl's own keys set (:data:`rlkit.verl.VERL_OWNED`:
+    its ``temperature`` is the rollout's)."""
+    from rlkit.verl.presets import LaunchError
+
+    settings = engine_settings(cfg)
+    options = {m: verl_owned(c, temperature=settings.temperature) for m, c in setup.options.items()}
+    try:
+        registry.make_hooks(setup.name, options).check(settings)
+    except ValueError as e:
+        raise LaunchError(f"{setup.name}: {e}") from None

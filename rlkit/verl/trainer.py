@@ -89,7 +89,7 @@ from rlkit.core.tool_use import tool_metrics
 from rlkit.hooks import Hooks, Recalled, StepBatch, checked
 from rlkit.tasks.tools import CodeDetection, count_code_calls, first_code_char
 from rlkit.verl import ADV_ESTIMATORS, POLICY_LOSSES, TRAINER
-from rlkit.verl.inputs import estimator_inputs, loss_inputs, method_config, rows_of
+from rlkit.verl.inputs import check_hooks, estimator_inputs, loss_inputs, method_config, rows_of
 from rlkit.verl.runner import hold_before_step
 from rlkit.verl.sampling import APPLIED, CONFIG_KEY, applied_metrics, processor_settings, read_applied, save_state
 
@@ -163,8 +163,6 @@ class MethodSetup:
             raise ValueError("the rlkit trainer replaces verl's actor loss, so distillation (distillation.enabled) "
                              "cannot be combined with an rlkit policy loss")
         if self.name is not None:  # the method's own check of the engine's settings, as the tiny engine runs it
-            from rlkit.verl.compose import check_hooks
-
             check_hooks(config, self)
 
     @property
