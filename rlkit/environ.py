@@ -9,12 +9,14 @@
 - ``RLKIT_RETRAIN_SFT``, ``RLKIT_FUSED_LOSS``, ``RLKIT_VLLM_KEEP_WEIGHTS``: ``0`` or ``1`` (:func:`flag`).
 - ``RLKIT_PROJECT``: checked where a project is looked up (:func:`rlkit.lab.paths.find_project`), as only the
   commands that read one need it.
+- ``RLKIT_TEST_HOLD``: test support, never set by rlkit (:func:`hold_before_step`).
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+import time
 from pathlib import Path
 
 from rlkit.errors import BadEnvironment, UsageError
@@ -86,3 +88,29 @@ def check() -> None:
         flag(name)
     if os.environ.get(CACHE, "").strip():
         check_dir(cache_root(), cache_origin())
+
+
+HOLD = "RLKIT_TEST_HOLD"
+"""Test support, never set by rlkit: ``<step>:<file>`` makes a training run (the tiny engine's, or rlkit's verl
+trainer) stop before it begins step ``<step>`` — step ``<step> - 1`` logged, its checkpoint saved — write ``<file>``
+and wait while the file exists (:func:`hold_before_step`), so that a test kills or freezes the run at that point
+instead of racing it."""
+
+
+def hold_before_step(step: int, *, poll_s: float = 0.2) -> bool:
+    """Test support (:data:`HOLD`): when ``RLKIT_TEST_HOLD`` is ``<step>:<file>`` for this ``step``, write
+    ``<file>`` (this process's pid) and wait until it is removed; True if it held. Without the variable, or for
+    another step, it returns False at once."""
+    value = os.environ.get(HOLD)
+    if not value:
+        return False
+    at, _, path = value.partition(":")
+    if not at.isdigit() or not path:
+        raise ValueError(f"{HOLD} must be <step>:<file>, got {value!r}")
+    if int(at) != step:
+        return False
+    held = Path(path)
+    held.write_text(f"{os.getpid()}\n")
+    while held.exists():
+        time.sleep(poll_s)
+    return True

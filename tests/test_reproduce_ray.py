@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from rlkit import environ
 from rlkit.lab.reproduce import PlannedRun, train_runs
 from rlkit.metrics import read_metrics
 from rlkit.tiny.config import build_config
@@ -108,7 +109,8 @@ def test_runs_on_two_ray_nodes_equal_local_ones_bit_for_bit(tmp_path, monkeypatc
 
 
 @pytest.mark.parametrize("shared", [True, False], ids=["shared-results", "files-sent-back"])
-def test_a_run_lost_with_its_node_is_retried_and_ends_as_an_uninterrupted_one(tmp_path, cluster, shared):
+def test_a_run_lost_with_its_node_is_retried_and_ends_as_an_uninterrupted_one(tmp_path, cluster, shared,
+                                                                              monkeypatch):
     """The node training the run is killed after its second step; Ray runs the task again on a node added then, and
     the run ends equal to an uninterrupted local one. On shared results (``ray_shared``) the retry resumes from the
     checkpoint the lost attempt left there; without, that checkpoint was in the lost node's scratch folder, and the
@@ -141,18 +143,32 @@ def test_a_run_lost_with_its_node_is_retried_and_ends_as_an_uninterrupted_one(tm
         hold = ray.remote(num_cpus=1)(sleep).options(  # the head's CPU taken: the run goes to the other node
             scheduling_strategy=NodeAffinitySchedulingStrategy(head, soft=False)).remote(600)
         out: dict = {}
+        # every attempt stops before step 3 (steps 0-2 logged, step 2's checkpoint saved) until the test lets it on:
+        # the node is killed at that point, not raced to it (environ.HOLD reaches the Ray workers: cluster.worker_env)
+        held = tmp_path / "held"
+        monkeypatch.setenv(environ.HOLD, f"3:{held}")
+
+        def wait_held() -> int:
+            deadline = time.monotonic() + 240
+            while not held.exists():
+                assert thread.is_alive() and time.monotonic() < deadline, f"no attempt held before step 3: {out}"
+                time.sleep(0.1)
+            time.sleep(0.2)  # the pid written
+            return int(held.read_text())
+
         thread = threading.Thread(target=lambda: out.update(minutes=train_runs(
             [run], scale="smoke", results=results, ray_address=cluster.address, ray_shared=shared, progress=False)))
         thread.start()
-        deadline = time.monotonic() + 240
-        while not ((metrics := metrics_on_the_node()).exists()
-                   and any(r["step"] >= 2 for r in read_metrics(metrics))):
-            assert thread.is_alive() and time.monotonic() < deadline, f"no step 2 on the worker node: {out}"
-            time.sleep(0.2)
+        first = wait_held()
+        metrics = metrics_on_the_node()
+        assert [r["step"] for r in read_metrics(metrics)] == [0, 1, 2]
         before = metrics.read_text().splitlines()[:2]  # steps 0 and 1, checkpointed
         lost = cluster.worker_nodes.copy().pop()
         cluster.remove_node(lost, allow_graceful=False)
+        held.unlink()  # its holder is gone with the node
         cluster.add_node(num_cpus=1)
+        assert wait_held() != first  # the retry, in another process, at the same point
+        held.unlink()
         thread.join(timeout=300)
         assert not thread.is_alive() and out["minutes"].keys() == {"grpo seed 0"}
         attempts = sorted((t.attempt_number, t.state, t.node_id) for t in task_records(2))

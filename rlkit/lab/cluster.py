@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from rlkit import numerics
+from rlkit import environ, numerics
 from rlkit.files import atomic_write
 
 RETRIES = 3
@@ -46,8 +46,8 @@ def worker_env() -> dict[str, str]:
     :data:`RLKIT_ENV`. Set in every Ray worker before it imports torch, so remote runs compute what local ones do."""
     pinned = {key for mode in numerics.MODES.values() for key in mode}
     env = dict(numerics.MODES[numerics.mode()])
-    env.update({k: os.environ[k] for k in (*sorted(pinned), *RLKIT_ENV) if k in os.environ})
-    return env
+    env.update({k: os.environ[k] for k in (*sorted(pinned), *RLKIT_ENV, environ.HOLD) if k in os.environ})
+    return env  # environ.HOLD: test support, so that a test holds a remote run at a step as it holds a local one
 
 
 def run_files(run_dir: Path) -> dict[str, bytes]:

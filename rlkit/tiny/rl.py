@@ -224,6 +224,7 @@ def _train(cfg: RLConfig, out: Path, *, device: str, resume: bool, progress: boo
               "thread (progress below; Ctrl-C stops it, --resume continues it)", file=sys.stderr, flush=True)
     bar = tqdm(range(state.step + 1, last + 1), desc=f"{cfg.method} seed {cfg.seed}", disable=not progress)
     for step in bar:
+        environ.hold_before_step(step)  # test support only (RLKIT_TEST_HOLD): nothing unless a test asks for it
         t0 = time.perf_counter()
         metrics = rl_step(run, state)
         if step % cfg.eval_every == 0 or step == cfg.steps:

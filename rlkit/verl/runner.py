@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from rlkit import numerics
+from rlkit.environ import HOLD, hold_before_step  # noqa: F401  (test support, used by rlkit.verl.trainer and tests)
 from rlkit.metrics import MetricsWriter, read_metrics
 
 VERL_METRICS = "verl_metrics.jsonl"
@@ -57,11 +58,6 @@ LAUNCH = "launch.json"
 """The last launch of the run: its marker, command, start time and outcome."""
 MARKER = "RLKIT_LAUNCH_ID"
 """Environment variable every process of a launch inherits: how its process tree is found and stopped."""
-HOLD = "RLKIT_TEST_HOLD"
-"""Test support, never set by rlkit: ``<step>:<file>`` makes rlkit's verl trainer stop before it begins step
-``<step>`` — step ``<step> - 1`` logged, its checkpoint saved — write ``<file>`` and wait while the file exists
-(:func:`hold_before_step`), so that a test kills or freezes the run at that point instead of racing it."""
-
 _TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
 _FATAL = re.compile(r"Traceback \(most recent call last\)|Error executing job with overrides")
 _EXCEPTION_LINE = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt|Exit)(?:\([\w.]+\))?(?::|$)")
@@ -264,25 +260,6 @@ def stop_previous(run_dir: str | os.PathLike) -> int:
     if left:
         stop_tree(None, marker)
     return len(left)
-
-
-def hold_before_step(step: int, *, poll_s: float = 0.2) -> bool:
-    """Test support (:data:`HOLD`): when ``RLKIT_TEST_HOLD`` is ``<step>:<file>`` for this ``step``, write
-    ``<file>`` (this process's pid) and wait until it is removed; True if it held. Without the variable, or for
-    another step, it returns False at once."""
-    value = os.environ.get(HOLD)
-    if not value:
-        return False
-    at, _, path = value.partition(":")
-    if not at.isdigit() or not path:
-        raise ValueError(f"{HOLD} must be <step>:<file>, got {value!r}")
-    if int(at) != step:
-        return False
-    held = Path(path)
-    held.write_text(f"{os.getpid()}\n")
-    while held.exists():
-        time.sleep(poll_s)
-    return True
 
 
 # ------------------------------------------------------------------------------------------------ errors
