@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from pathlib import Path
 
@@ -68,11 +67,11 @@ def check_dir(path: Path, origin: str) -> Path:
 def writable_dir(path: Path, origin: str) -> Path:
     """``path`` (made if missing) where this process may write a file, else a one-line refusal naming ``origin``:
     checked before the work whose result goes there."""
+    from rlkit.files import try_write
+
     check_dir(path, origin)
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
-            pass
+        try_write(path)
     except OSError as e:
         raise _refusal(origin)(f"{origin}: cannot write into {path} ({e.strerror or e}): choose a directory you "
                                "may write, or fix its permissions") from None

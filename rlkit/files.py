@@ -167,6 +167,15 @@ def check_dir(path: str | os.PathLike, kind: str) -> dict[str, Any] | None:
     return marker
 
 
+def try_write(path: Path) -> None:
+    """Make folder ``path`` when missing and write (then remove) a temporary file in it: the ``OSError`` of a
+    folder this process may not write, before the work whose result goes there."""
+    path.mkdir(parents=True, exist_ok=True)
+    fd, probe = tempfile.mkstemp(dir=path, prefix=".rlkit-probe.")
+    os.close(fd)
+    os.unlink(probe)
+
+
 def writable_dir(path: str | os.PathLike, kind: str,
                  remedy: str = "choose another folder, or fix its permissions") -> Path:
     """``path``, a folder that may hold files of ``kind`` (:func:`check_dir`), created when missing and tried with a
@@ -175,10 +184,7 @@ def writable_dir(path: str | os.PathLike, kind: str,
     path = Path(path)
     check_dir(path, kind)
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=path, prefix=".rlkit-probe.")
-        os.close(fd)
-        os.unlink(probe)
+        try_write(path)
     except OSError as e:
         mapped = from_os_error(e)
         if mapped is None:

@@ -133,12 +133,12 @@ def test_an_unwritable_cache_is_refused_before_the_sft_trains(tmp_path, capsys, 
     cache.mkdir()
     cache.chmod(0o555)
     if os.access(cache, os.W_OK):  # root writes anyway: refuse the write probe as the file system would
-        import rlkit.environ
+        import rlkit.files
 
         def read_only(*args, **kwargs):
             raise PermissionError(errno.EROFS, "Read-only file system")
 
-        monkeypatch.setattr(rlkit.environ.tempfile, "TemporaryFile", read_only)
+        monkeypatch.setattr(rlkit.files.tempfile, "mkstemp", read_only)  # the probe of rlkit.files.try_write
     monkeypatch.setenv("RLKIT_CACHE", str(cache))
     try:
         code, line = refused(train_args(tmp_path / "run"), capsys)  # smoke: no shipped start, trained into the cache

@@ -264,6 +264,12 @@ def run_name(method: str, regime: str) -> str:
     return method if regime == "standard" else f"{method}-{regime}"
 
 
+def regime_of(name: str) -> str:
+    """The regime of a run directory's ``name``, :func:`run_name`'s inverse (``grpo-stress``: stress; ``grpo``,
+    ``aspo-eq1``: standard)."""
+    return next((r for r in REGIMES if r != "standard" and name.endswith(f"-{r}")), "standard")
+
+
 # ------------------------------------------------------------------------------------------------ values
 
 

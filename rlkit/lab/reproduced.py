@@ -39,6 +39,7 @@ from typing import Any
 import pandas as pd
 
 from rlkit.errors import DamagedFile
+from rlkit.lab.claims import regime_of
 from rlkit.files import RESULTS, os_errors, read_json, writable_dir, write_text
 from rlkit.metrics import read_metrics
 
@@ -135,13 +136,6 @@ def spread_band(published: Sequence[float], n: int) -> tuple[float, float]:
 PREDICTION = 0.99
 """The level of :func:`regime_band`'s prediction interval: with 75 runs compared, a 95% band would flag about 4 runs
 that are no different; 99% flags fewer than 1."""
-
-
-def regime_of(name: str) -> str:
-    """The regime of a run from its name (``grpo-stress``: stress; ``grpo``: standard)."""
-    from rlkit.tiny.config import REGIMES
-
-    return next((r for r in REGIMES if r != "standard" and name.endswith(f"-{r}")), "standard")
 
 
 def regime_spreads(runs: dict[str, dict[int, Path]]) -> dict[str, tuple[float, int]]:
