@@ -165,7 +165,8 @@ def test_a_run_lost_with_its_node_is_retried_and_ends_as_an_uninterrupted_one(tm
         before = metrics.read_text().splitlines()[:2]  # steps 0 and 1, checkpointed
         lost = cluster.worker_nodes.copy().pop()
         cluster.remove_node(lost, allow_graceful=False)
-        held.unlink()  # its holder is gone with the node
+        gone_with_the_node(first)  # before the hold is lifted: a holder still alive would go on and finish the run
+        held.unlink()
         cluster.add_node(num_cpus=1)
         assert wait_held() != first  # the retry, in another process, at the same point
         held.unlink()
@@ -189,6 +190,30 @@ def test_a_run_lost_with_its_node_is_retried_and_ends_as_an_uninterrupted_one(tm
     assert untimed(there) == untimed(here) and len(untimed(there)) == 9
     assert (there / "eval.jsonl").read_bytes() == (here / "eval.jsonl").read_bytes()
     assert not list(results.glob(".rlkit-ray-*")), "the launcher's token for shared storage was left behind"
+
+
+def gone_with_the_node(pid: int) -> None:
+    """A lost node takes its processes with it; a simulated node's worker notices its raylet's end only later and
+    could meanwhile go on: it is killed here, as the machine going down would, and its end awaited (a zombie is
+    dead: its parent, the lost raylet, is gone too)."""
+    import os
+    import signal
+    import time
+
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{pid}").exists():
+        status = Path(f"/proc/{pid}/status")
+        try:
+            if "\tZ" in next(line for line in status.read_text().splitlines() if line.startswith("State:")):
+                return
+        except (OSError, StopIteration):
+            return
+        assert time.monotonic() < deadline, f"process {pid} outlived its node"
+        time.sleep(0.05)
 
 
 def test_the_workers_get_the_kernel_pins_and_switches_a_local_worker_would(monkeypatch):
