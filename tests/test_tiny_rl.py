@@ -448,11 +448,13 @@ def test_mini_batches_hold_whole_groups_and_every_row_once(groups, n, seed):
     assert max(per_batch) - min(per_batch) <= 1  # prompts spread evenly
 
 
-@pytest.mark.parametrize("case", ["mixed", "zero", "kl"])
+@pytest.mark.parametrize("case", ["mixed", "zero", "kl", "kl-mixed"])
 def test_backward_is_loss_backward_bit_for_bit_and_skips_only_zero_gradients(case):
-    """The update's backward (rl._backward) against a plain ``loss.backward()`` on two prompts × four responses:
-    every parameter's gradient and the weights after an Adam step equal bit for bit; the pass through the model is
-    skipped only when the advantages are all zero and the loss has no term without them (a KL-like term here)."""
+    """The update's backward (rl._backward, the log-probs from token_logprobs with the silent rows frozen) against a
+    plain ``loss.backward()`` on two prompts × four responses: every parameter's gradient and the weights after an
+    Adam step equal bit for bit; the rows with a zero advantage run without autograd's graph, and the pass through
+    the model is skipped when every advantage is zero, unless the loss has a term without them (a KL-like term
+    here), which gets the graph back."""
     import copy
 
     from rlkit import registry
@@ -468,28 +470,37 @@ def test_backward_is_loss_backward_bit_for_bit_and_skips_only_zero_gradients(cas
     attn[:, P:] = torch.arange(T) < torch.randint(4, T + 1, (B, 1))
     attn[4:, :2] = False  # the second prompt is shorter (left padding)
     mask = attn[:, P:].float()
-    adv = {"mixed": torch.tensor([1.0, -1, 1, -1, 0, 0, 0, 0]), "zero": torch.zeros(B), "kl": torch.zeros(B)}[case]
+    mixed = torch.tensor([1.0, -1, 1, -1, 0, 0, 0, 0])  # the second group without signal
+    adv = {"mixed": mixed, "zero": torch.zeros(B), "kl": torch.zeros(B), "kl-mixed": mixed}[case]
     adv = adv[:, None].expand(B, T) * mask
+    silent = (adv.abs() * mask).sum(-1) == 0
+    graphs = []
 
-    def update(m, backward):
+    def update(m, ours):
         opt = torch.optim.Adam(m.parameters(), lr=1e-2)
-        logp, _ = token_logprobs(m, ids, attn, P)
+        logp, _ = token_logprobs(m, ids, attn, P, rows_per_chunk=4, frozen=silent if ours else None)
         old = logp.detach() + 0.01
-        loss, _ = registry.policy_loss("grpo", logp, old, adv, mask)
-        if case == "kl":
-            loss = loss + ((logp - old) ** 2 * mask).mean()
+        probe = logp.detach().requires_grad_() if ours else logp
+        loss, _ = registry.policy_loss("grpo", probe, old, adv, mask)
+        if case.startswith("kl"):
+            loss = loss + ((probe - old) ** 2 * mask).mean()
         seen = []
         m.embed.weight.register_hook(lambda g: seen.append(1))
         opt.zero_grad(set_to_none=True)
-        backward(loss, logp, m)
+        if ours:
+            _backward(loss, probe, logp, silent, lambda: graphs.append(1) or token_logprobs(
+                m, ids, attn, P, rows_per_chunk=4)[0], m.parameters())
+        else:
+            loss.backward()
         grads = [p.grad.clone() for p in m.parameters()]
         opt.step()
         return grads, [p.detach().clone() for p in m.parameters()], bool(seen)
 
-    plain = update(copy.deepcopy(model), lambda loss, logp, m: loss.backward())
-    ours = update(copy.deepcopy(model), lambda loss, logp, m: _backward(loss, logp, m.parameters()))
+    plain = update(copy.deepcopy(model), False)
+    ours = update(copy.deepcopy(model), True)
     assert all(torch.equal(a, b) for a, b in zip(plain[0], ours[0]))
     assert all(torch.equal(a, b) for a, b in zip(plain[1], ours[1]))
     assert plain[2] and ours[2] == (case != "zero")
+    assert bool(graphs) == case.startswith("kl")  # the second forward only where the loss needs the silent rows
     assert any(g.abs().sum() > 0 for g in plain[0]) == (case != "zero")
 

@@ -29,6 +29,7 @@ their prompt's keys and values, and autograd sums their gradients into it), as t
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -523,6 +524,7 @@ def token_logprobs(
     temperature: float | Tensor = 1.0,
     rows_per_chunk: int = 8,
     share_prompts: bool = True,
+    frozen: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Log-probs and entropies of the response tokens under ``model``, with gradient → ``(logp, entropy)`` (B, T).
 
@@ -536,6 +538,8 @@ def token_logprobs(
     200-character prompts: about 40% of a padded batch is padding). With ``share_prompts``, rows of one chunk that
     answer the same prompt run its prompt once (:meth:`TinyDecoder.forward_after_prefixes`): the same values and
     gradients up to float rounding, ~2× fewer tokens for a GRPO batch here (97-token prompts, 49-token responses).
+    ``frozen`` (B,) bool: rows whose log-probs the caller needs without gradient (an update's rows with a zero
+    advantage); a chunk of frozen rows only runs without autograd's graph, the others exactly as without it.
     """
     if ids.dim() != 2 or attention_mask.shape != ids.shape:
         raise ValueError(
@@ -564,24 +568,34 @@ def token_logprobs(
     logp = ids.new_zeros((B, T), dtype=torch.float32)
     entropy = ids.new_zeros((B, T), dtype=torch.float32)
     for rows in _chunks(order, prompt_id, rows_per_chunk):
-        first = response_start - int(prompt_len[rows].max().clamp(min=1))
-        t = max(1, int(response_len[rows].max()))
-        temps = temperature[rows, :t] if isinstance(temperature, Tensor) and temperature.shape[1] > 1 else \
-            temperature[rows] if isinstance(temperature, Tensor) else temperature
-        prompts, prompt_of = torch.unique_consecutive(prompt_id[rows], return_inverse=True)
-        if share_prompts and len(prompts) < len(rows) and first < response_start - 1:
-            head = rows[torch.searchsorted(prompt_of, torch.arange(len(prompts), device=rows.device))]
-            logits = model.forward_after_prefixes(ids[head, first : response_start - 1],
-                                                  mask[head, first : response_start - 1], prompt_of,
-                                                  ids[rows, response_start - 1 : response_start + t - 1])
-        else:
-            logits = model(ids[rows, first : response_start + t - 1],
-                           attention_mask=mask[rows, first : response_start + t - 1])[:, response_start - 1 - first :]
-        chunk_logp, chunk_entropy = _logp_and_entropy(logits, ids[rows, response_start : response_start + t], temps)
+        with torch.no_grad() if frozen is not None and bool(frozen[rows].all()) else nullcontext():
+            chunk_logp, chunk_entropy, t = _chunk_logprobs(model, ids, mask, rows, prompt_id, prompt_len,
+                                                           response_len, response_start, temperature, share_prompts)
         real = mask[rows, response_start : response_start + t]
         logp[rows, :t] = torch.where(real, chunk_logp, 0.0)
         entropy[rows, :t] = torch.where(real, chunk_entropy, 0.0)
     return logp, entropy
+
+
+def _chunk_logprobs(model: TinyDecoder, ids: Tensor, mask: Tensor, rows: Tensor, prompt_id: Tensor,
+                    prompt_len: Tensor, response_len: Tensor, response_start: int, temperature: float | Tensor,
+                    share_prompts: bool) -> tuple[Tensor, Tensor, int]:
+    """One chunk of :func:`token_logprobs`: the log-probs and entropies of ``rows``' first ``t`` response tokens
+    (``t`` their longest response), each row cut to the chunk's longest prompt → ``(logp, entropy, t)``."""
+    first = response_start - int(prompt_len[rows].max().clamp(min=1))
+    t = max(1, int(response_len[rows].max()))
+    temps = temperature[rows, :t] if isinstance(temperature, Tensor) and temperature.shape[1] > 1 else \
+        temperature[rows] if isinstance(temperature, Tensor) else temperature
+    prompts, prompt_of = torch.unique_consecutive(prompt_id[rows], return_inverse=True)
+    if share_prompts and len(prompts) < len(rows) and first < response_start - 1:
+        head = rows[torch.searchsorted(prompt_of, torch.arange(len(prompts), device=rows.device))]
+        logits = model.forward_after_prefixes(ids[head, first : response_start - 1],
+                                              mask[head, first : response_start - 1], prompt_of,
+                                              ids[rows, response_start - 1 : response_start + t - 1])
+    else:
+        logits = model(ids[rows, first : response_start + t - 1],
+                       attention_mask=mask[rows, first : response_start + t - 1])[:, response_start - 1 - first :]
+    return (*_logp_and_entropy(logits, ids[rows, response_start : response_start + t], temps), t)
 
 
 def _chunks(order: Tensor, prompt_id: Tensor, rows_per_chunk: int) -> list[Tensor]:

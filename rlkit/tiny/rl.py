@@ -26,6 +26,7 @@ import json
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -401,14 +402,18 @@ def rl_step(run: Run, state: RunState) -> dict[str, float]:
         group["lr"] = cfg.lr * min(1.0, (state.step + 1) / max(1, cfg.warmup_steps))
     device = mask.device
     passes = [_mini_batches(group_ids, cfg.mini_batches, state.prompt_gen) for _ in range(cfg.ppo_epochs)]
+    silent = (adv.abs() * mask).sum(-1) == 0  # (B,) responses without a learning signal (adv/zero_frac's)
     for rows in (rows for chunks in passes for rows in chunks):
         rows = rows.to(device)
-        logp, entropy = token_logprobs(model, ids[rows], attn[rows], start, temperature=ro.temperature[rows])
+        logp, entropy = token_logprobs(model, ids[rows], attn[rows], start, temperature=ro.temperature[rows],
+                                       frozen=silent[rows])
+        probe = logp.detach().requires_grad_()  # ∂loss/∂logp of every row, the silent ones' included
         extra = {k: v[rows] if isinstance(v, Tensor) else v for k, v in behav.items()}
-        loss, lm = registry.policy_loss(cfg.method, logp, old_logp[rows], adv[rows], mask[rows], run.configs,
+        loss, lm = registry.policy_loss(cfg.method, probe, old_logp[rows], adv[rows], mask[rows], run.configs,
                                         entropy=entropy.detach(), **extra)
         opt.zero_grad(set_to_none=True)
-        _backward(loss, logp, model.parameters())
+        _backward(loss, probe, logp, silent[rows], lambda: token_logprobs(
+            model, ids[rows], attn[rows], start, temperature=ro.temperature[rows])[0], model.parameters())
         lm["actor/grad_norm"] = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip).item()
         opt.step()
         for k, v in lm.items():
@@ -460,16 +465,23 @@ def _sft_correct(sft_info: dict, n: int, max_new: int, device: str) -> Tensor | 
     return torch.tensor(correct[:n], dtype=torch.float32)
 
 
-def _backward(loss: Tensor, logp: Tensor, params) -> None:
-    """``loss.backward()``, without the pass through the model where it would give every parameter a zero gradient.
+def _backward(loss: Tensor, probe: Tensor, logp: Tensor, silent: Tensor, with_graph: Callable[[], Tensor],
+              params) -> None:
+    """``loss.backward()`` through the model, without the passes that would add exact zeros to the gradients.
 
-    The loss reaches the parameters only through ``logp`` (old log-probs, advantages, entropies enter it as constants),
-    so when ∂loss/∂logp is zero everywhere — every response of the mini-batch has a zero advantage and the loss has
-    no KL or entropy term: two thirds of the one-group mini-batches of a GRPO stress run (``adv/zero_frac`` 0.65) —
-    every parameter's gradient is exactly zero, and zeros are set instead (the optimizer still steps, as it did). Otherwise the backward goes on from
-    ``logp`` with that gradient: the same products and sums, in the same order, as one ``loss.backward()``
-    (tests/test_tiny_rl.py checks both bit for bit)."""
-    (grad,) = torch.autograd.grad(loss, logp)
+    The loss reaches the parameters only through the log-probs (old log-probs, advantages, entropies enter it as
+    constants); it was computed on ``probe``, a leaf copy of ``logp``, so ``∂loss/∂logp`` is known for every row
+    before any pass through the model. A row with a zero advantage (``silent``) adds nothing to a loss that has no
+    term without the advantage — every rlkit loss: −A·r, clipped or gated, A reshaped by entropy multiplicatively —
+    and its ``logp`` came without autograd's graph (:func:`token_logprobs`'s ``frozen``, chunks of silent rows); the
+    others' backward goes on from ``logp`` with that gradient: the same products and sums, in the same order, as one
+    ``loss.backward()`` over every row, less the chunks whose contribution was exactly zero (x + 0 = x: bit for bit,
+    tests/test_tiny_rl.py). When the gradient is zero everywhere (every response of a stress run's one-group
+    mini-batch silent, half of them) zeros are set (the optimizer still steps, as it did). A loss with a gradient in
+    a silent row (a KL or entropy term) gets the graph it needs: ``with_graph()`` runs the rows again with it."""
+    (grad,) = torch.autograd.grad(loss, probe)
+    if (grad[silent] != 0).any():  # not rlkit's losses: correct, at the cost of a second forward
+        logp = with_graph()
     if grad.any():
         logp.backward(grad)
     else:
