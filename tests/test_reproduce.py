@@ -364,3 +364,23 @@ def test_ctrl_c_stops_the_reproduction_and_its_workers_in_one_line(tmp_path):
             break
         time.sleep(0.2)
     assert not alive, f"workers left running: {alive}"
+
+
+@pytest.mark.parametrize(("kwargs", "seeds"), [({}, None), ({"seeds": 5}, 5), ({"scale": "smoke"}, 3)])
+def test_the_pages_get_the_seeds_the_claims_were_judged_on(tmp_path, monkeypatch, kwargs, seeds):
+    """Sequential (the specs' scale, no --seeds): the pages get seeds=None, every seed the rounds left, and show
+    claims.json as judged; --seeds N: N; another scale (no rounds): the spec's own, as its claims were judged."""
+    from rlkit.lab import paths, reproduce
+
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "grpo.yaml").write_text("name: grpo\nnotebook: notebooks/01_grpo.md\nmethod: grpo\nseeds: 3\n")
+    (specs / "comparison.yaml").write_text("name: comparison\nnotebook: notebooks/07_comparison.md\n")
+    given = []
+    monkeypatch.setattr(reproduce, "train_runs", lambda planned, **kw: {})
+    monkeypatch.setattr(reproduce, "seed_rounds", lambda *a, **kw: {})
+    monkeypatch.setattr(reproduce.claims, "judge_all", lambda *a, **kw: [])
+    monkeypatch.setattr(reproduce, "execute", lambda spec, out, params, **kw: given.append(params) or out / "nb.ipynb")
+    monkeypatch.setattr(paths, "published_dir", lambda: tmp_path / "nowhere")
+    reproduce.reproduce(results=tmp_path / "results", specs_dir=specs, progress=False, **kwargs)
+    assert [p["seeds"] for p in given] == [seeds, seeds]  # the method's page and the comparison alike

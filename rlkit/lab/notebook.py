@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from rlkit.lab import claims, paths, plots
+from rlkit.lab.claims import run_name
 from rlkit.lab.plots import Run
 from rlkit.lab.reproduce import ensure_run, get_spec
 
@@ -180,9 +181,31 @@ def results_dir(results: str | Path | None) -> Path:
     return Path(results) if results else paths.results_dir()
 
 
-def spec_runs(name: str, *, scale: str, seeds: int, results: str | Path | None, device: str = "cpu",
+def seeds_of(name: str, seeds: int | None, results: str | Path | None, start: int) -> list[int]:
+    """The seeds a page takes of run group ``name`` (``<results>/<name>/seed<k>``): 0..``seeds``−1 for an integer
+    (as ``rlkit reproduce --seeds N``); None: every seed present, 0, 1, … as the sequential rule's rounds left them
+    (:func:`rlkit.lab.claims.available_seeds`), and at least 0..``start``−1 (the spec's seeds, trained if missing)."""
+    if seeds is not None:
+        return list(range(seeds))
+    return list(range(max(len(claims.available_seeds(results_dir(results), name)), start)))
+
+
+def seeds_text(counts: Sequence[int]) -> str:
+    """How many seeds run groups have, in words: ``"3"`` when they all have 3, ``"3–12"`` when they differ."""
+    lo, hi = min(counts), max(counts)
+    return f"{lo}" if lo == hi else f"{lo}–{hi}"
+
+
+def spec_seed_counts(name: str, seeds: int | None, results: str | Path | None) -> list[int]:
+    """The number of seeds a page takes (:func:`seeds_of`) of each run group of spec ``name``."""
+    spec = get_spec(name)
+    return [len(seeds_of(p.name, seeds, results, spec.seeds)) for p in spec.runs(1)]
+
+
+def spec_runs(name: str, *, scale: str, seeds: int | None, results: str | Path | None, device: str = "cpu",
               progress: bool = True, regime: str = "standard", variant: str | None = None) -> list[Run]:
-    """Seeds 0..``seeds``−1 of a reproduction's run — its method in ``regime``, or one of its ``variant`` runs
+    """The seeds (:func:`seeds_of`: 0..``seeds``−1, or with None every seed the reproduction trained) of a
+    reproduction's run — its method in ``regime``, or one of its ``variant`` runs
     (``reproductions/specs/<name>.yaml``) — trained, resumed or reused (:func:`rlkit.lab.reproduce.ensure_run`)."""
     spec = get_spec(name)
     if spec.method is None:
@@ -190,9 +213,10 @@ def spec_runs(name: str, *, scale: str, seeds: int, results: str | Path | None, 
     if variant is not None and variant not in spec.variants:
         raise KeyError(f"spec {name!r} has no variant {variant!r}; valid: {', '.join(spec.variants) or 'none'}")
     overrides = spec.variants[variant] if variant else {}
+    group = variant or run_name(spec.method, regime)
     return [ensure_run(spec.method, scale=scale, seed=k, results=results_dir(results), device=device,
                        name=variant, regime=regime if variant is None else "standard", overrides=overrides,
-                       progress=progress) for k in range(seeds)]
+                       progress=progress) for k in seeds_of(group, seeds, results, spec.seeds)]
 
 
 def compare_runs(
@@ -200,7 +224,7 @@ def compare_runs(
     metrics: Sequence[str],
     *,
     scale: str,
-    seeds: int,
+    seeds: int | None,
     results: str | Path | None,
     device: str = "cpu",
     progress: bool = True,
@@ -211,9 +235,10 @@ def compare_runs(
     x: str = "step",
     figure: str = "curves.png",
 ):
-    """Train (or reuse) ``seeds`` seeds of ``method`` and of its ``baseline`` in ``regime`` (and of the spec's
-    ``variants``), draw ``metrics`` (mean over seeds, min–max band), save the figure under
-    ``<results>/<method>/figures/`` and return ``(runs, fig)``."""
+    """Train (or reuse) the seeds of ``method`` and of its ``baseline`` in ``regime`` (and of the spec's
+    ``variants``) — 0..``seeds``−1, or with None every seed each group has (:func:`spec_runs`) — draw ``metrics``
+    (mean over seeds, min–max band), save the figure under ``<results>/<method>/figures/`` and return
+    ``(runs, fig)``."""
     kw = dict(scale=scale, seeds=seeds, results=results, device=device, progress=progress)
     runs = spec_runs(baseline, regime=regime, **kw) if baseline and baseline != method else []
     runs += spec_runs(method, regime=regime, **kw)
@@ -224,19 +249,23 @@ def compare_runs(
     return runs, fig
 
 
-def run_settings(method: str, scale: str, seeds: int) -> dict[str, Any]:
+def run_settings(method: str, scale: str, seeds: int | None, results: str | Path | None = None) -> dict[str, Any]:
     """The settings a page's text quotes about ``method``'s runs at ``scale`` with ``seeds`` seeds, by glue name:
     taken from the config the runs use (:func:`rlkit.tiny.config.build_config`, standard and stress regimes) and
-    this module's :data:`TAIL_WINDOW` — a page never types them."""
+    this module's :data:`TAIL_WINDOW` — a page never types them. ``seeds`` None: the seeds the spec's run groups
+    have in ``results`` (:func:`spec_seed_counts`), e.g. ``"3–12"`` where the sequential rule added seeds."""
     from rlkit.tiny.config import build_config
     from rlkit.tiny.task import max_response_tokens
 
     std, stress = build_config(method, scale), build_config(method, scale, regime="stress")
     spo = build_config("spo", scale)
+    counts = [seeds] if seeds is not None else spec_seed_counts(method, None, results)
     return {"steps": std.steps, "prompts": std.prompts_per_step, "group": std.group_size,
             "samples": std.prompts_per_step * std.group_size, "eval_every": std.eval_every,
-            "eval_size": std.eval_size, "final_eval_size": f"{std.final_eval_size:,}", "seeds": seeds,
-            "seeds_dof": seeds - 1, "tail_window": TAIL_WINDOW, "stress_staleness": stress.staleness,
+            "eval_size": std.eval_size, "final_eval_size": f"{std.final_eval_size:,}",
+            "seeds": seeds if seeds is not None else seeds_text(counts),
+            "seeds_dof": seeds - 1 if seeds is not None else seeds_text([n - 1 for n in counts]),
+            "tail_window": TAIL_WINDOW, "stress_staleness": stress.staleness,
             "budget": std.max_new_tokens or max_response_tokens(std.sft.task, std.sft.form),
             "spo_prompts": spo.prompts_per_step, "spo_group": spo.group_size, "scale": scale,
             "dapo_buffer": build_config("dapo", scale).dapo.overlong_buffer, **preset_settings()}
@@ -258,12 +287,12 @@ def preset_settings() -> dict[str, str]:
                   "preset_dapo_max_length": f"{dapo['data.max_response_length'] - buffer:,}"}
 
 
-def glue_settings(method: str, scale: str, seeds: int) -> None:
+def glue_settings(method: str, scale: str, seeds: int | None, results: str | Path | None = None) -> None:
     """Glue :func:`run_settings` under their names for the page's ``{glue:text}`` roles. Nothing is shown: it
     returns None, so a cell that ends with it prints no settings dump above the page's method."""
     from myst_nb import glue
 
-    for name, value in run_settings(method, scale, seeds).items():
+    for name, value in run_settings(method, scale, seeds, results).items():
         glue(name, value, display=False)
 
 
@@ -287,20 +316,47 @@ RULES_LINK = ("<p>How verdicts are reached — intervals, margins, the seed rule
 """The link every claims table ends with: the verdict rules are stated once in the book (the comparison page)."""
 
 
+def claim_records(name: str, *, seed: int | None = None, seeds: int | None = None,
+                  results: str | Path | None = None) -> tuple[list[dict[str, Any]], str | None]:
+    """The verdict records of spec ``name``'s claims a page shows, and a note when they are not the saved ones.
+
+    ``seeds`` None (and no ``seed``): the records of ``claims.json`` beside the runs as the reproduction saved them —
+    each judged on its own seeds at its look's level by the sequential rule — never judged again; without them,
+    judged now by the sequential rule (:func:`rlkit.lab.claims.judge_spec` with no seeds). One ``seed``, or seeds
+    0..``seeds``−1: the saved records when they were judged on exactly those seeds, else judged now on them (a
+    fixed design), with a note saying that the saved records differ."""
+    spec = get_spec(name)
+    root = results_dir(results)
+    chosen = [seed] if seed is not None else None if seeds is None else list(range(seeds))
+    saved = claims.load(root, spec.notebook) or []
+    if saved and (chosen is None or claims.load(root, spec.notebook, chosen)):
+        return saved, None
+    records = claims.judge_spec(spec, root, chosen)
+    if not saved:
+        return records, None
+    judged_on = sorted({len(r["seeds"]) for r in saved if r["interval"] is not None})
+    on = f"seed {seed}" if seed is not None else f"seeds 0–{seeds - 1}"
+    return records, (f"Judged here on {on} (a fixed design, 95% intervals): the reproduction's verdicts in "
+                     f"{claims.CLAIMS_FILE}, judged on {seeds_text(judged_on or [0])} seeds, differ in their seeds; "
+                     "execute the page with seeds = None to show them.")
+
+
+def note_html(note: str | None) -> str:
+    """A :func:`claim_records` note as a paragraph above the claims (nothing without one)."""
+    return f"<p class='rlkit-note'>{escape(note)}</p>" if note else ""
+
+
 def claims_table(name: str, *, seed: int | None = None, seeds: int | None = None,
                  results: str | Path | None = None):
     """The spec's claims (the rules: :data:`rlkit.lab.claims.RULES`) as HTML: a "What we found" box in plain
     sentences, the narrow table (claim and finding, estimate, coloured verdict; details folded) and the verdict
-    words' glossary. The records are those of ``claims.json`` beside the runs when they were judged on the same
-    seeds (one ``seed``, or seeds 0..``seeds``−1), else judged now from the runs."""
-    spec = get_spec(name)
-    chosen = [seed] if seed is not None else list(range(seeds or spec.seeds))
-    root = results_dir(results)
-    records = claims.load(root, spec.notebook, chosen) or claims.judge_spec(spec, root, chosen)
+    words' glossary. The records: :func:`claim_records` (with ``seeds`` None, those the reproduction saved in
+    ``claims.json``; judged now only where there are none, or on other explicit seeds — then said above the table)."""
+    records, note = claim_records(name, seed=seed, seeds=seeds, results=results)
     from IPython.display import HTML
 
-    return HTML(say_html(records_sentences(records)) + claims.found_box(records) + claims.html(records)
-                + claims.glossary_html() + RULES_LINK)
+    return HTML(note_html(note) + say_html(records_sentences(records))
+                + claims.found_box(records) + claims.html(records) + claims.glossary_html() + RULES_LINK)
 
 
 # ------------------------------------------------------------------------------------------------ words after results
@@ -362,8 +418,8 @@ def endings_sentences(runs: Sequence[Run]) -> list[str]:
     ends = endings(runs)
     if not ends:
         return []
-    seeds = sorted({e.seeds for e in ends})
-    over = f"{seeds[0]} seed{'s' * (seeds[0] > 1)}" if len(seeds) == 1 else "their seeds"
+    counts = [e.seeds for e in ends]
+    over = f"{seeds_text(counts)} seed{'s' * (max(counts) > 1)}"
     moves = "; ".join(f"`{e.label}` {_acc(e.start)} → {_acc(e.end)}" for e in ends)
     out = [f"Held-out accuracy, start → end, mean of {over}: {moves}."]
     if len(ends) > 1:

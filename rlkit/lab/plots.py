@@ -179,10 +179,14 @@ def seed_band(runs: Sequence[Run], metric: str, x: str = "step") -> pd.DataFrame
 
 
 def describe(runs: Sequence[Run]) -> str:
-    """The caption of a figure: scale, model, data and seeds of the runs drawn (from their config.json)."""
+    """The caption of a figure: scale, model, data and seeds of the runs drawn (from their config.json; how many
+    each run group has where they differ, as the sequential seed rule leaves them)."""
     configs = [r.config for r in runs if r.config]
     seeds = sorted({r.seed for r in runs if r.seed is not None})
     seed_text = f"seeds {', '.join(map(str, seeds))}" if seeds else "seeds unknown"
+    counts = {label: sum(r.seed is not None for r in group) for label, group in by_method(runs).items()}
+    if len(set(counts.values())) > 1:  # the sequential seed rule gave some groups more seeds: say how many each
+        seed_text += " (" + ", ".join(f"{label} {n}" for label, n in counts.items()) + ")"
     if not configs:
         return f"{len(runs)} run(s), {seed_text}"
     c = configs[0]

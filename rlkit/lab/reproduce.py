@@ -529,8 +529,10 @@ def reproduce(
         print(f"claims: {len(judged)} judged -> {claims.save(judged, results)}", flush=True)
     done: list[Path] = []
     for i, spec in enumerate(specs, 1):
+        # seeds: as judged — None, every seed the rounds left (the pages show claims.json's records as saved), or
+        # a fixed number: --seeds N, or each spec's own at another scale
         params = {"scale": scale or spec.scale, "results": str(shown), "device": device, "progress": False,
-                  "seeds": seeds or spec.seeds, **spec.parameters}
+                  "seeds": None if sequential else seeds or spec.seeds, **spec.parameters}
         print(f"[{i}/{len(specs)}] {spec.name}: {spec.notebook} at {params['scale']} scale", flush=True)
         t0 = time.perf_counter()
         done.append(execute(spec, spec.out_dir(results), params, progress=progress))
