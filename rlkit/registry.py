@@ -348,8 +348,37 @@ def _shown(value: Any) -> str:
 # --------------------------------------------------------------------------- lookup
 
 
+_LOADED = False
+
+
 def _load_methods() -> None:
-    import rlkit.methods  # noqa: F401  (importing the method modules fills the tables)
+    """Import the method modules, once (importing them fills the tables): :mod:`rlkit.methods` and every other
+    module in its folder (:func:`import_method_modules`), so a new method's module needs no import added."""
+    global _LOADED
+    if _LOADED:
+        return
+    _LOADED = True
+    try:
+        import_method_modules()
+    except BaseException:
+        _LOADED = False
+        raise
+
+
+def import_method_modules() -> list[str]:
+    """Import :mod:`rlkit.methods`, then each module of its package path it did not import (``fast``, its fused
+    paths, excepted: it runs after the methods it speeds up); returns the names imported here."""
+    import importlib
+    import pkgutil
+    import sys
+
+    import rlkit.methods
+
+    found = [info.name for info in pkgutil.iter_modules(rlkit.methods.__path__, "rlkit.methods.")]
+    new = [name for name in found if name not in sys.modules and name != "rlkit.methods.fast"]
+    for name in new:
+        importlib.import_module(name)
+    return new
 
 
 def _lookup(table: dict[str, Any], kind: str, name: str) -> Any:

@@ -21,7 +21,8 @@ REPO, BOOK_DIR = paths.project_root(), paths.book_dir()
 
 # Files that exist only in the developers' workspace: a published page must not send a reader to them.
 DEVELOPER_FILES = ("METHODS.md", "METHODS §", "NOTES-", "DESIGN.md", "STYLE.md", "../shared")
-METHOD_NOTEBOOKS = ["01_grpo", "02_gspo", "03_aspo", "04_aepo", "05_spo", "06_hapo"]
+METHOD_SPECS = {Path(s.notebook).stem: s for s in load_specs() if s.method}
+"""The method pages (the specs that train a method), by notebook name: every list of them is this one."""
 SECTIONS = ["Background", "Key equations", "Implementation", "Checks on toy tensors", "Run it",
             "Results beside the paper's claim", "Logged metrics explained", "Pitfalls and deviations", "Exercises",
             "References"]
@@ -69,7 +70,7 @@ def test_every_citation_and_notes_reference_resolves():
     assert len(used) >= 6, f"the method pages link to only {sorted(used)} of the method notes"
 
 
-@pytest.mark.parametrize("name", METHOD_NOTEBOOKS)
+@pytest.mark.parametrize("name", METHOD_SPECS)
 def test_method_page_anatomy(name):
     """Quick facts and pseudocode first, the ten sections in order, visible imports, helpers from rlkit."""
     text = (REPO / "notebooks" / f"{name}.md").read_text()
@@ -81,7 +82,7 @@ def test_method_page_anatomy(name):
     assert "def tail(" not in text, f"{name}: a copy of rlkit.lab.notebook.tail"
     implementation = text[text.index("## Implementation"):text.index("## Checks on toy tensors")]
     assert "show_source(" in implementation, f"{name}: Implementation does not show rlkit's source"
-    if name != "01_grpo":
+    if f"({'notes-' + METHOD_SPECS[name].method})=" in NOTES.read_text():
         assert "<notes-" in text, f"{name}: no link to its method notes"
 
 
@@ -227,8 +228,7 @@ def test_glued_settings_are_the_configs_and_presets():
     assert int(got["preset_dapo_max_length"].replace(",", "")) + buffer == dapo["data.max_response_length"]
 
 
-IMPLEMENTATION_PAGES = ["01_grpo", "02_gspo", "03_aspo", "04_aepo", "05_spo", "06_hapo", "09_dapo", "10_dr_grpo",
-                        "11_cispo"]
+IMPLEMENTATION_PAGES = list(METHOD_SPECS)
 PLUMBING = re.compile(r"\bregist|\bfast\b|\braise\b|\b_?check\w*\(|Hooks\b|kwargs_for|\bestimate\(|\bConfig\b"
                       r"|\.require\(")
 """What a reader should not meet before the math: the registry, the fast path, argument checks, hooks, configs."""
@@ -453,14 +453,19 @@ def _drawn(source: str) -> set[str] | None:
 def test_captions_name_only_the_methods_drawn(path):
     from rlkit.lab.plots import methods
 
-    named = {m: re.compile(rf"\b{re.escape(m.upper())}\b") for m in methods() if m != "dr_grpo"}
+    names = {m: _titles(m)[-1] for m in methods()}  # the name captions use: GRPO, Dr. GRPO
+
+    def names_it(m: str, caption: str) -> bool:  # "GRPO" in "Dr. GRPO" is Dr. GRPO's
+        for other in names.values():
+            caption = caption.replace(other, "") if names[m] in other and other != names[m] else caption
+        return re.search(rf"(?<![\w.-]){re.escape(names[m])}(?![\w-])", caption) is not None
+
     for source, _ in _figure_cells(path.read_text()):
         drawn = _drawn(source.split("\n---\n", 1)[-1])
         caption = re.search(r"caption: \"(.*)\"", source)
         if drawn is None or caption is None:
             continue
-        extra = sorted(m for m, word in named.items() if word.search(caption.group(1).replace("Dr. GRPO", ""))
-                       and m not in drawn)
+        extra = sorted(m for m in names if names_it(m, caption.group(1)) and m not in drawn)
         assert not extra, f"{path.name}: a caption names {extra}, not drawn: {caption.group(1)}"
 
 
@@ -481,10 +486,15 @@ def _named(text: str) -> set[str]:
     of another name (``DAPO-Math``)."""
     from rlkit.lab.plots import methods
 
-    def titles(m: str) -> list[str]:
-        return [m, m.upper()] + (["Dr. GRPO"] if m == "dr_grpo" else [])
+    return {m for m in methods() if any(re.search(rf"(?<![\w.-]){re.escape(w)}(?![\w-])", text) for w in _titles(m))}
 
-    return {m for m in methods() if any(re.search(rf"(?<![\w.-]){re.escape(w)}(?![\w-])", text) for w in titles(m))}
+
+def _titles(m: str) -> list[str]:
+    """The words that name method ``m``: its name, in capitals, and its spec's (``Dr. GRPO``), that one last."""
+    from rlkit.lab.book_pages import display_name
+
+    spec = next((s for s in METHOD_SPECS.values() if s.method == m), None)
+    return [m, m.upper()] + ([display_name(spec)] if spec else [])
 
 
 def _twin_list_problems(notebook: str, page: str, verl_root: Path | None = None) -> list[str]:
@@ -560,3 +570,26 @@ def test_the_method_list_rule_catches_a_method_the_pages_do_not_follow(monkeypat
     assert len(_twin_list_problems(notebook, typed)) == 1
     untyped = notebook.replace("{glue:text}`no_twin_methods`", "dapo, dr_grpo and cispo have none yet")
     assert _twin_list_problems(untyped, page)[0] == "08_two_engines: no {glue:text}`no_twin_methods` in its words"
+
+
+# The book's lists of the methods — the table of contents, the intro's and the papers page's tables, the Full-scale
+# runs page's commands — are generated from the specs and the registry (rlkit.lab.book_pages), never typed.
+@pytest.mark.parametrize("name", ["_toc.yml", "intro.md", "papers.md", "full_scale_runs.md"])
+def test_the_books_generated_lists_are_up_to_date(name):
+    from rlkit.lab import book_pages
+
+    assert name in book_pages.BOOK_PAGES
+    text = (BOOK_DIR / name).read_text()
+    assert book_pages.update_book_page(text) == text, f"book/{name} is stale: python -m rlkit.lab.book_pages"
+    assert len(book_pages._TOC.findall(text)) + len(book_pages._BLOCK.findall(text)) > 0, f"{name}: no generated list"
+
+
+def test_the_toc_lists_every_method_page_once_in_notebook_order():
+    import yaml
+
+    toc = yaml.safe_load((BOOK_DIR / "_toc.yml").read_text())
+    files = [c["file"] for part in toc["parts"] for c in part["chapters"]]
+    pages = [f"notebooks/{name}" for name in METHOD_SPECS]
+    assert [f for f in files if f in pages] == pages
+    assert sorted(files) == sorted(set(files))
+    assert {Path(s.notebook).stem for s in load_specs()} == {f.split("/")[-1] for f in files if "notebooks/" in f}

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
+import rlkit.methods
 from conftest import make_batch, make_groups
 from rlkit import registry
 from rlkit.core.groups import group_advantage
@@ -22,6 +25,9 @@ from rlkit.methods.gspo import gspo_loss
 from rlkit.registry import AdvantageInputs, Method, MissingInputs, kwargs_for
 
 D = torch.float64
+METHOD_MODULES = sorted(p.stem for p in Path(rlkit.methods.__file__).parent.glob("*.py")
+                        if p.stem not in ("__init__", "fast"))
+"""The method modules in rlkit/methods (``fast`` holds fused paths, no method): the methods, by file."""
 
 
 def test_builtin_names_resolve_to_the_functions():
@@ -31,7 +37,7 @@ def test_builtin_names_resolve_to_the_functions():
     names = registry.list_methods()
     assert {"grpo", "aspo", "spo", "hapo_tlga"} <= set(names["advantage"])
     assert {"ppo", "gspo", "aepo", "hapo"} <= set(names["policy_loss"])
-    assert set(names["method"]) == {"grpo", "gspo", "aspo", "aepo", "spo", "hapo", "dapo", "dr_grpo", "cispo"}
+    assert set(names["method"]) == set(METHOD_MODULES)  # each module of rlkit/methods registers its namesake
     m = registry.get_method("hapo")
     assert (m.config, m.advantage, m.policy_loss) == (hapo.Config, "hapo_tlga", "hapo")
 
@@ -50,13 +56,40 @@ def test_unknown_name_lists_valid_ones():
         registry.get_policy_loss("gpso")
     with pytest.raises(KeyError, match="valid names: .*grpo"):
         registry.get_advantage("gae")
-    with pytest.raises(KeyError, match="unknown method 'ppo2'; valid names: aepo, aspo, cispo, dapo, dr_grpo, grpo, "
-                                       "gspo, hapo, spo"):
+    with pytest.raises(KeyError, match=re.escape(f"unknown method 'ppo2'; valid names: {', '.join(METHOD_MODULES)}")):
         registry.get_method("ppo2")
     with pytest.raises(KeyError, match="unknown method 'ppo2'"):
         registry.advantage("ppo2", AdvantageInputs(torch.ones(2), [0, 0], torch.ones(2, 3)))
     with pytest.raises(ValueError, match="non-empty string"):
         registry.register_advantage("")
+
+
+ZETA = """from dataclasses import dataclass
+from rlkit.registry import Method, register_method
+
+
+@dataclass
+class Config:
+    pass
+
+
+register_method(Method("zeta_mod", Config, advantage="grpo", policy_loss="ppo"))
+"""
+
+
+def test_a_method_module_needs_no_import_added(tmp_path, monkeypatch):
+    """A module dropped into rlkit/methods registers its method: the registry imports every module of the
+    package, not only those rlkit/methods/__init__.py names."""
+    (tmp_path / "zeta_mod.py").write_text(ZETA)
+    monkeypatch.setattr(rlkit.methods, "__path__", [*rlkit.methods.__path__, str(tmp_path)])
+    monkeypatch.delitem(sys.modules, "rlkit.methods.zeta_mod", raising=False)
+    try:
+        assert registry.import_method_modules() == ["rlkit.methods.zeta_mod"]
+        assert registry.get_method("zeta_mod").policy_loss == "ppo"
+        assert registry.import_method_modules() == []  # once
+    finally:
+        registry.unregister("zeta_mod")
+        sys.modules.pop("rlkit.methods.zeta_mod", None)
 
 
 def test_cli_lists_methods():

@@ -3,9 +3,10 @@
 ``book/`` holds the hand-written pages (intro, papers, full-scale runs), ``_config.yml``, ``_toc.yml`` and
 ``references.bib``. :func:`build` copies each spec's executed notebook from the results into
 ``<book>/notebooks/`` and runs ``jupyter-book build`` with warnings as errors; nothing is executed during the build
-(``execute_notebooks: off``), so the pages show exactly what ``rlkit reproduce`` computed. The generated blocks
-of the hand-written *Full-scale runs* page (presets table, launch commands) come from
-:mod:`rlkit.lab.book_pages`. Every default folder is the project's (:mod:`rlkit.lab.paths`).
+(``execute_notebooks: off``), so the pages show exactly what ``rlkit reproduce`` computed. The generated text
+of the hand-written pages and of ``_toc.yml`` (the lists of the methods, the presets table, launch commands) comes
+from :mod:`rlkit.lab.book_pages` and is committed: ``python -m rlkit.lab.book_pages`` rewrites it, and a test
+fails while a page differs from it. Every default folder is the project's (:mod:`rlkit.lab.paths`).
 
     rlkit book                                  # reproductions/results -> book/_build/html
     rlkit book --results /tmp/smoke --book /tmp/book-copy

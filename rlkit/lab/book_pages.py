@@ -1,14 +1,22 @@
-"""The book's generated blocks: the presets table, commands and list of verl twins of the *Full-scale runs* page.
+"""The book's generated text: every list of the methods on its hand-written pages, and the *Full-scale runs*
+page's presets table, commands and list of verl twins.
 
-The page (``book/full_scale_runs.md``) is hand-written except between markers: ``<!-- rlkit presets -->``
-holds :func:`presets_table`; each ``<!-- rlkit launch METHOD DATASET -->`` the ``rlkit launch`` line of that
-run (:data:`BOOK_RUNS`) and the ``main_ppo`` command it validates and runs (:func:`book_block`);
-``<!-- rlkit cpu command -->`` the CPU launch line with the methods it takes (:func:`cpu_command`); and
-``<!-- rlkit twins -->`` the methods that have a verl twin on the *Two engines* page and those that have none
-yet (:func:`twins_block`, from :func:`rlkit.lab.two_engines.twins`). Each block ends at ``<!-- end -->``.
-:func:`update_book_page` re-renders them all from today's presets (:mod:`rlkit.verl.presets`), plan
-(:func:`rlkit.verl.launch.plan`) and twins; a test fails when the page differs from it. The methods are the
-registry's that have a verl preset, in the figures' order (:func:`rlkit.lab.plots.methods`).
+A page is hand-written except between markers, each block ending at ``<!-- end -->`` (``<!-- end runs -->`` for
+``runs``): on ``book/full_scale_runs.md``, ``<!-- rlkit presets -->`` holds :func:`presets_table`; each
+``<!-- rlkit launch METHOD DATASET -->`` the ``rlkit launch`` line of that run (:data:`BOOK_RUNS`) and the
+``main_ppo`` command it validates and runs (:func:`book_block`), and ``<!-- rlkit runs DATASET -->`` one heading
+and launch block per method (:func:`runs_block`); ``<!-- rlkit cpu command -->`` the CPU launch line with the
+methods it takes (:func:`cpu_command`); ``<!-- rlkit twins -->`` the methods that have a verl twin on the *Two
+engines* page and those that have none yet (:func:`twins_block`, from :func:`rlkit.lab.two_engines.twins`). On
+``book/intro.md``, ``<!-- rlkit method pages -->`` is the table of the method pages (:func:`method_pages_table`);
+on ``book/papers.md``, ``<!-- rlkit papers -->`` the table of papers (:func:`papers_table`); ``book/_toc.yml``
+lists the method pages between ``# rlkit method pages`` and ``# end`` (:func:`toc_block`).
+
+The method pages are the specs that train a method (:func:`method_specs`), in notebook order, each named by its
+spec's title; the verl runs are the registry's methods that have a verl preset, in the figures' order
+(:func:`rlkit.lab.plots.methods`). :func:`update_book_page` re-renders every block of a page from today's specs,
+presets (:mod:`rlkit.verl.presets`), plan (:func:`rlkit.verl.launch.plan`) and twins, :func:`update_book` every
+page of the book (``python -m rlkit.lab.book_pages``); tests fail when a committed page differs from it.
 Nothing here imports verl.
 """
 
@@ -19,8 +27,9 @@ import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
-from rlkit.lab import two_engines
+from rlkit.lab import paths, two_engines
 from rlkit.lab.plots import methods
+from rlkit.lab.reproduce import Spec, load_specs
 from rlkit.verl.launch import plan
 from rlkit.verl.presets import CPU_STEPS, PRESETS, dataset_spec, method_preset
 
@@ -68,7 +77,64 @@ def render_command(method: str, dataset: str, model: str | None = None, *, gpus:
     return " ".join(shlex.quote(w) for w in launch) + "\n" + p.shell(multiline=True)
 
 
-_BLOCK = re.compile(r"<!-- rlkit (presets|twins|cpu command|launch (\w+) (\w+)) -->\n.*?<!-- end -->", re.S)
+_BLOCK = re.compile(r"<!-- rlkit (presets|twins|cpu command|method pages|papers|launch (\w+) (\w+)) -->\n.*?"
+                    r"<!-- end -->", re.S)
+_RUNS = re.compile(r"<!-- rlkit runs (\w+) -->\n.*?<!-- end runs -->", re.S)
+_TOC = re.compile(r"^( *)# rlkit method pages\n.*?^ *# end\n", re.S | re.M)
+GENERATED = (_RUNS, _BLOCK, _TOC)
+"""Every kind of generated block, outermost first (a ``runs`` block holds ``launch`` blocks)."""
+
+
+def method_specs(specs_dir: Path | None = None) -> list[Spec]:
+    """The specs of the method pages (those that train a method), in notebook order."""
+    return [s for s in load_specs(specs_dir) if s.method]
+
+
+def display_name(spec: Spec) -> str:
+    """The method's name in prose: its spec's title up to the colon (``Dr. GRPO``)."""
+    return spec.title.partition(":")[0].strip() or spec.method.upper()
+
+
+def _page(spec: Spec) -> str:
+    """The book's name of a spec's page (``notebooks/01_grpo``: :mod:`rlkit.lab.book` stages it there)."""
+    return "notebooks/" + Path(spec.notebook).stem
+
+
+def _markdown(rows: list[list]) -> list[str]:
+    """A Markdown table: a header row, then the rows."""
+    return ["| " + " | ".join(map(str, rows[0])) + " |", "|" + "---|" * len(rows[0])] + [
+        "| " + " | ".join(map(str, r)) + " |" for r in rows[1:]]
+
+
+def method_pages_table(specs_dir: Path | None = None) -> str:
+    """The intro's table of the method pages: each linked by its method's name, with the rest of its title."""
+    rows = [["method", "what its page shows"]] + [
+        [f"{{doc}}`{display_name(s)} <{_page(s)}>`", s.title.partition(":")[2].strip()]
+        for s in method_specs(specs_dir)]
+    return "<!-- rlkit method pages -->\n" + "\n".join(_markdown(rows)) + "\n<!-- end -->"
+
+
+def papers_table(specs_dir: Path | None = None) -> str:
+    """The papers page's table: each method's page, the paper its spec cites, and its rlkit module."""
+    from rlkit.registry import get_method
+
+    rows = [["method", "paper", "rlkit's module"]] + [
+        [f"{{doc}}`{display_name(s)} <{_page(s)}>`", f"{{cite:t}}`{s.paper}`",
+         f"`{get_method(s.method).config.__module__}`"] for s in method_specs(specs_dir)]
+    return "<!-- rlkit papers -->\n" + "\n".join(_markdown(rows)) + "\n<!-- end -->"
+
+
+def toc_block(indent: str = "      ", specs_dir: Path | None = None) -> str:
+    """``_toc.yml``'s chapters of the method pages, between its ``# rlkit method pages`` and ``# end`` lines."""
+    lines = [f"{indent}# rlkit method pages"] + [f"{indent}- file: {_page(s)}" for s in method_specs(specs_dir)]
+    return "\n".join([*lines, f"{indent}# end"]) + "\n"
+
+
+def runs_block(dataset: str) -> str:
+    """The page's commands on ``dataset``: for each method of :data:`BOOK_RUNS`, a heading and its launch block."""
+    names = {s.method: display_name(s) for s in method_specs()}
+    parts = [f"#### {names.get(m, m.upper())}\n{book_block(m, dataset)}" for m in BOOK_RUNS[dataset]]
+    return f"<!-- rlkit runs {dataset} -->\n" + "\n\n".join(parts) + "\n<!-- end runs -->"
 
 
 def presets_table() -> str:
@@ -94,13 +160,9 @@ def presets_table() -> str:
                                 f"{keys['data.max_response_length']:,}", ", ".join(mechanics) or "—",
                                 "Python sandbox" if preset.tools else "—"])
 
-    def markdown(rows: list[list]) -> list[str]:
-        return ["| " + " | ".join(map(str, rows[0])) + " |", "|" + "---|" * len(rows[0])] + [
-            "| " + " | ".join(map(str, r)) + " |" for r in rows[1:]]
-
-    lines = ["The loss:", "", *markdown(tables["loss"]), "", "The batch, on DAPO-Math as in each paper (prompts and "
-             "responses per step, optimizer updates per batch, the response budget in tokens):", "",
-             *markdown(tables["batch"])]
+    lines = ["The loss:", "", *_markdown(tables["loss"]), "", "The batch, on DAPO-Math as in each paper (prompts "
+             "and responses per step, optimizer updates per batch, the response budget in tokens):", "",
+             *_markdown(tables["batch"])]
     return "<!-- rlkit presets -->\n" + "\n".join(lines) + "\n<!-- end -->"
 
 
@@ -127,15 +189,35 @@ def book_block(method: str, dataset: str) -> str:
 
 
 def update_book_page(text: str) -> str:
-    """``text`` with its ``<!-- rlkit presets -->`` table, its CPU command, its list of twins and every
-    ``<!-- rlkit launch METHOD DATASET -->`` block re-rendered from today's presets and twins (the tests check
-    that the book's page is up to date)::
-
-        python -c "from pathlib import Path; from rlkit.lab.book_pages import update_book_page as u; \\
-                   p = Path('book/full_scale_runs.md'); p.write_text(u(p.read_text()))"
-    """
+    """``text`` with every generated block re-rendered (module doc): the *Full-scale runs* page's presets table,
+    CPU command, list of twins and commands, the intro's and the papers page's tables, ``_toc.yml``'s method pages.
+    The tests check that the book's pages are up to date; :func:`update_book` rewrites them."""
     def render(match: re.Match) -> str:
-        fixed = {"presets": presets_table, "twins": twins_block, "cpu command": cpu_command}.get(match.group(1))
+        fixed = {"presets": presets_table, "twins": twins_block, "cpu command": cpu_command,
+                 "method pages": method_pages_table, "papers": papers_table}.get(match.group(1))
         return fixed() if fixed else book_block(match.group(2), match.group(3))
 
-    return _BLOCK.sub(render, text)
+    text = _TOC.sub(lambda m: toc_block(m.group(1)), text)
+    return _BLOCK.sub(render, _RUNS.sub(lambda m: runs_block(m.group(1)), text))
+
+
+BOOK_PAGES = ("_toc.yml", "intro.md", "papers.md", "full_scale_runs.md")
+"""The book's hand-written files that hold generated blocks."""
+
+
+def update_book(book: Path | None = None) -> list[Path]:
+    """Re-render the generated blocks of every page of :data:`BOOK_PAGES` in ``book`` (default: the project's);
+    returns the files that changed."""
+    changed = []
+    for name in BOOK_PAGES:
+        path = Path(book or paths.book_dir()) / name
+        text = path.read_text()
+        if (new := update_book_page(text)) != text:
+            path.write_text(new)
+            changed.append(path)
+    return changed
+
+
+if __name__ == "__main__":  # python -m rlkit.lab.book_pages
+    for path in update_book():
+        print(f"updated {path}")
