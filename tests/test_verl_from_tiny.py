@@ -60,6 +60,18 @@ def test_what_the_twin_cannot_carry_is_refused():
         from_tiny.overrides(build_config("dapo", "cpu", {"dapo.overlong_buffer": "16"}))
     with pytest.raises(ValueError, match="mixed"):
         from_tiny.overrides(build_config("grpo", "cpu", {"sft.form": "tool"}))
+    with pytest.raises(ValueError, match="rollout_dtype='bfloat16'"):  # the tiny engine's stand-in for vLLM's weights
+        from_tiny.overrides(build_config("grpo", "cpu", {"rollout_dtype": "bfloat16"}))
+
+
+def test_the_twin_carries_the_samplers_top_p_and_the_rollout_correction():
+    from rlkit.verl.launch import rollout_correction_overrides
+
+    plain = from_tiny.overrides(build_config("grpo", "cpu"))
+    assert "actor_rollout_ref.rollout.top_p" not in plain and not any("rollout_correction" in k for k in plain)
+    keys = from_tiny.overrides(build_config("grpo", "cpu", {"rollout_top_p": 0.9, "rollout_correction": "icepop"}))
+    assert keys["actor_rollout_ref.rollout.top_p"] == 0.9
+    assert rollout_correction_overrides("icepop").items() <= keys.items()
 
 
 @pytest.fixture

@@ -69,6 +69,15 @@ class RunSettings:
     behav_imp_weight_cap: float | None = None
     """Decoupled loss: tokens whose π_prox/π_behav exceeds this cap are left out (AReaL's ``behav_imp_weight_cap``;
     None: no cap)."""
+    rollout_dtype: str = "float32"
+    """The weights the sampler holds (:mod:`rlkit.tiny.mismatch`): float32 (the trainer's own), bfloat16 or int8 —
+    another inference engine's, so its log-probs differ from the trainer's: the train–inference mismatch."""
+    rollout_top_p: float = 1.0
+    """The sampler draws from the top-p nucleus (its log-probs are the truncated distribution's, as vLLM's); the
+    trainer's distribution keeps every token. 1: off."""
+    rollout_correction: str | None = None
+    """The loss corrected for the sampler's mismatch (:data:`rlkit.core.rollout_correction.MODES`: token_tis,
+    seq_tis, seq_mis, icepop at their default bounds; verl's ``algorithm.rollout_correction``). None: uncorrected."""
     grad_clip: float = 1.0
     """Global gradient-norm clip."""
     eval_every: int = 5
@@ -100,6 +109,8 @@ class RunSettings:
                                  f"got {self.group_size}")
         if self.staleness < 0:
             raise InvalidSetting(f"staleness must be ≥ 0, got {self.staleness}")
+        if self.rollout_top_p > 1:
+            raise InvalidSetting(f"rollout_top_p must be in (0, 1] (1: off), got {self.rollout_top_p}")
         if self.behav_imp_weight_cap is not None and not self.decoupled_loss:
             raise InvalidSetting("behav_imp_weight_cap caps the decoupled loss's behaviour weights: "
                                  "set decoupled_loss=true")
@@ -245,10 +256,14 @@ def _choices() -> dict[str, tuple]:
     """Dotted key → the values it may take (a method's choices are its ``Config``'s: :func:`check_methods`)."""
     from rlkit.tasks import arithmetic
 
-    return {"sft.form": arithmetic.FORMS, "scale": tuple(SCALES)}
+    from rlkit.core.rollout_correction import MODES
+    from rlkit.tiny.mismatch import DTYPES
+
+    return {"sft.form": arithmetic.FORMS, "scale": tuple(SCALES), "rollout_dtype": DTYPES,
+            "rollout_correction": (None, *MODES)}
 
 
-_POSITIVE = {"lr", "temperature", "grad_clip", "sft.lr", "sft.grad_clip", "sft.d_model", "sft.n_layers", "sft.n_heads",
+_POSITIVE = {"lr", "temperature", "grad_clip", "rollout_top_p", "sft.lr", "sft.grad_clip", "sft.d_model", "sft.n_layers", "sft.n_heads",
              "sft.max_len", "sft.steps", "sft.batch_size", "sft.eval_size", "max_new_tokens", "sft.n_kv_heads"}
 """Fields that must be > 0 (when set: None stays allowed where the type allows it). A method's ranges are declared
 on its ``Config`` (:func:`rlkit.registry.knob`)."""

@@ -38,6 +38,7 @@ from rlkit import environ, registry
 from rlkit.core.masked import masked_mean
 from rlkit.core.tool_use import tool_metrics
 from rlkit.errors import CannotResume, DamagedFile, ResumeMismatch, RunExists
+from rlkit.core.rollout_correction import correction_for, mismatch_metrics
 from rlkit.hooks import Recalled, StepBatch, checked, draw, side_generator
 from rlkit.files import TRAINING_RUN, atomic_write, claim_dir, lock_dir, os_errors, read_json, write_text
 from rlkit.metrics import MetricsWriter, read_metrics
@@ -47,6 +48,7 @@ from rlkit.tiny.checkpoint import RunState, environment, load_checkpoint, restor
 # tests/test_reproduce.py, notebooks/07_comparison.md); new code imports them from rlkit.tiny.config
 from rlkit.tiny.config import METHODS, REGIMES, RLConfig, build_config, flat_settings, parse_sets  # noqa: F401
 from rlkit.tiny.config import estimated_minutes
+from rlkit.tiny.mismatch import MismatchedSampler, mismatched
 from rlkit.tiny.model import token_logprobs
 from rlkit.tiny.sft import roughly, start_source, warm_start
 from rlkit.tiny.task import (
@@ -74,8 +76,19 @@ def logged_metrics(method: str, *, regime: str = "standard") -> frozenset[str]:
     logs = registry.get_method(method).logs  # a KeyError naming the valid methods
     if regime not in REGIMES:
         raise KeyError(f"unknown regime {regime!r}; valid: {', '.join(REGIMES)}")
-    stale = REGIMES[regime].get("staleness", 0) > 0
-    return LOGGED_BY_EVERY_METHOD | logs | (LOGGED_WHEN_STALE if stale else frozenset())
+    settings = REGIMES[regime]
+    stale = settings.get("staleness", 0) > 0
+    return LOGGED_BY_EVERY_METHOD | logs | (LOGGED_WHEN_STALE if stale else frozenset()) | _mismatch_logs(settings)
+
+
+def _mismatch_logs(settings: dict) -> frozenset[str]:
+    """The rollout-correction metrics a regime with a mismatched sampler or a correction logs (their names:
+    those :func:`mismatch_metrics` and :func:`correction_for` return, asked on one token)."""
+    mode = settings.get("rollout_correction")
+    if not (mismatched(settings.get("rollout_dtype", "float32"), settings.get("rollout_top_p", 1.0)) or mode):
+        return frozenset()
+    one = torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1)
+    return frozenset(mismatch_metrics(*one)) | (frozenset(correction_for(mode, *one).metrics) if mode else frozenset())
 
 
 @dataclass
@@ -93,6 +106,8 @@ class Run:
     """Solution form of the SFT start (plain, tool, mixed)."""
     behaviour: Any = None
     """``staleness`` > 0: a second model holding the stale policy that samples the rollouts."""
+    mismatched: MismatchedSampler | None = None
+    """``rollout_dtype``/``rollout_top_p`` set: the sampler as another inference engine runs it (:mod:`mismatch`)."""
     hooks: Any = None
     """The method's hooks (:mod:`rlkit.hooks`)."""
     memory: dict = field(default_factory=dict)
@@ -193,6 +208,8 @@ def _train(cfg: RLConfig, out: Path, *, device: str, resume: bool, progress: boo
     state = RunState(sample_gen=torch.Generator(device=device))
     run = Run(cfg, model, tokenizer, opt, pool, max_new, form,
               behaviour=copy.deepcopy(model) if cfg.staleness > 0 else None,
+              mismatched=MismatchedSampler(copy.deepcopy(model), cfg.rollout_dtype, cfg.rollout_top_p)
+              if mismatched(cfg.rollout_dtype, cfg.rollout_top_p) else None,
               hooks=registry.make_hooks(cfg.method, cfg.method_configs), sample_gen=state.sample_gen,
               sft_info=sft_info, sft_cache=sft_cache)
 
@@ -350,7 +367,9 @@ def rl_step(run: Run, state: RunState) -> dict[str, float]:
     # ---- 2. rollout, at the method's per-token temperature where it sets one (hook)
     t0 = time.perf_counter()
     temperature_fn = hooks.temperature_fn(cfg.temperature)
-    sampler = _behaviour_policy(run, state)
+    policy = sampler = _behaviour_policy(run, state)
+    if run.mismatched is not None:  # the same weights as another inference engine holds them
+        sampler = run.mismatched.follow(policy)
     ro = rollout(sampler, tokenizer, problems, max_new_tokens=run.max_new, form=run.form,
                  temperature=cfg.temperature, temperature_fn=temperature_fn, generator=state.sample_gen)
     scored = score_rollout(ro, problems)
@@ -377,10 +396,14 @@ def rl_step(run: Run, state: RunState) -> dict[str, float]:
     # forward pass is saved. The decoupled loss recomputes them with this step's policy (the proximal policy) and
     # keeps the sampler's as the behaviour policy's.
     old_logp, old_entropy, behav = ro.logp, ro.entropy, {}
+    if run.mismatched is not None or cfg.rollout_correction:  # the sampler is not the trainer (rlkit.tiny.mismatch):
+        with torch.no_grad():  # the trainer's own log-probs of the sampling weights (verl's old_log_prob)
+            old_logp, old_entropy = token_logprobs(policy, ids, attn, start, temperature=ro.temperature)
+        metrics.update(mismatch_metrics(old_logp, ro.logp, mask))
     if cfg.decoupled_loss:
+        behav = {"behav_logp": old_logp, "behav_imp_weight_cap": cfg.behav_imp_weight_cap}
         with torch.no_grad():
             old_logp, _ = token_logprobs(model, ids, attn, start, temperature=ro.temperature)
-        behav = {"behav_logp": ro.logp, "behav_imp_weight_cap": cfg.behav_imp_weight_cap}
     batch = StepBatch(step=step, prompt_ids=group_ids.tolist(), rewards=rewards, mask=mask, lengths=ro.lengths,
                       tokens=ro.tokens, old_logp=old_logp, entropy=old_entropy, temperature=ro.temperature)
 
@@ -392,6 +415,11 @@ def rl_step(run: Run, state: RunState) -> dict[str, float]:
     adv = registry.advantage(cfg.method, inputs, run.configs)
     metrics["critic/baseline_mse"] = _baseline_mse(rewards, group_ids, inputs.baselines)
     metrics.update(checked(hooks, "advantage_metrics", hooks.advantage_metrics(adv, inputs, batch)))
+    loss_adv, loss_mask = adv, mask
+    if cfg.rollout_correction:  # each token's advantage × its weight, rejected responses out of the loss's mask
+        c = correction_for(cfg.rollout_correction, behav.get("behav_logp", old_logp), ro.logp, mask)
+        loss_adv, loss_mask = (adv.unsqueeze(-1) if adv.dim() == 1 else adv) * c.weights, c.mask
+        metrics.update(c.metrics)
 
     # ---- 6. policy update: ppo_epochs passes of mini_batches optimizer steps on the method's loss, each pass over
     # a new shuffled split of the batch's prompts (a group's responses stay in one mini-batch, as in verl, whose
@@ -402,15 +430,15 @@ def rl_step(run: Run, state: RunState) -> dict[str, float]:
         group["lr"] = cfg.lr * min(1.0, (state.step + 1) / max(1, cfg.warmup_steps))
     device = mask.device
     passes = [_mini_batches(group_ids, cfg.mini_batches, state.prompt_gen) for _ in range(cfg.ppo_epochs)]
-    silent = (adv.abs() * mask).sum(-1) == 0  # (B,) responses without a learning signal (adv/zero_frac's)
+    silent = (loss_adv.abs() * loss_mask).sum(-1) == 0  # (B,) responses without a learning signal
     for rows in (rows for chunks in passes for rows in chunks):
         rows = rows.to(device)
         logp, entropy = token_logprobs(model, ids[rows], attn[rows], start, temperature=ro.temperature[rows],
                                        frozen=silent[rows])
         probe = logp.detach().requires_grad_()  # ∂loss/∂logp of every row, the silent ones' included
         extra = {k: v[rows] if isinstance(v, Tensor) else v for k, v in behav.items()}
-        loss, lm = registry.policy_loss(cfg.method, probe, old_logp[rows], adv[rows], mask[rows], run.configs,
-                                        entropy=entropy.detach(), **extra)
+        loss, lm = registry.policy_loss(cfg.method, probe, old_logp[rows], loss_adv[rows], loss_mask[rows],
+                                        run.configs, entropy=entropy.detach(), **extra)
         opt.zero_grad(set_to_none=True)
         _backward(loss, probe, logp, silent[rows], lambda: token_logprobs(
             model, ids[rows], attn[rows], start, temperature=ro.temperature[rows])[0], model.parameters())

@@ -129,6 +129,15 @@ def overrides(cfg: RLConfig) -> dict[str, Any]:
     }
     if loss.get("clip_c") is not None:
         keys[actor + "clip_ratio_c"] = loss["clip_c"]
+    if cfg.rollout_top_p < 1:  # the tiny sampler's nucleus is vLLM's top-p
+        keys["actor_rollout_ref.rollout.top_p"] = cfg.rollout_top_p
+    if cfg.rollout_correction:
+        from rlkit.verl.launch import rollout_correction_overrides
+
+        keys.update(rollout_correction_overrides(cfg.rollout_correction))
+    if cfg.rollout_dtype != "float32":
+        raise ValueError(f"the verl twin samples with vLLM's own weights; rollout_dtype={cfg.rollout_dtype!r} "
+                         "(the tiny engine's stand-in for them) has no verl key")
     if getattr(options, "overlong_buffer", 0):
         raise ValueError(f"the verl twin does not carry the tiny engine's overlong penalty "
                          f"({cfg.method}.overlong_buffer > 0)")
