@@ -116,7 +116,28 @@ def test_a_run_with_a_bf16_top_p_sampler_logs_the_mismatch_and_its_correction(tm
     ("rollout_top_p", 1.5, "rollout_top_p must be in (0, 1]"),
     ("rollout_top_p", 0.0, "rollout_top_p must be > 0"),
     ("rollout_correction", "tis", "rollout_correction: 'tis' is not one of None, token_tis"),
+    ("old_logp_source", "vllm", "old_logp_source: 'vllm' is not one of None, sampler, trainer"),
 ])
 def test_mismatch_settings_are_checked_before_any_work(key, value, message):
     with pytest.raises(InvalidSetting, match=message.replace("(", r"\(").replace(")", r"\)")):
         build_config("grpo", "smoke", {key: value})
+
+
+def test_a_correction_takes_the_trainers_old_log_probs():
+    with pytest.raises(InvalidSetting, match="set old_logp_source=trainer"):
+        build_config("grpo", "smoke", {"rollout_correction": "seq_tis", "old_logp_source": "sampler"})
+
+
+@pytest.mark.parametrize("source", ["sampler", "trainer"])
+def test_the_old_log_probs_come_from_where_the_run_says(tmp_path, source):
+    """With a top-p sampler, ``sampler`` keeps the sampler's log-probs as the old ones (the first mini-batch's ratio
+    then carries the mismatch: actor/ppo_kl far from 0), ``trainer`` recomputes them (that ratio starts at 1)."""
+    from rlkit.tiny.rl import train
+
+    cfg = build_config("grpo", "smoke", {"rollout_top_p": 0.8, "old_logp_source": source, "steps": 1,
+                                         "mini_batches": 1})
+    train(cfg, tmp_path, progress=False)
+    data = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[1])["data"]
+    assert data["rollout_corr/kl"] > 1e-3  # the mismatch is there either way, and logged
+    one_minibatch_kl = abs(data["actor/ppo_kl"])  # one mini-batch, one epoch: π_θ is the sampling weights' policy
+    assert (one_minibatch_kl < 1e-5) == (source == "trainer") and one_minibatch_kl < 1, one_minibatch_kl

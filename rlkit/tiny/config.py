@@ -78,6 +78,11 @@ class RunSettings:
     rollout_correction: str | None = None
     """The loss corrected for the sampler's mismatch (:data:`rlkit.core.rollout_correction.MODES`: token_tis,
     seq_tis, seq_mis, icepop at their default bounds; verl's ``algorithm.rollout_correction``). None: uncorrected."""
+    old_logp_source: str | None = None
+    """Where the loss's old log-probs come from: ``sampler`` (the sampler's own, as the tiny engine always took them:
+    a matched sampler agrees with the trainer to ~1e-6) or ``trainer`` (recomputed by one forward pass of the
+    sampling weights, as verl does). None: ``trainer`` when the sampler is mismatched or a correction is set, else
+    ``sampler``. A correction needs ``trainer``: its weight is π_trainer/π_sampler."""
     grad_clip: float = 1.0
     """Global gradient-norm clip."""
     eval_every: int = 5
@@ -111,6 +116,10 @@ class RunSettings:
             raise InvalidSetting(f"staleness must be ≥ 0, got {self.staleness}")
         if self.rollout_top_p > 1:
             raise InvalidSetting(f"rollout_top_p must be in (0, 1] (1: off), got {self.rollout_top_p}")
+        if self.rollout_correction and self.old_logp_source == "sampler":
+            raise InvalidSetting(f"rollout_correction={self.rollout_correction!r} weights by π_trainer/π_sampler, "
+                                 "so the loss's old log-probs are the trainer's: set old_logp_source=trainer (or "
+                                 "leave it unset)")
         if self.behav_imp_weight_cap is not None and not self.decoupled_loss:
             raise InvalidSetting("behav_imp_weight_cap caps the decoupled loss's behaviour weights: "
                                  "set decoupled_loss=true")
@@ -260,7 +269,7 @@ def _choices() -> dict[str, tuple]:
     from rlkit.tiny.mismatch import DTYPES
 
     return {"sft.form": arithmetic.FORMS, "scale": tuple(SCALES), "rollout_dtype": DTYPES,
-            "rollout_correction": (None, *MODES)}
+            "rollout_correction": (None, *MODES), "old_logp_source": (None, "sampler", "trainer")}
 
 
 _POSITIVE = {"lr", "temperature", "grad_clip", "rollout_top_p", "sft.lr", "sft.grad_clip", "sft.d_model", "sft.n_layers", "sft.n_heads",

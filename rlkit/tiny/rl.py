@@ -82,10 +82,11 @@ def logged_metrics(method: str, *, regime: str = "standard") -> frozenset[str]:
 
 
 def _mismatch_logs(settings: dict) -> frozenset[str]:
-    """The rollout-correction metrics a regime with a mismatched sampler or a correction logs (their names:
-    those :func:`mismatch_metrics` and :func:`correction_for` return, asked on one token)."""
+    """The rollout-correction metrics a regime with a mismatched sampler, recomputed old log-probs or a correction
+    logs (their names: those :func:`mismatch_metrics` and :func:`correction_for` return, asked on one token)."""
     mode = settings.get("rollout_correction")
-    if not (mismatched(settings.get("rollout_dtype", "float32"), settings.get("rollout_top_p", 1.0)) or mode):
+    if not (mismatched(settings.get("rollout_dtype", "float32"), settings.get("rollout_top_p", 1.0)) or mode
+            or settings.get("old_logp_source") == "trainer"):
         return frozenset()
     one = torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1)
     return frozenset(mismatch_metrics(*one)) | (frozenset(correction_for(mode, *one).metrics) if mode else frozenset())
@@ -396,10 +397,13 @@ def rl_step(run: Run, state: RunState) -> dict[str, float]:
     # forward pass is saved. The decoupled loss recomputes them with this step's policy (the proximal policy) and
     # keeps the sampler's as the behaviour policy's.
     old_logp, old_entropy, behav = ro.logp, ro.entropy, {}
-    if run.mismatched is not None or cfg.rollout_correction:  # the sampler is not the trainer (rlkit.tiny.mismatch):
+    source = cfg.old_logp_source or ("trainer" if run.mismatched is not None or cfg.rollout_correction else "sampler")
+    if run.mismatched is not None or source == "trainer":  # the sampler is not the trainer (rlkit.tiny.mismatch):
         with torch.no_grad():  # the trainer's own log-probs of the sampling weights (verl's old_log_prob)
-            old_logp, old_entropy = token_logprobs(policy, ids, attn, start, temperature=ro.temperature)
-        metrics.update(mismatch_metrics(old_logp, ro.logp, mask))
+            trainer_logp, trainer_entropy = token_logprobs(policy, ids, attn, start, temperature=ro.temperature)
+        metrics.update(mismatch_metrics(trainer_logp, ro.logp, mask))
+        if source == "trainer":
+            old_logp, old_entropy = trainer_logp, trainer_entropy
     if cfg.decoupled_loss:
         behav = {"behav_logp": old_logp, "behav_imp_weight_cap": cfg.behav_imp_weight_cap}
         with torch.no_grad():
