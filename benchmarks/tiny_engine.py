@@ -28,12 +28,22 @@ timed by wrapping the engine's functions, exclusively (a phase's time excludes t
 
     python benchmarks/tiny_engine.py --runs grpo grpo:stress      # one standard and one stress run
     python benchmarks/tiny_engine.py --runs grpo --set steps=5    # a shorter run
+
+Evaluation-and-sampling mode (``--eval N``): the shipped SFT start of the cpu-scale GRPO run evaluates the first N
+held-out problems of the final evaluation's split greedily (:func:`rlkit.tiny.task.evaluate`) and samples a step's
+rollout (``prompts_per_step × group_size`` pool problems, seeded), ``--repeats`` times each, one thread, pinned
+numerics; prints CPU-seconds (``time.process_time``) and writes the per-problem results and the sampled texts to
+``--keep`` (a JSON file), to compare two versions of the engine run side by side (``PYTHONPATH=<other checkout>``).
+``--compact EVERY:RUNNING`` sets the sampler's schedule for dropping finished rows (where the sampler has one).
+
+    python benchmarks/tiny_engine.py --eval 1000 --repeats 3 --keep new.json
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import json
 import resource
@@ -233,6 +243,69 @@ def whole_runs(specs: list[str], sets: dict, threads: int, keep: str | None, sca
                                       "phases_cpu_s": clock.cpu}))
 
 
+# ------------------------------------------------------------------------------------------------ eval and sampling
+def eval_and_sample(n: int, repeats: int, threads: int, keep: str | None, compact: str | None,
+                    seeds: int) -> None:
+    """``--eval N``: greedy evaluation of N held-out problems and a step's sampled rollout (see the module doc)."""
+    from rlkit import numerics
+    from rlkit.tasks import arithmetic
+    from rlkit.tiny import sampler, task
+    from rlkit.tiny.config import build_config
+    from rlkit.tiny.sft import warm_start
+
+    torch.set_num_threads(threads)
+    if compact:
+        every, running = compact.split(":")
+        sampler.COMPACT_EVERY, sampler.COMPACT_RUNNING = int(every), float(running)
+    cfg = build_config("grpo", "cpu", {"seed": 0})
+    model, tok, _ = warm_start(cfg.sft, progress=False)
+    model.eval()
+    knobs, form = dataclasses.asdict(cfg.sft.task), cfg.sft.form
+    problems = arithmetic.make_split(n, "test", seed=0, **knobs)
+    pool = arithmetic.make_pool(cfg.pool_size, seed=cfg.sft.seed, **knobs)
+    max_new = cfg.max_new_tokens or task.max_response_tokens(cfg.sft.task, form)
+    step = [p for p in pool[: cfg.prompts_per_step] for _ in range(cfg.group_size)]
+
+    def roll(seed: int):
+        gen = torch.Generator().manual_seed(seed)
+        return task.rollout(model, tok, step, max_new_tokens=max_new, form=form, temperature=cfg.temperature,
+                            generator=gen)
+
+    eval_s, sample_s = [], []
+    for _ in range(repeats):
+        t0 = time.process_time()
+        correct = task.evaluate(model, tok, problems, max_new_tokens=max_new, form=form)
+        eval_s.append(time.process_time() - t0)
+        t0 = time.process_time()
+        roll(0)
+        sample_s.append(time.process_time() - t0)
+    rollouts = [roll(seed) for seed in range(seeds)]
+    result = {"rlkit": str(Path(sampler.__file__).parent), "numerics": numerics.kernels()["mode"],
+              "compact": [getattr(sampler, "COMPACT_EVERY", 8), getattr(sampler, "COMPACT_RUNNING", 0.5)],
+              "eval_cpu_s": eval_s, "sample_cpu_s": sample_s, "accuracy": task.accuracy(correct),
+              "correct": correct.int().tolist(), "texts": [r.texts for r in rollouts],
+              "mean_length": statistics.mean(float(r.lengths.float().mean()) for r in rollouts),
+              "mean_reward": statistics.mean(float(task.score_rollout(r, step).rewards.mean()) for r in rollouts)}
+    print(f"{n} problems: evaluation {statistics.median(eval_s):.2f} CPU-s (median of {repeats}: "
+          f"{', '.join(f'{x:.2f}' for x in eval_s)}), accuracy {result['accuracy']:.3f}; a step's rollout "
+          f"({len(step)} responses) {statistics.median(sample_s):.2f} CPU-s; {seeds} seeded rollouts: mean length "
+          f"{result['mean_length']:.2f}, mean reward {result['mean_reward']:.3f}")
+    if hasattr(sampler, "COMPACT_EVERY"):  # the drop schedule changes no sampled token: look for one
+        saved = sampler.COMPACT_EVERY, sampler.COMPACT_RUNNING
+        texts = []
+        for schedule in ((1, 1.0), (10**9, 0.0)):  # finished rows dropped at every step; never
+            sampler.COMPACT_EVERY, sampler.COMPACT_RUNNING = schedule
+            texts.append([roll(seed).texts for seed in range(seeds)])
+        sampler.COMPACT_EVERY, sampler.COMPACT_RUNNING = saved
+        same = sum(a == b == c for x, y, z in zip(texts[0], texts[1], result["texts"]) for a, b, c in zip(x, y, z))
+        result["schedule_equal"] = same
+        print(f"sampled texts equal under drops at every step, never and the default: {same}/{seeds * len(step)}")
+    if keep:
+        Path(keep).write_text(json.dumps(result))
+    print("RESULT " + json.dumps({k: result[k] for k in ("rlkit", "compact", "eval_cpu_s", "sample_cpu_s",
+                                                           "accuracy", "mean_length", "mean_reward")}))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: as fast as 2 on a shared 2-core CPU)")
@@ -251,8 +324,16 @@ def main() -> None:
                     help="whole-run mode: train these cpu-scale runs (e.g. grpo grpo:stress) and print their phases")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="whole-run mode: settings (steps=5)")
     ap.add_argument("--scale", default="cpu", help="whole-run mode: the runs' scale (the reproduction's: cpu)")
-    ap.add_argument("--keep", help="whole-run mode: copy each run's metrics.jsonl and eval.jsonl under this folder")
+    ap.add_argument("--keep", help="whole-run mode: copy each run's metrics.jsonl and eval.jsonl under this folder; "
+                                   "--eval mode: write the results to this JSON file")
+    ap.add_argument("--eval", type=int, metavar="N",
+                    help="evaluation-and-sampling mode: evaluate N held-out problems, sample a step's rollout")
+    ap.add_argument("--compact", metavar="EVERY:RUNNING", help="--eval mode: the sampler's finished-row schedule")
+    ap.add_argument("--seeds", type=int, default=4, help="--eval mode: seeded rollouts whose texts are kept")
     args = ap.parse_args()
+    if args.eval:
+        eval_and_sample(args.eval, args.repeats, args.threads, args.keep, args.compact, args.seeds)
+        return
     if args.runs:
         from rlkit.tiny.config import parse_sets
 

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from rlkit.methods.hapo import adaptive_temperature, entropy_stats
 from rlkit.tiny.model import ModelConfig, TinyDecoder, token_logprobs
+from rlkit.tiny import sampler
 from rlkit.tiny.sampler import _inverse_cdf_sample, sample
 from rlkit.tiny.tokenizer import CharTokenizer
 
@@ -120,7 +121,7 @@ def test_greedy_batch_equals_rows_alone_with_compaction():
         assert r.tokens[i, :n].tolist() == alone.tokens[0, :n].tolist()
         torch.testing.assert_close(r.logp[i, :n], alone.logp[0, :n], atol=1e-5, rtol=1e-4)
     early = Scripted({"b": "<eos>", "c": "7", "7": "7"})
-    r = sample(early, TOK, ["b"] * 6 + ["c"] * 2, max_new_tokens=20, greedy=True)  # compacts at step 8
+    r = sample(early, TOK, ["b"] * 6 + ["c"] * 2, max_new_tokens=20, greedy=True)  # compacts at step 4
     assert r.lengths.tolist() == [1] * 6 + [20, 20] and r.texts[6] == "7" * 20
 
 
@@ -128,13 +129,47 @@ def test_inverse_cdf_sampling_matches_the_distribution():
     """Frequencies of 40k draws match the probabilities (4 standard errors); zero-probability tokens never come,
     one-hot rows always give their token."""
     probs = torch.tensor([[0.0, 0.5, 0.0, 0.3, 0.2, 0.0], [0.0, 0.0, 0.0, 0.0, 0.0, 1.0]]).repeat(20000, 1)
-    draws = _inverse_cdf_sample(probs, torch.Generator().manual_seed(0))
+    draws = _inverse_cdf_sample(probs, torch.rand(40000, generator=torch.Generator().manual_seed(0)))
     first = torch.bincount(draws[0::2], minlength=6).float() / 20000
     se = (probs[0] * (1 - probs[0]) / 20000).sqrt()
     assert ((first - probs[0]).abs() <= 4 * se + 1e-9).all(), first
     assert (draws[1::2] == 5).all()
     unnormalised = torch.tensor([[1e-30, 2e-30, 0.0]]).repeat(1000, 1)  # scale-free: u is drawn up to the total
-    assert set(_inverse_cdf_sample(unnormalised, None).tolist()) == {0, 1}
+    assert set(_inverse_cdf_sample(unnormalised, torch.rand(1000)).tolist()) == {0, 1}
+    edges = _inverse_cdf_sample(torch.tensor([[0.25, 0.0, 0.75]] * 3), torch.tensor([0.0, 0.25, 1 - 2**-24]))
+    assert edges.tolist() == [0, 2, 2]
+
+
+@pytest.mark.parametrize("how", ["greedy", "temperature", "fn"])
+def test_dropping_finished_rows_changes_no_token(monkeypatch, how):
+    """Row i's token t reads the uniform u[t, i] drawn up front, whichever rows still run: finished rows dropped at
+    every step or never (nor at the default schedule) give the same tokens, tool calls and texts — rows ending at
+    once (``b``), early or never (``c``), tool calls with forced tokens — and the generator ends in the same state,
+    B·max_new_tokens numbers on. Log-probs agree to float rounding (a smaller batch may round its last bits)."""
+    model = Scripted(SCRIPT, scale=3.0, seed=1)
+    prompts = ["a", "b", "1+2 = ?", "c", "b", "a", "x", "b", "b", "b", "c", "a"] * 2
+    kw = {"greedy": {"greedy": True}, "temperature": {"temperature": 0.8},
+          "fn": {"temperature_fn": lambda z: 0.5 + torch.sigmoid(z[:, 0])}}[how]
+    out, states = [], []
+    for every, running in [(1, 1.0), (10**9, 0.0), (sampler.COMPACT_EVERY, sampler.COMPACT_RUNNING), (3, 0.5)]:
+        monkeypatch.setattr(sampler, "COMPACT_EVERY", every)
+        monkeypatch.setattr(sampler, "COMPACT_RUNNING", running)
+        g = torch.Generator().manual_seed(7)
+        out.append(sample(model, TOK, prompts, max_new_tokens=30, generator=g, tool=fake_tool, **kw))
+        states.append(g.get_state())
+    first = out[0]
+    assert first.tool_calls.sum() > 0 and first.lengths.unique().numel() >= 3  # rows end at different steps
+    for r, state in zip(out[1:], states[1:]):
+        assert r.texts == first.texts
+        for name in ("tokens", "mask", "lengths", "finished", "first_tool_pos", "tool_calls"):
+            assert torch.equal(getattr(r, name), getattr(first, name)), name
+        for name in ("logp", "entropy", "temperature"):
+            torch.testing.assert_close(getattr(r, name), getattr(first, name), atol=1e-5, rtol=1e-5)
+        assert torch.equal(state, states[0])
+    if how != "greedy":  # the up-front draw is the per-step one: B uniforms a step, in row order
+        g = torch.Generator().manual_seed(7)
+        torch.rand(30 * len(prompts), generator=g)
+        assert torch.equal(g.get_state(), states[0])
 
 
 def test_seeded_sampling_is_reproducible():

@@ -100,16 +100,26 @@ def evaluate(
     form: str = "tool",
     batch_size: int = 256,
 ) -> Tensor:
-    """Greedy correctness (1/0, float, on the CPU) of each of ``problems``; its mean is every run's ``val/acc``."""
+    """Greedy correctness (1/0, float, on the CPU) of each of ``problems``, in their order; its mean is every run's
+    ``val/acc``.
+
+    The problems run in batches of ``batch_size`` in prompt-length order (a stable sort: equal lengths keep their
+    order), so a batch's prompts, left-padded to its longest, carry little padding: in split order 36–37% of the
+    prefill's tokens were padding (prompts of 54–150 tokens). Each response is the argmax continuation of its own
+    prompt whichever batch it runs in (padding is masked; only the last bits of the logits move with the batch's
+    shapes), and the results are put back in problem order."""
     was_training = model.training
     model.eval()
-    correct = []
+    lengths = [len(tokenizer.encode(arithmetic.prompt(p))) for p in problems]
+    order = sorted(range(len(problems)), key=lengths.__getitem__)  # sorted() is stable
+    correct = torch.zeros(len(problems))
     for i in range(0, len(problems), batch_size):
-        chunk = problems[i : i + batch_size]
+        picked = order[i : i + batch_size]
+        chunk = [problems[j] for j in picked]
         out = rollout(model, tokenizer, chunk, max_new_tokens=max_new_tokens, form=form, greedy=True, scores=False)
-        correct.append(score_rollout(out, chunk).rewards.float().cpu())
+        correct[picked] = score_rollout(out, chunk).rewards.float().cpu()
     model.train(was_training)
-    return torch.cat(correct) if correct else torch.zeros(0)
+    return correct
 
 
 def accuracy(correct: Tensor) -> float:
