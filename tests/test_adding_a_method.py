@@ -34,10 +34,8 @@ KNOWN = {
     "rlkit/lab/plots.py": "COLORS, the published figures' colours; a method it does not name gets one of PALETTE",
     "tests/test_verl_cpu_runs.py": "left: OWN_METRICS, what each method's verl CPU run must log (a method without an "
                                    "entry is not run there)",
-    "tests/test_reproduce.py": "left: test_every_spec_loads_and_names_its_notebook types the specs' names",
     "book/full_scale_runs.md": "left: the presets' notes ('Where a value is not in the paper'), one per method; "
                                "generating them needs a note on each Preset in rlkit/verl/presets.py",
-    "notebooks/00_overview.md": "left: the anatomy table, one row per method",
 }
 """Files that still name every method by hand, each with why; a stale entry fails too (the list only shrinks)."""
 

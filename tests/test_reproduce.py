@@ -29,9 +29,14 @@ def fake_run(root: Path, method: str, seed: int, series: dict[str, list[float]],
 
 def test_every_spec_loads_and_names_its_notebook():
     specs = load_specs()
-    names = [s.name for s in specs]
-    assert names == ["overview", "grpo", "gspo", "aspo", "aepo", "spo", "hapo", "comparison",
-                     "two_engines", "dapo", "dr_grpo", "cispo"]  # notebook order
+    files = sorted(p.stem for p in (Path(__file__).parent.parent / "reproductions" / "specs").glob("*.yaml"))
+    assert sorted(s.name for s in specs) == files  # one spec a file, named as its file
+    notebooks = [s.notebook for s in specs]
+    assert notebooks == sorted(notebooks) and len(set(notebooks)) == len(notebooks)  # in notebook order, one each
+    from rlkit.lab.notebook import anatomy_table
+
+    table = anatomy_table().splitlines()  # the overview's: every method spec gives its row
+    assert len(table) == 2 + sum(bool(s.method) for s in specs) and "**GRPO** (baseline)" in table[2]
     for s in specs:
         assert (Path(__file__).parent.parent / s.notebook).exists(), s.notebook
         if s.method:

@@ -495,3 +495,20 @@ def say(runs: Sequence[Run] = (), records: Sequence[Mapping[str, Any]] | None = 
     from IPython.display import HTML, display
 
     display(HTML(say_html(words(runs, records, survivors=survivors, extra=extra))))
+
+
+def anatomy_table() -> str:
+    """The overview's table of the four parts every method shares, one row per method spec in notebook order
+    (its ``anatomy``), as Markdown."""
+    from rlkit.lab.reproduce import ANATOMY, load_specs
+
+    rows = ["| method | " + " | ".join(ANATOMY.values()) + " |", "|---" * (len(ANATOMY) + 1) + "|"]
+    for spec in load_specs():
+        if spec.method:
+            if not spec.anatomy:
+                raise ValueError(f"spec {spec.name!r} gives no anatomy: its row of this table "
+                                 f"({', '.join(ANATOMY)}; reproductions/specs/{spec.name}.yaml)")
+            label = spec.anatomy.get("label") or f"**{spec.title.split(':')[0].strip() or spec.method}**"
+            rows.append(f"| {label} | " + " | ".join(spec.anatomy[k] for k in ANATOMY) + " |")
+    return "\n".join(rows)
+

@@ -30,6 +30,10 @@ from rlkit.lab.plots import Run, load_run
 from rlkit.tiny.config import REGIMES, build_config
 
 
+ANATOMY = {"samples": "samples", "advantage": "advantage", "ratio": "ratio and clip", "aggregation": "aggregation"}
+"""The four parts every method shares (a spec's ``anatomy`` keys → the overview table's column headings)."""
+
+
 @dataclass
 class Spec:
     """One reproduction: ``reproductions/specs/<name>.yaml``."""
@@ -56,6 +60,9 @@ class Spec:
     seed_rule: dict[str, int] = field(default_factory=dict)
     """The sequential seed rule's ``batch`` and ``cap`` (``seeds`` is its start): :class:`rlkit.lab.claims.SeedRule`,
     whose defaults (+3 a round, up to 12) apply to what is not given."""
+    anatomy: dict[str, str] = field(default_factory=dict)
+    """A method's row of the overview's anatomy table (:data:`ANATOMY`; Markdown, "as GRPO" where it changes
+    nothing; ``label`` optional, default the title's name in bold)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.seeds, int) or self.seeds < 1:
@@ -67,6 +74,11 @@ class Spec:
             raise ValueError(f"spec {self.name!r}: regimes and variants need a method")
         if self.method and self.claims:
             claims.SeedRule(start=self.seeds, **self.seed_rule)  # a bad rule fails when the spec loads
+        if self.anatomy and set(self.anatomy) - {"label"} != set(ANATOMY):
+            raise ValueError(f"spec {self.name!r}: anatomy must give {', '.join(ANATOMY)} (and may give a label) — "
+                             f"its row of the overview's table; got {', '.join(sorted(self.anatomy))}")
+        if self.anatomy and not self.method:
+            raise ValueError(f"spec {self.name!r}: anatomy is a method's row; this spec trains no method")
 
     @classmethod
     def load(cls, path: str | Path) -> Spec:
