@@ -147,6 +147,17 @@ def test_ensure_run_trains_reuses_and_refuses_another_config(tmp_path, monkeypat
     assert (again.path / "metrics.jsonl").stat().st_mtime_ns == stamp  # reused, not retrained
     with pytest.raises(ValueError, match="steps differ"):
         ensure_run("grpo", scale="smoke", seed=0, results=tmp_path, progress=False, overrides={"steps": 3})
+    # a method registered after the run was trained: its section is on one side only, which resuming allows too;
+    # a setting of the engine the run lacks is a difference
+    config = run.path / "config.json"
+    saved = json.loads(config.read_text())
+    config.write_text(json.dumps({k: v for k, v in saved.items() if k != "cispo"}))
+    assert ensure_run("grpo", scale="smoke", seed=0, results=tmp_path, progress=False,
+                      overrides={"steps": 2}).path == run.path
+    assert (run.path / "metrics.jsonl").stat().st_mtime_ns == stamp
+    config.write_text(json.dumps({k: v for k, v in saved.items() if k != "grad_clip"}))
+    with pytest.raises(ValueError, match="grad_clip differ"):
+        ensure_run("grpo", scale="smoke", seed=0, results=tmp_path, progress=False, overrides={"steps": 2})
 
 
 def test_ensure_run_resumes_a_killed_run(tmp_path, monkeypatch):

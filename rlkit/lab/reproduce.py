@@ -202,15 +202,16 @@ def ensure_run(
     ``<method>-stress`` in the stress regime): reused when finished with the same config, resumed when killed
     part-way, trained otherwise. A finished run with another config is an error (delete it, or pass another
     ``name``)."""
-    from rlkit.tiny.rl import train
+    from rlkit.tiny.rl import differing_settings, train
 
     cfg = build_config(method, scale, {"seed": seed, **(overrides or {})}, regime=regime)
     run_dir = Path(results or paths.results_dir()) / (name or run_name(method, regime)) / f"seed{seed}"
     if run_complete(run_dir):
         saved = json.loads((run_dir / "config.json").read_text())
         wanted = json.loads(json.dumps(_asdict(cfg), default=list))
-        if saved != wanted:
-            changed = sorted(k for k in set(saved) | set(wanted) if saved.get(k) != wanted.get(k))
+        # the rule a resumed run is held to: a method registered since the run (its section on one side only) is
+        # not a difference, any other setting is
+        if changed := differing_settings(saved, wanted):
             raise ValueError(f"{run_dir} holds a finished run with another config ({', '.join(changed)} differ); "
                              "delete it or choose another name")
     else:

@@ -290,7 +290,7 @@ def _steps(path: Path) -> list[int]:
     return steps
 
 
-def _differing(a: dict, b: dict) -> list[str]:
+def differing_settings(a: dict, b: dict) -> list[str]:
     """Dotted keys whose values differ; a method section only one side has (a method registered since) is not a
     difference, a setting of the engine or of a method both have that one side lacks is."""
     fa, fb = flat_settings(a), flat_settings(b)
@@ -316,7 +316,7 @@ def _resume_point(out: Path, config: dict) -> tuple[dict | None, dict[str, Any]]
         except DamagedFile as e:
             raise CannotResume(f"{e}: the run's settings are unreadable; restore it, or start the run again in "
                                "another --out") from None
-        if changed := _differing(saved, config):
+        if changed := differing_settings(saved, config):
             raise ResumeMismatch(f"{out} was started with other settings ({', '.join(changed)} differ from "
                                  f"{config_path}): resume it with the same --method/--scale/--regime/--seed/--set")
     elif ckpt_path.exists():
@@ -328,7 +328,7 @@ def _resume_point(out: Path, config: dict) -> tuple[dict | None, dict[str, Any]]
                                "cannot resume exactly; start again in another --out (or delete metrics.jsonl)")
         return None, {}  # killed before its first step finished: start over
     blob = load_checkpoint(ckpt_path)
-    if blob.get("config") is not None and (changed := _differing(blob["config"], config)):
+    if blob.get("config") is not None and (changed := differing_settings(blob["config"], config)):
         raise ResumeMismatch(f"{ckpt_path} was trained with other settings than these ({', '.join(changed)} "
                              f"differ; was config.json edited?): resume with the settings the run was started with")
     k = blob["step"]
