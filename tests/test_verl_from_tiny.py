@@ -41,8 +41,8 @@ def test_overrides_carry_the_tiny_runs_settings(method):
     assert rows % keys[ACTOR + "ppo_micro_batch_size_per_gpu"] == 0  # micro-batches divide a mini-batch
     assert (keys[ACTOR + "optim.lr"], keys[ACTOR + "optim.lr_warmup_steps"], keys[ACTOR + "grad_clip"]) == \
         (cfg.lr, cfg.warmup_steps, cfg.grad_clip)
-    assert (keys[ACTOR + "clip_ratio_low"], keys[ACTOR + "clip_ratio_high"], keys[ACTOR + "loss_agg_mode"]) == \
-        (knobs["clip_low"], knobs["clip_high"], knobs["agg"])
+    assert (keys.get(ACTOR + "clip_ratio_low"), keys.get(ACTOR + "clip_ratio_high"), keys[ACTOR + "loss_agg_mode"]) \
+        == (knobs.get("clip_low"), knobs.get("clip_high"), knobs["agg"])  # no clip range (SAPO): no clip keys
     assert keys["trainer.total_training_steps"] == 20 and keys["trainer.test_freq"] == cfg.eval_every
     assert keys["actor_rollout_ref.rollout.temperature"] == cfg.temperature
     options = getattr(cfg, method)

@@ -54,7 +54,8 @@ BOOK_RUNS: dict[str, dict[str, tuple[str, int, int]]] = {
 
 
 NO_DUAL_CLIP = ("cispo",)
-"""Loss modes with no dual clip (their loss never reads ``clip_ratio_c``): the presets table shows "—" for their c."""
+"""Loss modes with no dual clip (their loss never reads ``clip_ratio_c``): the presets table shows "—" for their c,
+as it does for any clip key a preset leaves unset (a loss that reads no clip range sets none)."""
 
 RAY_HEAD = "HEAD:6379"
 """The Ray address the page's multi-node commands show (the cluster's head node)."""
@@ -149,8 +150,9 @@ def presets_table() -> str:
         preset = PRESETS[method]
         keys = {**preset.keys, **preset.dapo}
         mode = keys[actor + "policy_loss.loss_mode"]
-        c = "—" if any(m in mode for m in NO_DUAL_CLIP) else f"{keys[actor + 'clip_ratio_c']:g}"
-        clip = " / ".join([*(f"{keys[actor + 'clip_ratio_' + k]:g}" for k in ("low", "high")), c])
+        shown = [f"{keys[actor + key]:g}" if actor + key in keys else "—"  # unset: a key the loss never reads
+                 for key in ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c")]
+        clip = " / ".join(shown[:2] + ["—" if any(m in mode for m in NO_DUAL_CLIP) else shown[2]])
         mechanics = [name for name, on in (
             ("dynamic sampling", keys.get("algorithm.filter_groups.enable")),
             ("overlong penalty", keys.get("reward.reward_manager.name") == "dapo")) if on]

@@ -121,8 +121,8 @@ def overrides(cfg: RLConfig) -> dict[str, Any]:
         "trainer.test_freq": cfg.eval_every,
         "trainer.save_freq": cfg.eval_every,
         "trainer.val_before_train": True,
-        actor + "clip_ratio_low": loss["clip_low"],
-        actor + "clip_ratio_high": loss["clip_high"],
+        **{actor + key: loss[knob] for knob, key in (("clip_low", "clip_ratio_low"), ("clip_high", "clip_ratio_high"))
+           if loss.get(knob) is not None},  # a loss without a clip range (SAPO's gate) leaves verl's unread defaults
         actor + "loss_agg_mode": loss["agg"],
         "algorithm.norm_adv_by_std_in_grpo": _norm_by_std(cfg),
         "algorithm.filter_groups.enable": bool(getattr(options, "dynamic_sampling", False)),

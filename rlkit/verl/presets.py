@@ -322,6 +322,22 @@ PRESETS: dict[str, Preset] = {
         },
         dapo={"data.max_response_length": 8192, **_SPO_VAL, **_SPO_FORMAT},  # GRPO's preset
     ),
+    # SAPO (arXiv 2511.20347, Eq. 5) on GRPO's group advantage; rlkit's sapo loss, equal to verl's own `sapo` in values
+    # and gradients at the paper's aggregation (tests/test_sapo.py), which also logs the gate's slope. The paper's
+    # controlled runs split each rollout batch into 4 mini-batches and state no batch or lengths: GSPO's preset,
+    # the same team's setup with the same 4 updates per batch.
+    "sapo": Preset(
+        n=16, updates=4, dapo_prompts=256,  # GSPO's preset; 4 mini-batches per batch: the paper's runs
+        keys={
+            "algorithm.adv_estimator": "rlkit_grpo",
+            "actor_rollout_ref.actor.policy_loss.loss_mode": "rlkit_sapo",
+            # no clip: SAPO reads none of verl's clip_ratio_* keys (verl's defaults stand)
+            "actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-mean",  # Eq. 5's (1/G) Σ_i (1/|y_i|) Σ_t
+            "+algorithm.sapo.tau_pos": 1.0,  # τ_pos, the paper's
+            "+algorithm.sapo.tau_neg": 1.05,  # τ_neg > τ_pos (Fig. 5); verl's actor.tau_* keys are not read
+        },
+        dapo={"data.max_response_length": 8192, **_overlong(), **_val(1, 1.0, 0.7)},  # GSPO's preset
+    ),
 }
 METHODS = tuple(PRESETS)
 
