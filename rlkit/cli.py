@@ -199,11 +199,16 @@ def _reproduce(args: argparse.Namespace) -> int:
     if ray_address and args.workers is not None:
         raise ConflictingOptions(f"--workers is for this machine; on the Ray cluster at {ray_address} (--ray-address "
                                  "or $RAY_ADDRESS) each run takes one CPU of it: drop one of the two")
+    if args.rounds is not None and (args.rounds < 0 or args.seeds is not None):
+        raise ConflictingOptions("--rounds N (N ≥ 0) limits the sequential rule's rounds; --seeds N fixes the seeds "
+                                 "instead: give one of the two" if args.rounds >= 0 else
+                                 f"--rounds must be ≥ 0, got {args.rounds}")
     if args.ray_shared and not ray_address:
         raise ConflictingOptions("--ray-shared needs a Ray cluster: --ray-address ADDR (or $RAY_ADDRESS)")
     try:
         done = reproduce(only=args.only, scale=args.scale, seeds=args.seeds, results=args.results, device=args.device,
-                         workers=args.workers, ray_address=ray_address, ray_shared=args.ray_shared)
+                         workers=args.workers, ray_address=ray_address, ray_shared=args.ray_shared,
+                         rounds=args.rounds)
     except NotebookFailed as e:
         print(f"rlkit reproduce: {e}", file=sys.stderr)
         return 1
@@ -303,6 +308,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--only", nargs="+", metavar="NAME", help="these specs only (reproductions/specs/NAME.yaml)")
     p.add_argument("--scale", default=None, choices=list(SCALES), help="override every spec's scale")
     p.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 per run (default: each spec's, 3)")
+    p.add_argument("--rounds", type=int, default=None, metavar="N",
+                   help="at most N rounds of the sequential seed rule this time (0: judge the seeds there are); a "
+                        "later run goes on from there (default: until every claim is decided or at its cap)")
     p.add_argument("--workers", type=int, default=None,
                    help="runs trained side by side on this machine, one CPU thread each (default: as many as the CPUs "
                         "this process may use)")

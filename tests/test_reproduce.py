@@ -318,6 +318,12 @@ def test_workers_default_to_the_cpus_this_process_may_use(monkeypatch, capsys):
     monkeypatch.delenv("RAY_ADDRESS")
     with pytest.raises(SystemExit, match="--ray-shared needs a Ray cluster"):
         main(["reproduce", "--only", "grpo", "--ray-shared"])
+    assert main(["reproduce", "--only", "grpo", "--rounds", "1"]) == 0 and seen["rounds"] == 1
+    assert main(["reproduce", "--only", "grpo"]) == 0 and seen["rounds"] is None
+    with pytest.raises(SystemExit, match="give one of the two"):
+        main(["reproduce", "--only", "grpo", "--rounds", "1", "--seeds", "3"])
+    with pytest.raises(SystemExit, match="--rounds must be ≥ 0"):
+        main(["reproduce", "--only", "grpo", "--rounds", "-1"])
 
 
 def test_time_left_weighs_each_run_by_its_cost_and_the_slots():

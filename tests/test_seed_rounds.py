@@ -66,6 +66,24 @@ def test_rounds_train_the_next_seeds_of_undecided_claims_up_to_the_cap(project, 
     assert seed_rounds(specs, results, specs_dir=specs_dir, progress=False) == {}  # nothing left to decide
 
 
+def test_at_most_the_rounds_asked_and_a_run_left_part_way_is_not_judged(project, monkeypatch):
+    """``max_rounds`` (``rlkit reproduce --rounds N``) stops the rounds there; a later call goes on. A seed whose
+    run stopped part-way (its metrics short of the config's steps) is not among the seeds a claim is judged on."""
+    from rlkit.lab import claims
+
+    specs_dir, results = project
+    monkeypatch.setattr(reproduce, "train_runs", lambda planned, **kw: [write(results, p.name, p.seed)
+                                                                         for p in planned] and {})
+    specs = [s for s in load_specs(specs_dir) if s.name == "aspo"]
+    assert seed_rounds(specs, results, specs_dir=specs_dir, progress=False, max_rounds=0) == {}
+    assert list(seed_rounds(specs, results, specs_dir=specs_dir, progress=False, max_rounds=1)) == ["seed round 1"]
+    assert claims.available_seeds(results, "aspo-eq1") == list(range(6))
+    metrics = results / "aspo-eq1" / "seed5" / "metrics.jsonl"
+    metrics.write_text(metrics.read_text().splitlines()[0] + "\n")  # step 0 only: a run stopped part-way
+    assert claims.available_seeds(results, "aspo-eq1") == list(range(5))
+    assert claims.judge_spec(specs[0], results)[1]["seeds"] == [0, 1, 2]  # the last look both runs reached
+
+
 def test_a_round_that_trains_nothing_stops_instead_of_looping(project, monkeypatch):
     specs_dir, results = project
     monkeypatch.setattr(reproduce, "train_runs", lambda planned, **kw: {})

@@ -530,11 +530,25 @@ def _rule(claim: Claim) -> str:
 
 
 def available_seeds(results: str | Path, name: str, cap: int | None = None) -> list[int]:
-    """Seeds 0, 1, … of run ``name`` under ``results`` with a metrics file, contiguous from 0 (at most ``cap``)."""
+    """Seeds 0, 1, … of run ``name`` under ``results`` that finished (:func:`finished`), contiguous from 0 (at most
+    ``cap``): a run a stopped reproduction left part-way is not judged."""
     out = []
-    while (Path(results) / name / f"seed{len(out)}" / "metrics.jsonl").exists() and (cap is None or len(out) < cap):
+    while finished(Path(results) / name / f"seed{len(out)}") and (cap is None or len(out) < cap):
         out.append(len(out))
     return out
+
+
+def finished(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a run whose metrics reach its last step (``steps`` of its config.json)."""
+    config, metrics = run_dir / "config.json", run_dir / "metrics.jsonl"
+    if not (config.exists() and metrics.exists()):
+        return False
+    try:
+        steps = json.loads(config.read_text())["steps"]
+        records = read_metrics(metrics)
+    except (ValueError, KeyError, TypeError):
+        return False
+    return bool(records) and records[-1]["step"] >= steps
 
 
 def compared_runs(claim: Claim, spec: Any) -> list[str]:

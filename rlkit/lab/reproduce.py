@@ -175,14 +175,9 @@ def get_spec(name: str, specs_dir: str | Path | None = None) -> Spec:
 
 
 def run_complete(run_dir: Path) -> bool:
-    """True when ``run_dir`` holds a finished tiny run (its metrics reach the configured last step)."""
-    from rlkit.metrics import read_metrics
-
-    config, metrics = run_dir / "config.json", run_dir / "metrics.jsonl"
-    if not (config.exists() and metrics.exists()):
-        return False
-    records = read_metrics(metrics)
-    return bool(records) and records[-1]["step"] >= json.loads(config.read_text())["steps"]
+    """True when ``run_dir`` holds a finished tiny run (its metrics reach the configured last step; a damaged
+    one is not: resuming it names the damage)."""
+    return claims.finished(Path(run_dir))
 
 
 def ensure_run(
@@ -498,13 +493,15 @@ def reproduce(
     ray_address: str | None = None,
     ray_shared: bool = False,
     progress: bool = True,
+    rounds: int | None = None,
 ) -> dict[str, Any]:
     """Train every run the specs (``only``: these names) need at ``scale`` (default: each spec's) with ``seeds``
     seeds, ``workers`` side by side (default: the CPUs this process may use) or on the Ray cluster at
     ``ray_address`` (:func:`train_runs`), then execute each spec's notebook once on them, and set
     the runs beside the published ones (:func:`rlkit.lab.reproduced.report`, unless ``results`` is the published
     folder); returns ``{"notebooks": [paths], "minutes": {what: m}, "reproduced": the report or None}``. A failing
-    notebook raises :class:`NotebookFailed`."""
+    notebook raises :class:`NotebookFailed`. ``rounds``: at most that many rounds of the sequential seed rule
+    (:func:`seed_rounds`) this time; the claims are judged on the seeds the runs reached, each at its last look."""
     if seeds is not None and (not isinstance(seeds, int) or seeds < 1):
         raise ValueError(f"seeds must be an integer ≥ 1, got {seeds!r}")
     specs = load_specs(specs_dir)  # no project: ProjectNotFound, before anything is trained
@@ -535,7 +532,8 @@ def reproduce(
     sequential = seeds is None and all((scale or s.scale) == s.scale for s in specs)
     if sequential:
         minutes.update(seed_rounds(specs, results, scale=scale, specs_dir=specs_dir, progress=progress,
-                                   device=device, workers=workers, ray_address=ray_address, ray_shared=ray_shared))
+                                   device=device, workers=workers, ray_address=ray_address, ray_shared=ray_shared,
+                                   max_rounds=rounds))
     # ---
     judged = claims.judge_all(specs, results, seeds, sequential=sequential)  # before the pages that render them
     if judged:
@@ -560,15 +558,17 @@ def reproduce(
 
 
 def seed_rounds(specs: Sequence[Spec], results: Path, *, scale: str | None = None,
-                specs_dir: str | Path | None = None, progress: bool = True, **train: Any) -> dict[str, float]:
+                specs_dir: str | Path | None = None, progress: bool = True, max_rounds: int | None = None,
+                **train: Any) -> dict[str, float]:
     """The rounds of the sequential seed rule: while :func:`rlkit.lab.claims.next_round` names runs whose claims
     are undecided below their cap, train those runs' next seeds (:func:`train_runs`, with ``train``'s options; a
-    baseline from another spec too) and look again. Returns minutes per round."""
+    baseline from another spec too) and look again — at most ``max_rounds`` rounds (None: until none is asked).
+    Returns minutes per round."""
     every = load_specs(specs_dir)
     templates = {p.name: (p, scale or spec.scale) for spec in every for p in spec.runs(1)}
     minutes: dict[str, float] = {}
     asked: list[dict[str, int]] = []
-    while needed := claims.next_round(specs, results):
+    while (max_rounds is None or len(asked) < max_rounds) and (needed := claims.next_round(specs, results)):
         if needed in asked:  # trained, yet still short: a run did not finish; stop rather than loop
             raise RuntimeError(f"the seed rounds asked twice for {needed}: the runs did not finish")
         asked.append(needed)
