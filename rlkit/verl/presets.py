@@ -338,6 +338,23 @@ PRESETS: dict[str, Preset] = {
         },
         dapo={"data.max_response_length": 8192, **_overlong(), **_val(1, 1.0, 0.7)},  # GSPO's preset
     ),
+    # GMPO (arXiv 2507.20673) on GRPO's group advantage; rlkit's gmpo loss, equal to verl's own `geo_mean` in values
+    # and gradients at the paper's aggregation (tests/test_gmpo.py), which also logs where its clip binds. The paper
+    # trains as Dr. GRPO's code does: 1,024 responses a step, 8 per prompt, in mini-batches of 128 (8 updates).
+    "gmpo": Preset(
+        n=8, updates=8, dapo_prompts=128,  # 128 prompts × 8 = 1,024 responses, mini-batches of 128 responses
+        keys={
+            "algorithm.adv_estimator": "rlkit_grpo",
+            "actor_rollout_ref.actor.policy_loss.loss_mode": "rlkit_gmpo",
+            # ε_low = ε_high = 0.4 in log space: ratios within (e^-0.4, e^0.4), the paper's best (Table 4); verl's keys,
+            # read in log space by this loss; no clip_ratio_c: GMPO has no dual clip
+            "actor_rollout_ref.actor.clip_ratio_low": 0.4,
+            "actor_rollout_ref.actor.clip_ratio_high": 0.4,
+            "actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-mean",  # the objective's (1/G) Σ_i
+        },
+        # the paper's 3,000-token responses and greedy evaluation (Dr. GRPO's protocol, which it follows)
+        dapo={"data.max_response_length": 3000, **_val(1, 0.0)},
+    ),
 }
 METHODS = tuple(PRESETS)
 
