@@ -102,7 +102,10 @@ def test_no_other_file_lists_the_methods_by_hand():
     found = hand_kept_lists(registry.list_methods()["method"])
     typed = {f: places for f, places in found.items() if f not in KNOWN}
     assert not typed, f"lists of the methods typed by hand (generate them from the registry or the specs): {typed}"
-    assert sorted(set(KNOWN) - set(found)) == [], "no longer a hand-kept list: remove it from KNOWN"
+    # a KNOWN list names the methods of its day, not those added since; it is stale once it no longer lists even
+    # three methods every such list had
+    still = hand_kept_lists(["grpo", "gspo", "cispo"])
+    assert sorted(set(KNOWN) - set(still)) == [], "no longer a hand-kept list: remove it from KNOWN"
 
 
 def test_the_rule_finds_a_typed_list_and_skips_generated_ones():
@@ -120,9 +123,10 @@ def test_the_rule_finds_a_typed_list_and_skips_generated_ones():
 def test_a_new_method_joins_every_generated_list(monkeypatch):
     """A method registered with a spec (ZETA here) appears in the table of contents, the intro's and the papers
     page's tables without an edit to them."""
-    zeta = Spec(name="zeta", notebook="notebooks/12_zeta.md", title="ZETA: a method added later", method="zeta",
-                paper="zeta2026")
     specs = list(book_pages.method_specs())
+    last = Path(specs[-1].notebook).stem  # the last method page today
+    zeta = Spec(name="zeta", notebook="notebooks/99_zeta.md", title="ZETA: a method added later", method="zeta",
+                paper="zeta2026")
     monkeypatch.setattr(book_pages, "method_specs", lambda specs_dir=None: [*specs, zeta])
     registry.register_method(registry.Method("zeta", registry.get_method("grpo").config, advantage="grpo",
                                              policy_loss="ppo"))
@@ -131,8 +135,8 @@ def test_a_new_method_joins_every_generated_list(monkeypatch):
                  for name in ("_toc.yml", "intro.md", "papers.md")}
     finally:
         registry.unregister("zeta")
-    assert "      - file: notebooks/11_cispo\n      - file: notebooks/12_zeta\n      # end\n" in pages["_toc.yml"]
-    assert "| {doc}`ZETA <notebooks/12_zeta>` | a method added later |\n<!-- end -->" in pages["intro.md"]
+    assert f"      - file: notebooks/{last}\n      - file: notebooks/99_zeta\n      # end\n" in pages["_toc.yml"]
+    assert "| {doc}`ZETA <notebooks/99_zeta>` | a method added later |\n<!-- end -->" in pages["intro.md"]
     assert "{cite:t}`zeta2026`" in pages["papers.md"]
 
 

@@ -65,13 +65,13 @@ def test_what_the_twin_cannot_carry_is_refused():
 
 
 def test_the_twin_carries_the_samplers_top_p_and_the_rollout_correction():
-    from rlkit.verl.launch import rollout_correction_overrides
+    from rlkit.core.rollout_correction import verl_overrides
 
     plain = from_tiny.overrides(build_config("grpo", "cpu"))
     assert "actor_rollout_ref.rollout.top_p" not in plain and not any("rollout_correction" in k for k in plain)
     keys = from_tiny.overrides(build_config("grpo", "cpu", {"rollout_top_p": 0.9, "rollout_correction": "icepop"}))
     assert keys["actor_rollout_ref.rollout.top_p"] == 0.9
-    assert rollout_correction_overrides("icepop").items() <= keys.items()
+    assert verl_overrides("icepop").items() <= keys.items()
 
 
 @pytest.fixture

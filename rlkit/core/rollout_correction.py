@@ -362,3 +362,16 @@ def verl_settings(mode: str, **bounds: float | None) -> dict[str, Any]:
     hi = "inf" if b["lower"] is None else repr(1.0 / b["lower"])
     return {"rollout_is": "sequence", "rollout_is_threshold": upper,
             "rollout_rs": "seq_sum_k1", "rollout_rs_threshold": f"{1.0 / upper!r}_{hi}"}
+
+
+VERL_NEEDS = {"actor_rollout_ref.rollout.calculate_log_probs": True}
+"""What verl's rollout correction needs besides its own keys: the sampler's log-probs (``rollout_log_probs``).
+Without them verl 0.9.1's trainer skips the correction silently (``trainer_base.py``, ``_compute_advantage``)."""
+
+
+def verl_overrides(mode: str, **bounds: float | None) -> dict[str, Any]:
+    """verl keys → values that turn the correction ``mode`` on: :func:`verl_settings` under
+    ``algorithm.rollout_correction.*``, and :data:`VERL_NEEDS`."""
+    return {**{f"algorithm.rollout_correction.{k}": v for k, v in verl_settings(mode, **bounds).items()},
+            **VERL_NEEDS}
+

@@ -132,9 +132,9 @@ def overrides(cfg: RLConfig) -> dict[str, Any]:
     if cfg.rollout_top_p < 1:  # the tiny sampler's nucleus is vLLM's top-p
         keys["actor_rollout_ref.rollout.top_p"] = cfg.rollout_top_p
     if cfg.rollout_correction:
-        from rlkit.verl.launch import rollout_correction_overrides
+        from rlkit.core.rollout_correction import verl_overrides
 
-        keys.update(rollout_correction_overrides(cfg.rollout_correction))
+        keys.update(verl_overrides(cfg.rollout_correction))
     if cfg.rollout_dtype != "float32":
         raise ValueError(f"the verl twin samples with vLLM's own weights; rollout_dtype={cfg.rollout_dtype!r} "
                          "(the tiny engine's stand-in for them) has no verl key")

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import Any
 
+from rlkit.core.rollout_correction import VERL_NEEDS, verl_overrides
 from rlkit.errors import ConflictingOptions
 from rlkit.files import LAUNCH_RUN, claim_dir
 from rlkit.verl import cpu, runner
@@ -98,20 +99,16 @@ RAY_START_TRIES = 3
 RAY_RETRY_PAUSE_S = 10.0
 
 
-ROLLOUT_CORRECTION_NEEDS = {"actor_rollout_ref.rollout.calculate_log_probs": True}
-"""What verl's rollout correction needs besides its own keys: the sampler's log-probs (``rollout_log_probs``).
-Without them verl 0.9.1's trainer skips the correction silently (``trainer_base.py``, ``_compute_advantage``)."""
+ROLLOUT_CORRECTION_NEEDS = VERL_NEEDS
+"""What verl's rollout correction needs besides its own keys (:data:`rlkit.core.rollout_correction.VERL_NEEDS`)."""
 
 
 def rollout_correction_overrides(mode: str) -> dict[str, Any]:
     """verl keys → values that turn rollout correction ``mode`` on (refused in one line naming the valid modes)."""
-    from rlkit.core.rollout_correction import verl_settings
-
     try:
-        settings = verl_settings(mode)
+        return verl_overrides(mode)
     except ValueError as e:
         raise LaunchError(f"--rollout-correction: {e}") from None
-    return {**{f"algorithm.rollout_correction.{k}": v for k, v in settings.items()}, **ROLLOUT_CORRECTION_NEEDS}
 
 
 # ------------------------------------------------------------------------------------------------ the plan
