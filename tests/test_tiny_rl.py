@@ -504,3 +504,18 @@ def test_backward_is_loss_backward_bit_for_bit_and_skips_only_zero_gradients(cas
     assert bool(graphs) == case.startswith("kl")  # the second forward only where the loss needs the silent rows
     assert any(g.abs().sum() > 0 for g in plain[0]) == (case != "zero")
 
+
+
+def test_a_config_gives_its_derived_values_once():
+    """The budget, the pool and the sampling seed every user of a run's settings reads (the engine, SPO's offline
+    pass when shipping or preparing the verl twin's data): one definition on the config."""
+    from dataclasses import asdict
+
+    from rlkit.tasks import arithmetic
+    from rlkit.tiny.task import max_response_tokens
+
+    cfg = build_config("grpo", "smoke", {"seed": 4, "max_new_tokens": None})
+    assert cfg.max_new == max_response_tokens(cfg.sft.task, cfg.sft.form)  # unset: the longest gold solution
+    assert build_config("grpo", "smoke", {"max_new_tokens": 7}).max_new == 7
+    assert cfg.pool() == arithmetic.make_pool(cfg.pool_size, seed=cfg.sft.seed, **asdict(cfg.sft.task))
+    assert cfg.sampling_seed == 5

@@ -266,7 +266,7 @@ def run_settings(method: str, scale: str, seeds: int | None, results: str | Path
             "seeds": seeds if seeds is not None else seeds_text(counts),
             "seeds_dof": seeds - 1 if seeds is not None else seeds_text([n - 1 for n in counts]),
             "tail_window": TAIL_WINDOW, "stress_staleness": stress.staleness,
-            "budget": std.max_new_tokens or max_response_tokens(std.sft.task, std.sft.form),
+            "budget": std.max_new,
             "spo_prompts": spo.prompts_per_step, "spo_group": spo.group_size, "scale": scale,
             "dapo_buffer": build_config("dapo", scale).dapo.overlong_buffer, **preset_settings()}
 

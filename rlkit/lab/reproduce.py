@@ -603,9 +603,9 @@ def ship_start(scale: str = "cpu", *, specs_dir: str | Path | None = None, cache
     from rlkit import numerics
     from rlkit.tasks import arithmetic
     from rlkit.tiny.checkpoint import environment
-    from rlkit.tiny.rl import Run, offline_scores
+    from rlkit.tiny.rl import offline_scores, side_run
     from rlkit.tiny.sft import SHIPPED_DIR, load_checkpoint, shipped_manifest, warm_start
-    from rlkit.tiny.task import build_tokenizer, max_response_tokens
+    from rlkit.tiny.task import build_tokenizer
 
     sft = build_config("grpo", scale).sft
     name = f"sft-{sft.key(build_tokenizer())}.pt"
@@ -632,13 +632,10 @@ def ship_start(scale: str = "cpu", *, specs_dir: str | Path | None = None, cache
             cfg = build_config(p.method, scale, {"seed": p.seed, **dict(p.overrides)}, regime=p.regime)
             if cfg.sft != sft or not cfg.spo.offline_N:
                 continue
-            pool = arithmetic.make_pool(cfg.pool_size, seed=cfg.sft.seed, **vars(cfg.sft.task))
-            max_new = cfg.max_new_tokens or max_response_tokens(cfg.sft.task, cfg.sft.form)
-            gen = torch.Generator().manual_seed(cfg.seed + 1)  # the run's sampling generator, as rl.train seeds it
+            run, gen = side_run(cfg, model, tokenizer)  # the run's pool, budget and sampling generator
             before = set(SHIPPED_DIR.glob("offline-*.pt"))
             model.train()  # as rl.train holds it when the pass runs
-            offline_scores(Run(cfg, model, tokenizer, None, pool, max_new, cfg.sft.form), gen, cfg.spo.offline_N, sft=shipped,
-                           cache_dir=SHIPPED_DIR)
+            offline_scores(run, gen, cfg.spo.offline_N, sft=shipped, cache_dir=SHIPPED_DIR)
             entry["spo_offline"] += sorted(f.name for f in set(SHIPPED_DIR.glob("offline-*.pt")) - before)
     finally:
         torch.set_num_threads(threads)

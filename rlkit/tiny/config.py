@@ -129,6 +129,24 @@ class RunSettings:
         return self.prompts_per_step * self.group_size
 
     @property
+    def max_new(self) -> int:
+        """The response budget in tokens: ``max_new_tokens``, or the longest gold solution of the task."""
+        from rlkit.tiny.task import max_response_tokens
+
+        return self.max_new_tokens or max_response_tokens(self.sft.task, self.sft.form)
+
+    @property
+    def sampling_seed(self) -> int:
+        """The seed of the run's sampling generator (``seed`` seeds prompt choice and mini-batch order)."""
+        return self.seed + 1
+
+    def pool(self) -> list:
+        """The fixed pool of ``pool_size`` training prompts every method draws from (the SFT task's, its seed)."""
+        from rlkit.tasks import arithmetic
+
+        return arithmetic.make_pool(self.pool_size, seed=self.sft.seed, **asdict(self.sft.task))
+
+    @property
     def method_configs(self) -> dict[str, Any]:
         """Method name → its ``Config`` here, for :mod:`rlkit.registry`'s dispatch (a registered method without a
         field here runs with its ``Config`` defaults)."""

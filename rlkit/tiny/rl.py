@@ -52,7 +52,7 @@ from rlkit.tiny.mismatch import MismatchedSampler, mismatched
 from rlkit.tiny.model import token_logprobs
 from rlkit.tiny.sft import roughly, start_source, warm_start
 from rlkit.tiny.task import (
-    accuracy, evaluate, max_response_tokens, response_logprobs, rollout, score_rollout, select_rows,
+    accuracy, evaluate, response_logprobs, rollout, score_rollout, select_rows,
 )
 
 Tensor = torch.Tensor
@@ -201,10 +201,10 @@ def _train(cfg: RLConfig, out: Path, *, device: str, resume: bool, progress: boo
         write_text(out / "env.json", json.dumps(environment(cfg, device, sft_info), indent=2))
     model.train()
     knobs, form = asdict(cfg.sft.task), cfg.sft.form
-    pool = arithmetic.make_pool(cfg.pool_size, seed=cfg.sft.seed, **knobs)
+    pool = cfg.pool()
     held_out = arithmetic.make_split(cfg.eval_size, "test", seed=0, **knobs)
     final_held_out = arithmetic.make_split(cfg.final_eval_size, "test", seed=0, **knobs)
-    max_new = cfg.max_new_tokens or max_response_tokens(cfg.sft.task, form)
+    max_new = cfg.max_new
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=(0.9, 0.99))
     state = RunState(sample_gen=torch.Generator(device=device))
     run = Run(cfg, model, tokenizer, opt, pool, max_new, form,
@@ -216,7 +216,7 @@ def _train(cfg: RLConfig, out: Path, *, device: str, resume: bool, progress: boo
 
     t_init = time.perf_counter()
     state.prompt_gen.manual_seed(cfg.seed)
-    state.sample_gen.manual_seed(cfg.seed + 1)
+    state.sample_gen.manual_seed(cfg.sampling_seed)
     run.hooks.start(run, resumed=resumed)  # e.g. an offline pass over the pool (a resumed run restores instead)
 
     if resumed:
@@ -570,6 +570,14 @@ def _policy_eval(run: Run, problems: list, temperature_fn, step: int) -> dict[st
 
 def _select_scored(scored, rows: Tensor):
     return type(scored)(rewards=scored.rewards[rows], code_pass=scored.code_pass[rows])
+
+
+def side_run(cfg: RLConfig, model: Any, tokenizer: Any, *, device: str = "cpu") -> tuple[Run, torch.Generator]:
+    """``cfg``'s run as work outside its training reads it (SPO's offline pass when shipping the start or preparing
+    the verl twin's data): no optimizer, the run's pool and budget, and a sampling generator seeded as training
+    seeds its own."""
+    run = Run(cfg, model, tokenizer, None, cfg.pool(), cfg.max_new, cfg.sft.form)
+    return run, torch.Generator(device=device).manual_seed(cfg.sampling_seed)
 
 
 def offline_scores(run: Run, gen: torch.Generator, n: int, *, sft: dict | None = None,

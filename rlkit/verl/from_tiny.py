@@ -86,7 +86,6 @@ def overrides(cfg: RLConfig) -> dict[str, Any]:
     """verl keys reproducing ``cfg`` (module doc), applied after the method's preset and the CPU preset."""
     from rlkit import registry
     from rlkit.tasks import arithmetic
-    from rlkit.tiny.task import max_response_tokens
 
     if cfg.sft.form != DATA_FORM:
         raise ValueError(f"the verl twin of a tiny run uses the {DATA_FORM!r} form's calculator; sft.form is "
@@ -111,7 +110,7 @@ def overrides(cfg: RLConfig) -> dict[str, Any]:
         "+" + actor + "optim.betas": [0.9, 0.99],
         actor + "grad_clip": cfg.grad_clip,
         "actor_rollout_ref.rollout.temperature": cfg.temperature,
-        "data.max_response_length": cfg.max_new_tokens or max_response_tokens(cfg.sft.task, cfg.sft.form),
+        "data.max_response_length": cfg.max_new,
         "data.max_prompt_length": arithmetic.MAX_QUESTION_CHARS + 2,
         "data.train_max_samples": -1,
         "data.val_max_samples": -1,
@@ -171,13 +170,10 @@ def _norm_by_std(cfg: RLConfig) -> bool:
 def prepare(cfg: RLConfig, root: str | os.PathLike, *, device: str = "cpu", progress: bool = True) -> dict[str, Path]:
     """Write the model, the data and (SPO) the offline values of ``cfg`` under ``root/<cache_key>``, once;
     returns their paths (``model``, ``data``, and ``offline_values`` for SPO)."""
-    import torch
-
     from rlkit.tasks import arithmetic
     from rlkit.tiny.hf import export_sft
-    from rlkit.tiny.rl import Run, offline_scores
+    from rlkit.tiny.rl import offline_scores, side_run
     from rlkit.tiny.sft import warm_start
-    from rlkit.tiny.task import max_response_tokens
     from rlkit.verl.data import arithmetic_rows, prompt_id, write_rows
 
     home = Path(root) / cache_key(cfg)
@@ -186,7 +182,7 @@ def prepare(cfg: RLConfig, root: str | os.PathLike, *, device: str = "cpu", prog
     if not (model_dir / "config.json").exists():
         export_sft(model_dir, cfg.sft, scale=cfg.scale, device=device, progress=progress)
     if not (data_dir / "test.parquet").exists():
-        pool = arithmetic.make_pool(cfg.pool_size, seed=cfg.sft.seed, **knobs)
+        pool = cfg.pool()
         held_out = arithmetic.make_split(cfg.eval_size, "test", seed=0, **knobs)
         write_rows(arithmetic_rows(pool, "train"), data_dir / "train.parquet")
         write_rows(arithmetic_rows(held_out, "test"), data_dir / "test.parquet")
@@ -195,12 +191,9 @@ def prepare(cfg: RLConfig, root: str | os.PathLike, *, device: str = "cpu", prog
         path = data_dir / f"offline_values-N{cfg.spo.offline_N}-seed{cfg.seed}.json"
         if not path.exists():
             model, tokenizer, sft = warm_start(cfg.sft, device=device, progress=progress)
-            pool = arithmetic.make_pool(cfg.pool_size, seed=cfg.sft.seed, **knobs)
-            gen = torch.Generator(device=device).manual_seed(cfg.seed + 1)  # the tiny run's sampler seed
-            max_new = cfg.max_new_tokens or max_response_tokens(cfg.sft.task, cfg.sft.form)
-            scores = offline_scores(Run(cfg, model, tokenizer, None, pool, max_new, cfg.sft.form), gen, cfg.spo.offline_N,
-                                    sft=sft)
-            values = {prompt_id(pool[i].question): s for i, s in scores.items()}
+            run, gen = side_run(cfg, model, tokenizer, device=device)  # as the tiny run samples it
+            scores = offline_scores(run, gen, cfg.spo.offline_N, sft=sft)
+            values = {prompt_id(run.pool[i].question): s for i, s in scores.items()}
             tmp = path.with_suffix(".tmp")
             tmp.write_text(json.dumps(values))
             os.replace(tmp, path)
