@@ -97,6 +97,27 @@ class AdvantageInputs:
 
 
 @dataclass(frozen=True)
+class VerlKey:
+    """A key a method reads only in verl runs, ``+algorithm.<method>.<key>``, beside its ``Config``'s fields."""
+
+    default: Any = None
+    file: bool = False
+    """The value is the path of a file the run reads: a launch refuses one that is not there."""
+
+
+@dataclass(frozen=True)
+class OfflinePass:
+    """Scored samples of the start policy on every pool prompt, taken before training (SPO's tracker starts from
+    them). The tiny engine samples them when the hooks ask (``engine.offline_scores(n)``); work outside training
+    (the shipped start, the verl twin's data) prepares them ahead, and a verl run reads them from a file."""
+
+    samples: str
+    """The ``Config`` field holding the samples per prompt (0: no pass)."""
+    verl_key: str
+    """The key of :attr:`Method.verl_keys` naming the file a verl run reads them from (prompt id → scores)."""
+
+
+@dataclass(frozen=True)
 class Method:
     """A method: how a trainer runs it (the names of its functions) and the ``Config`` of its knobs."""
 
@@ -122,6 +143,13 @@ class Method:
     engine_defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     """``Config`` fields the tiny engine sets other than the ``Config``'s defaults, each with its reason in the
     method's module (GRPO's clip-higher, SPO's D_half matched to the tiny model)."""
+    verl_keys: Mapping[str, VerlKey] = dataclasses.field(default_factory=dict)
+    """Keys only its verl runs have (``+algorithm.<name>.<key>``), not ``Config`` fields: a file its hooks read,
+    options of the verl trainer's work for it."""
+    verl_choices: Mapping[str, tuple] = dataclasses.field(default_factory=dict)
+    """``Config`` fields whose values verl runs narrow to these (those the verl trainer gives the inputs of)."""
+    offline_pass: OfflinePass | None = None
+    """The offline pass its hooks read at the start of a run (None: none)."""
 
     def estimator(self, config: Any) -> str:
         """The estimator a run uses: ``config.adv_estimator`` where the Config has it (HAPO's component B)."""
@@ -139,6 +167,10 @@ class Method:
     def default_config(self) -> Any:
         """The ``Config`` the tiny engine starts from: the defaults with :attr:`engine_defaults`."""
         return self.config(**self.engine_defaults)
+
+    def offline_samples(self, config: Any) -> int:
+        """Samples per prompt of its :attr:`offline_pass` with these settings (0: no pass)."""
+        return int(getattr(config, self.offline_pass.samples)) if self.offline_pass is not None else 0
 
 
 # --------------------------------------------------------------------------- registration
@@ -194,6 +226,16 @@ def register_method(method: Method) -> Method:
     unknown = sorted(set(getattr(method.config, "CHOICES", {})) - fields)
     if unknown:
         raise ValueError(f"method {method.name!r}: CHOICES name(s) {', '.join(unknown)} that are not Config fields")
+    unknown = sorted(set(method.verl_choices) - fields)
+    if unknown:
+        raise ValueError(f"method {method.name!r}: verl choice(s) {', '.join(unknown)} are not Config fields")
+    clash = sorted(set(method.verl_keys) & fields)
+    if clash:
+        raise ValueError(f"method {method.name!r}: verl key(s) {', '.join(clash)} are also Config fields")
+    offline = method.offline_pass
+    if offline is not None and (offline.samples not in fields or offline.verl_key not in method.verl_keys):
+        raise ValueError(f"method {method.name!r}: its offline pass needs a Config field {offline.samples!r} and a "
+                         f"verl key {offline.verl_key!r}")
     for config in (method.config(), method.default_config()):  # its defaults and the tiny engine's obey its rules
         try:
             _check_config(method.name, config)

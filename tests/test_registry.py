@@ -300,6 +300,27 @@ def test_a_seventh_method_runs_in_the_tiny_trainer_unchanged(toy_method, tmp_pat
     assert json.loads((out / "config.json").read_text())["method"] == "toy"
 
 
+def test_a_methods_inputs_beyond_the_batch_are_declared_on_its_record():
+    """Verl-only keys, verl's narrower choices and an offline pass are checked against the Config when registered;
+    the offline pass's samples are read from the run's Config (0 without a pass)."""
+    OfflinePass, VerlKey = registry.OfflinePass, registry.VerlKey
+    bad = [({"verl_choices": {"scal": (1.0,)}}, "verl choice\\(s\\) scal are not Config fields"),
+           ({"verl_keys": {"clip": VerlKey()}}, "verl key\\(s\\) clip are also Config fields"),
+           ({"offline_pass": OfflinePass("n_offline", "values"), "verl_keys": {"values": VerlKey(file=True)}},
+            "offline pass needs a Config field 'n_offline'"),
+           ({"offline_pass": OfflinePass("steps_note", "values")}, "and a verl key 'values'")]
+    for declared, why in bad:
+        with pytest.raises(ValueError, match=f"method 'toy_inputs': .*{why}"):
+            registry.register_method(Method("toy_inputs", ToyConfig, advantage="grpo", policy_loss="ppo", **declared))
+        assert "toy_inputs" not in registry.list_methods()["method"]
+    m = Method("toy_inputs", ToyConfig, advantage="grpo", policy_loss="ppo",
+               offline_pass=OfflinePass("steps_note", "values"), verl_keys={"values": VerlKey(file=True)})
+    assert m.offline_samples(ToyConfig(steps_note=5)) == 5
+    assert registry.get_method("grpo").offline_samples(grpo.Config()) == 0
+    spo_m = registry.get_method("spo")
+    assert spo_m.offline_samples(spo.Config(offline_N=3)) == 3 and spo_m.offline_pass.verl_key in spo_m.verl_keys
+
+
 def test_methods_import_only_core_and_the_registry():
     import ast
     from pathlib import Path

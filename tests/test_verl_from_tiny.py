@@ -110,6 +110,8 @@ def test_prepare_writes_the_pool_and_held_out_split(cache, monkeypatch):
     assert [r["ground_truth"] for r in train["reward_model"]] == [str(p.answer) for p in pool]
     assert (Path(out["model"]) / "tokenizer.json").exists()
     assert Path(out["offline_values"]).exists()  # SPO: the tiny engine's offline pass, keyed by prompt id
+    # the launch passes it under the verl key SPO's record declares for its offline pass
+    assert from_tiny.method_overrides("spo", out) == [f"+algorithm.spo.offline_values={out['offline_values']}"]
 
 
 def test_a_tokenizer_without_the_tool_tags_is_refused_before_launch(cache, tiny_model, monkeypatch):

@@ -153,6 +153,46 @@ def test_method_config_reads_the_config_field_names():
     assert plugin.method_config(None, "spo") == (spo.Config(), {"offline_values": None})
 
 
+def test_a_methods_declared_verl_inputs_are_handled_by_name_of_no_method(tmp_path):
+    """A method registered here with verl-only keys, a narrower verl choice and an offline pass: the plugin reads
+    its keys with their defaults and checks the choice, the launch finds its files, the verl twin passes its pass's
+    file — each from the declaration (rlkit/verl names no method for it)."""
+    import dataclasses
+
+    from omegaconf import OmegaConf
+
+    from rlkit import registry
+    from rlkit.verl import from_tiny, launch
+
+    @dataclasses.dataclass
+    class Config:
+        mode: str = "a"
+        samples: int = 2
+
+    Config.CHOICES = {"mode": ("a", "b")}
+    registry.register_method(registry.Method(
+        "toy_verl", Config, advantage="grpo", policy_loss="ppo", verl_choices={"mode": ("a",)},
+        verl_keys={"values": registry.VerlKey(file=True), "note": registry.VerlKey(default=3)},
+        offline_pass=registry.OfflinePass("samples", "values")))
+    try:
+        assert plugin.method_config(None, "toy_verl") == (Config(), {"values": None, "note": 3})
+        cfg, extras = plugin.method_config({"toy_verl": {"values": "/v.json", "samples": 4}}, "toy_verl")
+        assert cfg == Config(samples=4) and extras == {"values": "/v.json", "note": 3}
+        with pytest.raises(ValueError, match=r"^algorithm\.toy_verl\.mode 'b'; valid: a$"):
+            plugin.method_config({"toy_verl": {"mode": "b"}}, "toy_verl")
+        with pytest.raises(ValueError, match=r"unknown key algorithm\.toy_verl\.valus; valid: mode, note, samples, "
+                                             r"values$"):
+            plugin.method_config({"toy_verl": {"valus": 1}}, "toy_verl")
+        composed = OmegaConf.create({"algorithm": {"toy_verl": {"values": "/v.json", "note": "/not/a/file"}}})
+        assert launch.method_files(composed) == {"algorithm.toy_verl.values": "/v.json"}
+        assert launch.method_files(OmegaConf.create({"algorithm": {"toy_verl": {"note": 4}}})) == {}
+        prepared = {"model": tmp_path, "data": tmp_path, "values": tmp_path / "v.json"}
+        assert from_tiny.method_overrides("toy_verl", prepared) == [f"+algorithm.toy_verl.values={tmp_path / 'v.json'}"]
+        assert from_tiny.method_overrides("grpo", prepared) == []
+    finally:
+        registry.unregister("toy_verl")
+
+
 def test_method_config_refuses_unknown_and_verl_owned_keys():
     with pytest.raises(ValueError, match=r"unknown key algorithm\.aepo\.coeff; valid: .*coef"):
         plugin.method_config({"aepo": {"coeff": 0.3}}, "aepo")

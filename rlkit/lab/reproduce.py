@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
+from rlkit import registry
 from rlkit.lab import claims, paths
 from rlkit.lab.claims import Claim, run_name
 from rlkit.lab.plots import Run, load_run
@@ -593,8 +593,9 @@ def ship_start(scale: str = "cpu", *, specs_dir: str | Path | None = None, cache
     """Maintainers: train the SFT start of ``scale`` on this machine (one thread; one already trained here and
     cached in ``cache_dir``, default the SFT cache, is taken as it is) and ship it — the checkpoint into
     :data:`rlkit.tiny.sft.SHIPPED_DIR` with its weights' SHA-256, accuracy and the machine that made it in
-    ``MANIFEST.json`` — with SPO's offline pass for every SPO run the specs plan from it (each seed's), so those
-    runs too begin alike on every CPU. Returns the manifest entry."""
+    ``MANIFEST.json`` — with the offline pass of every run the specs plan from it whose method declares one
+    (:attr:`rlkit.registry.Method.offline_pass`, SPO's; each seed's), so those runs too begin alike on every CPU.
+    Returns the manifest entry (``spo_offline``: the passes' files, under the key the manifest has always used)."""
     import datetime
     import shutil
 
@@ -627,15 +628,17 @@ def ship_start(scale: str = "cpu", *, specs_dir: str | Path | None = None, cache
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the reproduction's workers sample it
     try:
-        planned = {p for s in load_specs(specs_dir) for p in s.runs() if p.method == "spo"}
+        planned = {p for s in load_specs(specs_dir) for p in s.runs()
+                   if registry.get_method(p.method).offline_pass is not None}
         for p in sorted(planned, key=lambda p: (p.name, p.seed)):
             cfg = build_config(p.method, scale, {"seed": p.seed, **dict(p.overrides)}, regime=p.regime)
-            if cfg.sft != sft or not cfg.spo.offline_N:
+            n = registry.get_method(p.method).offline_samples(cfg.method_configs[p.method])
+            if cfg.sft != sft or not n:
                 continue
             run, gen = side_run(cfg, model, tokenizer)  # the run's pool, budget and sampling generator
             before = set(SHIPPED_DIR.glob("offline-*.pt"))
             model.train()  # as rl.train holds it when the pass runs
-            offline_scores(run, gen, cfg.spo.offline_N, sft=shipped, cache_dir=SHIPPED_DIR)
+            offline_scores(run, gen, n, sft=shipped, cache_dir=SHIPPED_DIR)
             entry["spo_offline"] += sorted(f.name for f in set(SHIPPED_DIR.glob("offline-*.pt")) - before)
     finally:
         torch.set_num_threads(threads)

@@ -44,7 +44,7 @@ from rlkit.core.masked import advantage_shift, check_shapes, masked_mean
 from rlkit.core.tool_use import flags as _flags, per_sample as _per_sample
 from rlkit.core.tool_use import tool_metrics as aspo_metrics  # noqa: F401  (every run's tool metrics: ASPO's names)
 from rlkit.hooks import Hooks, StepBatch
-from rlkit.registry import AdvantageInputs, Method, estimate, knob, register_advantage, register_method
+from rlkit.registry import AdvantageInputs, Method, VerlKey, estimate, knob, register_advantage, register_method
 
 Tensor = torch.Tensor
 
@@ -225,4 +225,7 @@ class AspoHooks(Hooks):
 
 register_method(Method("aspo", Config, advantage="aspo", policy_loss="ppo", hooks=AspoHooks,
                        inputs=("correct", "first_code_pos", "lengths", "code_pass"),
+                       # verl: the detectors that find the first code call in decoded responses (None: the defaults),
+                       # and the base estimators whose inputs the verl trainer gives
+                       verl_keys={"code_detection": VerlKey()}, verl_choices={"base_advantage": ("grpo", "hapo_tlga")},
                        logs=frozenset({"aspo/shaped_frac", "aspo/bias_ratio"})))

@@ -55,7 +55,8 @@ from rlkit.core.masked import advantage_shift, check_shapes, masked_mean
 from rlkit.core.ppo import clipped_surrogate, log_ratio, reduce_policy_loss
 from rlkit.hooks import Hooks, StepBatch
 from rlkit.registry import (
-    AdvantageInputs, Method, estimate, knob, kwargs_for, register_advantage, register_method, register_policy_loss,
+    AdvantageInputs, Method, VerlKey, estimate, knob, kwargs_for, register_advantage, register_method,
+    register_policy_loss,
 )
 
 Tensor = torch.Tensor
@@ -563,6 +564,8 @@ class HapoHooks(Hooks):
 
 register_method(Method("hapo", Config, advantage="hapo_tlga", policy_loss="hapo",
                        entropy_switches=("use_redistribution", "use_adaptive_clip"), hooks=HapoHooks,
+                       # where the verl trainer writes the per-token temperature's state for vLLM's logits processor
+                       verl_keys={"stats_path": VerlKey()},
                        logs=frozenset({"hapo/temperature/mean", "hapo/temperature/std", "hapo/clip_low/mean",
                                        "hapo/clip_high/mean", "hapo/h_tilde/mean", "hapo/h_tilde/pos_frac",
                                        "hapo/redistributed_frac", "hapo/clip_changed_frac", "hapo/tlga_shift"})))

@@ -50,7 +50,9 @@ from rlkit.core.aggregation import AGG_MODES
 from rlkit.core.groups import group_sum
 from rlkit.core.masked import check_shapes, masked_mean
 from rlkit.hooks import Hooks, StepBatch, draw, side_generator
-from rlkit.registry import AdvantageInputs, Method, knob, kwargs_for, register_advantage, register_method
+from rlkit.registry import (
+    AdvantageInputs, Method, OfflinePass, VerlKey, knob, kwargs_for, register_advantage, register_method,
+)
 
 Tensor = torch.Tensor
 
@@ -565,5 +567,8 @@ class SpoHooks(Hooks):
 # for D in [0.059, 0.193]·D_half).
 register_method(Method("spo", Config, advantage="spo", policy_loss="ppo", hooks=SpoHooks,
                        engine_defaults={"d_half": 0.25},
+                       # the start policy's offline_N scores per prompt; a verl run reads them from offline_values.json
+                       offline_pass=OfflinePass(samples="offline_N", verl_key="offline_values"),
+                       verl_keys={"offline_values": VerlKey(file=True)},
                        logs=frozenset({"spo/rho/mean", "spo/D/mean", "spo/rho_clip_ratio", "spo/rho_free_frac",
                                        "spo/sampling_focus", "spo/sampling_focus_uniform", "spo/weight_cv"})))

@@ -9,8 +9,9 @@ model on the same problems with the same hyperparameters:
 - **data** — ``train.parquet`` holds the tiny engine's prompt pool (:func:`rlkit.tasks.arithmetic.make_pool`), in
   pool order, and ``test.parquet`` its held-out problems (``make_split(eval_size, "test", seed=0)``); verl keeps
   the pool whole (``train_max_samples=-1``) and validates on every held-out problem, greedily, with the calculator;
-- **SPO's offline values** — the tiny engine's own offline pass (``offline_N`` samples per pool prompt from the SFT
-  model with its sampler and seed), keyed by prompt id: both trackers start from the same numbers;
+- **a method's offline pass** (:attr:`rlkit.registry.Method.offline_pass`, SPO's values) — the tiny engine's own
+  pass (its samples per pool prompt from the SFT model with its sampler and seed), keyed by prompt id, in the file
+  the method's verl key names: both engines' hooks start from the same numbers;
 - **settings** — prompts per step and responses per prompt, optimizer steps per batch, learning rate and warm-up,
   Adam's betas (no weight decay), gradient clip, sampling temperature, the response budget, the steps and the
   validation schedule, every method's clip range, aggregation and options (``+algorithm.<method>.*`` with the
@@ -168,8 +169,10 @@ def _norm_by_std(cfg: RLConfig) -> bool:
 
 
 def prepare(cfg: RLConfig, root: str | os.PathLike, *, device: str = "cpu", progress: bool = True) -> dict[str, Path]:
-    """Write the model, the data and (SPO) the offline values of ``cfg`` under ``root/<cache_key>``, once;
-    returns their paths (``model``, ``data``, and ``offline_values`` for SPO)."""
+    """Write the model, the data and the method's offline pass (:attr:`rlkit.registry.Method.offline_pass`) of
+    ``cfg`` under ``root/<cache_key>``, once; returns their paths: ``model``, ``data``, and the pass's file under
+    the verl key that reads it (:func:`method_overrides`)."""
+    from rlkit import registry
     from rlkit.tasks import arithmetic
     from rlkit.tiny.hf import export_sft
     from rlkit.tiny.rl import offline_scores, side_run
@@ -187,18 +190,31 @@ def prepare(cfg: RLConfig, root: str | os.PathLike, *, device: str = "cpu", prog
         write_rows(arithmetic_rows(pool, "train"), data_dir / "train.parquet")
         write_rows(arithmetic_rows(held_out, "test"), data_dir / "test.parquet")
     out = {"model": model_dir, "data": data_dir}
-    if cfg.method == "spo" and cfg.spo.offline_N:
-        path = data_dir / f"offline_values-N{cfg.spo.offline_N}-seed{cfg.seed}.json"
+    method = registry.get_method(cfg.method)
+    n = method.offline_samples(cfg.method_configs[cfg.method])
+    if n:
+        key = method.offline_pass.verl_key
+        path = data_dir / f"{key}-N{n}-seed{cfg.seed}.json"
         if not path.exists():
             model, tokenizer, sft = warm_start(cfg.sft, device=device, progress=progress)
             run, gen = side_run(cfg, model, tokenizer, device=device)  # as the tiny run samples it
-            scores = offline_scores(run, gen, cfg.spo.offline_N, sft=sft)
+            scores = offline_scores(run, gen, n, sft=sft)
             values = {prompt_id(run.pool[i].question): s for i, s in scores.items()}
             tmp = path.with_suffix(".tmp")
             tmp.write_text(json.dumps(values))
             os.replace(tmp, path)
-        out["offline_values"] = path
+        out[key] = path
     return out
 
 
-__all__ = ["DATA_FORM", "VLLM_HEAD_SIZES", "cache_key", "overrides", "parse_sets", "prepare", "run_config"]
+def method_overrides(method: str, prepared: dict[str, Path]) -> list[str]:
+    """``+algorithm.<method>.<key>=<path>`` for each verl key of ``method`` (:attr:`rlkit.registry.Method.verl_keys`)
+    whose file :func:`prepare` wrote."""
+    from rlkit import registry
+
+    return [f"+algorithm.{method}.{key}={prepared[key]}" for key in registry.get_method(method).verl_keys
+            if key in prepared]
+
+
+__all__ = ["DATA_FORM", "VLLM_HEAD_SIZES", "cache_key", "method_overrides", "overrides", "parse_sets", "prepare",
+           "run_config"]

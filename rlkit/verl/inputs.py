@@ -34,11 +34,10 @@ if TYPE_CHECKING:
 CONFIGS = {name: registry.get_method(name).config for name in registry.list_methods()["method"]}
 """rlkit method → the ``Config`` dataclass whose field names ``+algorithm.<method>.*`` uses."""
 
-VERL_EXTRAS = {"hapo": {"stats_path": None}, "spo": {"offline_values": None}, "aspo": {"code_detection": None}}
-"""Keys only a verl run has, per method, with their defaults."""
 
-ASPO_BASES = ("grpo", "hapo_tlga")
-"""Estimators ``algorithm.aspo.base_advantage`` may name in verl runs."""
+def verl_extras(method: str) -> dict[str, Any]:
+    """The keys only ``method``'s verl runs have (:attr:`rlkit.registry.Method.verl_keys`), with their defaults."""
+    return {key: spec.default for key, spec in registry.get_method(method).verl_keys.items()}
 
 
 # --------------------------------------------------------------------------- +algorithm.<method>.* overrides
@@ -63,19 +62,24 @@ def _section(config: Any, key: str) -> dict:
     return dict(value)
 
 
-def _code_detection(value: Any) -> CodeDetection:
+def _code_detection(value: Any, key: str) -> CodeDetection:
     if isinstance(value, CodeDetection):
         return value
     if not isinstance(value, Mapping):
-        raise ValueError(f"algorithm.aspo.code_detection must be a mapping, got {value!r}")
+        raise ValueError(f"{key} must be a mapping, got {value!r}")
     valid = [f.name for f in dataclasses.fields(CodeDetection)]
     unknown = sorted(set(value) - set(valid))
     if unknown:
-        raise ValueError(f"unknown key(s) algorithm.aspo.code_detection.{', '.join(unknown)}; valid: {', '.join(valid)}")
+        raise ValueError(f"unknown key(s) {key}.{', '.join(unknown)}; valid: {', '.join(valid)}")
     value = dict(value)
     if "result_fences" in value:
         value["result_fences"] = tuple(value["result_fences"])
     return CodeDetection(**value)
+
+
+PARSED_KEYS = {"code_detection": _code_detection}
+"""verl-only keys (:attr:`rlkit.registry.Method.verl_keys`, whichever method declares them) whose value the trainer
+reads as a type the method modules cannot import: ``fn(value, full key) -> value``."""
 
 
 def method_config(algorithm: Any, method: str) -> tuple[Any, dict[str, Any]]:
@@ -85,14 +89,16 @@ def method_config(algorithm: Any, method: str) -> tuple[Any, dict[str, Any]]:
     Unknown keys fail naming the valid ones; keys verl owns fail naming the verl key (module doc); a value out of
     its ``Config``'s range or choices fails as ``rlkit train`` refuses it (:func:`rlkit.registry.check_settings`,
     ``hapo.temperature_tau=-1: must be in (0, 1)``). ``extras``
-    holds the verl-only keys of :data:`VERL_EXTRAS` with their defaults filled in (ASPO's ``code_detection`` as a
-    :class:`~rlkit.tasks.tools.CodeDetection`, None for the default detectors).
+    holds the method's verl-only keys (:func:`verl_extras`) with their defaults filled in, those of
+    :data:`PARSED_KEYS` parsed (``code_detection`` as a :class:`~rlkit.tasks.tools.CodeDetection`, None for the
+    default detectors); a field of :attr:`rlkit.registry.Method.verl_choices` must take one of those values.
     """
-    if method not in CONFIGS:
-        raise KeyError(f"unknown rlkit method {method!r}; valid: {', '.join(sorted(CONFIGS))}")
-    cls = CONFIGS[method]
+    methods = registry.list_methods()["method"]  # the live registry: a method registered after this import too
+    if method not in methods:
+        raise KeyError(f"unknown rlkit method {method!r}; valid: {', '.join(methods)}")
+    cls = registry.get_method(method).config
     section = _section(algorithm, method)
-    extras = dict(VERL_EXTRAS.get(method, {}))
+    extras = verl_extras(method)
     fields = {f.name for f in dataclasses.fields(cls)}
     valid = sorted((fields - set(VERL_OWNED)) | set(extras))
     for key in sorted(section):
@@ -103,12 +109,13 @@ def method_config(algorithm: Any, method: str) -> tuple[Any, dict[str, Any]]:
     for key in list(section):
         if key in extras:
             extras[key] = section.pop(key)
-    if extras.get("code_detection") is not None:
-        extras["code_detection"] = _code_detection(extras["code_detection"])
+    for key, parse in PARSED_KEYS.items():
+        if extras.get(key) is not None:
+            extras[key] = parse(extras[key], f"algorithm.{method}.{key}")
     config = registry.check_settings(method, section)  # its ranges and choices, as the tiny engine checks them
-    base = getattr(config, "base_advantage", None)
-    if base is not None and base not in ASPO_BASES:
-        raise ValueError(f"algorithm.{method}.base_advantage {base!r}; valid: {', '.join(ASPO_BASES)}")
+    for key, valid in registry.get_method(method).verl_choices.items():
+        if getattr(config, key) not in valid:
+            raise ValueError(f"algorithm.{method}.{key} {getattr(config, key)!r}; valid: {', '.join(valid)}")
     return config, extras
 
 

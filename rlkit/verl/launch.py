@@ -421,8 +421,7 @@ def missing_inputs(p: Plan, cfg) -> list[tuple[str, str]]:
     """``(key, path)`` of each input file the run reads that is not there (and that the launch will not write:
     CPU runs on the word problems write their data if missing)."""
     inputs = {f"data.{key}": cfg.data[key] for key in ("train_files", "val_files")}
-    if cfg.algorithm.get("spo") is not None and cfg.algorithm.spo.get("offline_values"):
-        inputs["algorithm.spo.offline_values"] = cfg.algorithm.spo.offline_values
+    inputs.update(method_files(cfg))
     files = [(key, path) for key, paths in inputs.items() for path in ([paths] if isinstance(paths, str) else paths)]
     missing = [(key, path) for key, path in files if not Path(path).expanduser().exists()]
     if p.dataset == "arithmetic" and all(key.startswith("data.") for key, _ in missing):
@@ -430,14 +429,30 @@ def missing_inputs(p: Plan, cfg) -> list[tuple[str, str]]:
     return missing
 
 
+def method_files(cfg) -> dict[str, str]:
+    """``algorithm.<method>.<key>`` → path of each file a method's verl run reads that the config sets (the keys its
+    record declares files, :attr:`rlkit.registry.VerlKey.file`: an offline pass's values)."""
+    from rlkit import registry
+
+    files = {}
+    for name in registry.list_methods()["method"]:
+        section = cfg.algorithm.get(name)
+        for key, spec in registry.get_method(name).verl_keys.items():
+            if spec.file and section is not None and section.get(key):
+                files[f"algorithm.{name}.{key}"] = section[key]
+    return files
+
+
 def _refuse_missing(p: Plan, missing: list[tuple[str, str]]) -> None:
     for key, path in missing:
-        raise LaunchError(f"{key}: {path} not found; `rlkit data {p.dataset}` writes the data (and SPO's offline "
-                          f"values) into {p.data_dir}, or pass {key}=... after --")
+        raise LaunchError(f"{key}: {path} not found; `rlkit data {p.dataset}` writes the data (and `rlkit data "
+                          f"--help` lists the commands preparing a method's files) into {p.data_dir}, or pass "
+                          f"{key}=... after --")
 
 
 def prepare_inputs(p: Plan, cfg, *, force: bool = False) -> None:
-    """The run's data files (CPU runs on the word problems write them if missing) and SPO's offline values."""
+    """The run's data files (CPU runs on the word problems write them if missing) and its method's files
+    (:func:`method_files`)."""
     _refuse_missing(p, missing_inputs(p, cfg))
     absent = [path for key in ("train_files", "val_files")
               for path in ([cfg.data[key]] if isinstance(cfg.data[key], str) else cfg.data[key])
@@ -546,8 +561,7 @@ def main(args) -> int:
         except ValueError as e:  # e.g. a head size vLLM's CPU attention refuses, named before any training
             raise LaunchError(f"--tiny-scale {args.tiny_scale}: {e}") from None
         model, data = model or str(prepared["model"]), data or str(prepared["data"])
-        if "offline_values" in prepared:
-            extra = [f"+algorithm.spo.offline_values={prepared['offline_values']}", *extra]
+        extra = [*from_tiny.method_overrides(args.method, prepared), *extra]  # e.g. its offline pass's file
     elif args.set:
         raise LaunchError("--set sets tiny-engine fields: use it with --tiny-scale (verl keys go after --)")
     p = plan(args.method, args.dataset, model, gpus=args.gpus, nodes=args.nodes, ray_address=args.ray_address,

@@ -25,11 +25,11 @@ Configuration. verl's own keys keep their meaning: ``actor_rollout_ref.actor.cli
 (ε_low/ε_high; ``clip_ratio`` when they are null), ``clip_ratio_c`` (dual clip, for the losses that have one),
 ``loss_agg_mode``, ``algorithm.norm_adv_by_std_in_grpo`` (the group estimators' std division). Everything else
 comes from ``+algorithm.<method>.<field>`` with the field names of the method's ``Config``
-(``rlkit.methods.<method>.Config``), plus the verl-only keys of :data:`rlkit.verl.inputs.VERL_EXTRAS`
-(``stats_path``: where the trainer writes a per-token temperature's state for :mod:`rlkit.verl.sampling`;
-``code_detection``: which detectors of :class:`rlkit.tasks.tools.CodeDetection` find code calls in decoded
-responses; ``offline_values``: the path of ``offline_values.json``); a field that verl already owns is refused with
-the verl key to use.
+(``rlkit.methods.<method>.Config``), plus the verl-only keys its method record declares
+(:attr:`rlkit.registry.Method.verl_keys`: ``stats_path``, where the trainer writes a per-token temperature's
+state for :mod:`rlkit.verl.sampling`; ``code_detection``, which detectors of :class:`rlkit.tasks.tools.CodeDetection`
+find code calls in decoded responses; ``offline_values``, the path of ``offline_values.json``); a field that verl
+already owns is refused with the verl key to use.
 
 verl's own keys set the ``Config`` fields they own (:func:`verl_owned`) before the registry turns the ``Config``
 into keyword arguments. Refused, with the verl key named: ``clip_low`` → ``actor_rollout_ref.actor.clip_ratio_low``,

@@ -288,10 +288,11 @@ class VerlEngine:
         return int(self.trainer.config.data.get("seed", None) or 0)
 
     def offline_scores(self, n: int) -> Mapping[Any, list[float]] | None:
-        path = self.trainer.method.extra.get("offline_values")
+        m = registry.get_method(self.trainer.method.name)
+        key = m.offline_pass.verl_key if m.offline_pass is not None else None  # its declared file of the pass
+        path = self.trainer.method.extra.get(key) if key is not None else None
         if path is None:
-            _log.warning(f"{self.trainer.method.name} without +algorithm.{self.trainer.method.name}.offline_values: "
-                         "every prompt starts without offline scores")
+            _log.warning(f"{m.name} without +algorithm.{m.name}.{key}: every prompt starts without offline scores")
             return None
         with open(path) as f:
             return json.load(f)
