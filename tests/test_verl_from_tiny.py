@@ -130,3 +130,16 @@ def test_a_tokenizer_without_the_tool_tags_is_refused_before_launch(cache, tiny_
     with pytest.raises(SystemExit, match="splits <code>.*single tokens.*rlkit export"):
         cli.main(["launch", "--method", "grpo", "--device", "cpu", "--model", str(tiny_model), "--dry-run"])
     assert started == []
+
+
+def test_a_tiny_scale_launch_passes_the_offline_pass_its_method_declares(cache, capsys):
+    """``rlkit launch --tiny-scale`` hands the prepared offline pass to verl under the key SPO's record declares
+    (:attr:`rlkit.registry.OfflinePass.verl_key`), and a method without one gets no such key."""
+    args = ["launch", "--device", "cpu", "--tiny-scale", "smoke", "--set", "sft.d_model=64", "--dry-run",
+            "--runs-dir", str(cache / "runs")]
+    assert cli.main([*args[:1], "--method", "spo", *args[1:]]) == 0
+    printed = capsys.readouterr().out
+    (path,) = (cache / "cache" / "from-tiny").glob("*/data/offline_values-N*-seed*.json")
+    assert f"+algorithm.spo.offline_values={path}" in printed
+    assert cli.main([*args[:1], "--method", "grpo", *args[1:]]) == 0
+    assert "offline_values" not in capsys.readouterr().out
