@@ -511,8 +511,21 @@ def test_every_judged_claim_declares_its_margin_and_where_it_comes_from():
     assert {"spo-2", "spo-6", "cispo-1"} <= set(dropped) and all(len(v) > 80 for v in dropped.values())
 
 
+FLAGGED_MARGINS = {
+    "dr_grpo-2": "the 2026-11-28 publication: the biased baseline's seed SD of final accuracy is 0.0066 over its 3 "
+                 "seeds (0.019 in the previous one), so the declared 3-point non-inferiority margin is 4.6 SDs; a "
+                 "2-degree-of-freedom SD, and the claim is inconclusive either way ([-8.6, +6.9] points). Not "
+                 "re-declared after seeing the runs: the next round (6 seeds) decides whether the margin is re-set, "
+                 "before the runs it would judge",
+}
+"""Claims whose declared margin the published runs flag as trivial, each with the numbers and what is to be done: the
+check runs and must keep failing (strict), so an entry is removed when the runs no longer flag it."""
+
+
 @needs_published
-@pytest.mark.parametrize(("spec", "c"), JUDGED, ids=[c.id for _, c in JUDGED])
+@pytest.mark.parametrize(("spec", "c"), [
+    pytest.param(s, c, id=c.id, marks=pytest.mark.xfail(strict=True, reason=FLAGGED_MARGINS[c.id]))
+    if c.id in FLAGGED_MARGINS else pytest.param(s, c, id=c.id) for s, c in JUDGED])
 def test_no_margin_is_trivial_at_the_scale_of_the_published_runs(spec, c):
     """A superiority margin far below the baseline's measured seed SD lets anything "hold"; a non-inferiority or
     equivalence margin far above it lets anything "hold" the other way (factor 4, rlkit.lab.claims.MARGIN_FACTOR)."""
