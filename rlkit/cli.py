@@ -86,7 +86,7 @@ def _published_machine() -> dict | None:
 
 
 def _start(args: argparse.Namespace) -> int:
-    from rlkit.tiny.config import build_config
+    from rlkit.tiny.config import default_config
     from rlkit.tiny.sft import SHIPPED_DIR, shipped_manifest, warm_start
 
     if args.ship:
@@ -97,7 +97,7 @@ def _start(args: argparse.Namespace) -> int:
               f"{len(entry['spo_offline'])} SPO offline passes); commit the folder")
         return 0
     _retrain_sft(args)
-    sft = build_config("grpo", args.scale).sft
+    sft = default_config(args.scale).sft
     _, _, info = warm_start(sft, device="cpu")
     made = shipped_manifest().get(Path(info["path"]).name, {}) if info["source"] == "shipped" else {}
     print(f"SFT start    {info['source']}: {info['path']}")
@@ -168,13 +168,13 @@ def _retrain_sft(args: argparse.Namespace) -> None:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from rlkit.tiny.config import build_config
+    from rlkit.tiny.config import default_config
     from rlkit.tiny.hf import export_sft
 
     _retrain_sft(args)
     overrides = _overrides(args.set)
     _agree(overrides, scale=args.scale)
-    sft = build_config("grpo", args.scale, {k: v for k, v in overrides.items() if k != "scale"}).sft
+    sft = default_config(args.scale, {k: v for k, v in overrides.items() if k != "scale"}).sft
     try:
         out = export_sft(args.out, sft, scale=args.scale, sft_cache=args.sft_cache, device=args.device,
                          force=args.force)

@@ -27,7 +27,7 @@ from rlkit import registry
 from rlkit.lab import claims, paths
 from rlkit.lab.claims import Claim, run_name
 from rlkit.lab.plots import Run, load_run
-from rlkit.tiny.config import REGIMES, build_config
+from rlkit.tiny.config import REGIMES, build_config, default_config
 
 
 ANATOMY = {"samples": "samples", "advantage": "advantage", "ratio": "ratio and clip", "aggregation": "aggregation"}
@@ -608,12 +608,12 @@ def ship_start(scale: str = "cpu", *, specs_dir: str | Path | None = None, cache
     from rlkit.tiny.sft import SHIPPED_DIR, load_checkpoint, shipped_manifest, warm_start
     from rlkit.tiny.task import build_tokenizer
 
-    sft = build_config("grpo", scale).sft
+    sft = default_config(scale).sft
     name = f"sft-{sft.key(build_tokenizer())}.pt"
     _, _, info = warm_start(sft, cache_dir=cache_dir, progress=progress, retrain=True)
     SHIPPED_DIR.mkdir(parents=True, exist_ok=True)
     shutil.copy(info["path"], SHIPPED_DIR / name)
-    env = environment(build_config("grpo", scale), "cpu")
+    env = environment(default_config(scale), "cpu")
     entry = {"sha256": info["sha256"], "val_acc": info["val/acc"], "loss": info["loss"], "steps": info["steps"],
              "minutes": round(info["minutes"], 2), "scale": scale, "made": datetime.date.today().isoformat(),
              "commit": env["commit"], "dirty": env["dirty"], "torch": env["torch"],

@@ -213,6 +213,12 @@ def build_config(method: str, scale: str = "cpu", overrides: dict[str, Any] | No
     return cfg
 
 
+def default_config(scale: str = "cpu", overrides: dict[str, Any] | None = None) -> RLConfig:
+    """A run at ``scale`` with the engine's default method: what every method's runs share at that scale (the SFT
+    start, the task, the machine record), asked without naming a method."""
+    return build_config(RunSettings.method, scale, overrides)
+
+
 def _apply(obj: Any, values: dict[str, Any], prefix: str = "") -> None:
     for key, value in values.items():
         if isinstance(value, dict):

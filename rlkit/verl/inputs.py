@@ -88,7 +88,7 @@ def method_config(algorithm: Any, method: str) -> tuple[Any, dict[str, Any]]:
     ``algorithm`` is verl's ``config.algorithm`` (DictConfig, dict, ``AlgoConfig``) or None (all defaults).
     Unknown keys fail naming the valid ones; keys verl owns fail naming the verl key (module doc); a value out of
     its ``Config``'s range or choices fails as ``rlkit train`` refuses it (:func:`rlkit.registry.check_settings`,
-    ``hapo.temperature_tau=-1: must be in (0, 1)``). ``extras``
+    ``<method>.<field>=<value>: must be in …``). ``extras``
     holds the method's verl-only keys (:func:`verl_extras`) with their defaults filled in, those of
     :data:`PARSED_KEYS` parsed (``code_detection`` as a :class:`~rlkit.tasks.tools.CodeDetection`, None for the
     default detectors); a field of :attr:`rlkit.registry.Method.verl_choices` must take one of those values.
