@@ -100,3 +100,14 @@ class MismatchedSampler(nn.Module):
 def mismatched(dtype: str, top_p: float) -> bool:
     """Whether these settings make the sampler differ from the trainer."""
     return dtype != "float32" or top_p < 1.0
+
+
+def old_logp_source(dtype: str, top_p: float, correction: str | None, chosen: str | None) -> str:
+    """Where a run's old log-probs come from (``old_logp_source``; None: ``trainer`` when the sampler is
+    mismatched or a correction is set, else ``sampler``)."""
+    return chosen or ("trainer" if mismatched(dtype, top_p) or correction else "sampler")
+
+
+def measures_mismatch(dtype: str, top_p: float, correction: str | None, chosen: str | None) -> bool:
+    """Whether a run computes the trainer's log-probs beside the sampler's, and so logs the mismatch."""
+    return mismatched(dtype, top_p) or old_logp_source(dtype, top_p, correction, chosen) == "trainer"

@@ -48,7 +48,7 @@ from rlkit.tiny.checkpoint import RunState, environment, load_checkpoint, restor
 # tests/test_reproduce.py, notebooks/07_comparison.md); new code imports them from rlkit.tiny.config
 from rlkit.tiny.config import METHODS, REGIMES, RLConfig, build_config, flat_settings, parse_sets  # noqa: F401
 from rlkit.tiny.config import estimated_minutes
-from rlkit.tiny.mismatch import MismatchedSampler, mismatched
+from rlkit.tiny.mismatch import MismatchedSampler, measures_mismatch, mismatched, old_logp_source
 from rlkit.tiny.model import token_logprobs
 from rlkit.tiny.sft import roughly, start_source, warm_start
 from rlkit.tiny.task import (
@@ -85,8 +85,8 @@ def _mismatch_logs(settings: dict) -> frozenset[str]:
     """The rollout-correction metrics a regime with a mismatched sampler, recomputed old log-probs or a correction
     logs (their names: those :func:`mismatch_metrics` and :func:`correction_for` return, asked on one token)."""
     mode = settings.get("rollout_correction")
-    if not (mismatched(settings.get("rollout_dtype", "float32"), settings.get("rollout_top_p", 1.0)) or mode
-            or settings.get("old_logp_source") == "trainer"):
+    if not measures_mismatch(settings.get("rollout_dtype", "float32"), settings.get("rollout_top_p", 1.0), mode,
+                             settings.get("old_logp_source")):
         return frozenset()
     one = torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1)
     return frozenset(mismatch_metrics(*one)) | (frozenset(correction_for(mode, *one).metrics) if mode else frozenset())
@@ -397,12 +397,12 @@ def rl_step(run: Run, state: RunState) -> dict[str, float]:
     # forward pass is saved. The decoupled loss recomputes them with this step's policy (the proximal policy) and
     # keeps the sampler's as the behaviour policy's.
     old_logp, old_entropy, behav = ro.logp, ro.entropy, {}
-    source = cfg.old_logp_source or ("trainer" if run.mismatched is not None or cfg.rollout_correction else "sampler")
-    if run.mismatched is not None or source == "trainer":  # the sampler is not the trainer (rlkit.tiny.mismatch):
+    sampling = cfg.rollout_dtype, cfg.rollout_top_p, cfg.rollout_correction, cfg.old_logp_source
+    if measures_mismatch(*sampling):  # the sampler is not the trainer, or not taken for it (rlkit.tiny.mismatch):
         with torch.no_grad():  # the trainer's own log-probs of the sampling weights (verl's old_log_prob)
             trainer_logp, trainer_entropy = token_logprobs(policy, ids, attn, start, temperature=ro.temperature)
         metrics.update(mismatch_metrics(trainer_logp, ro.logp, mask))
-        if source == "trainer":
+        if old_logp_source(*sampling) == "trainer":
             old_logp, old_entropy = trainer_logp, trainer_entropy
     if cfg.decoupled_loss:
         behav = {"behav_logp": old_logp, "behav_imp_weight_cap": cfg.behav_imp_weight_cap}
