@@ -142,6 +142,11 @@ def test_cpu_preset_composes_and_validates(method, cache):
     assert actor.policy_loss.loss_mode == P.PRESETS[method].keys["actor_rollout_ref.actor.policy_loss.loss_mode"]
     assert actor.strategy == "fsdp2" and actor.fsdp_config.mixed_precision.param_dtype == "fp32"
     assert rollout.name == "vllm" and rollout.dtype == "float32" and cfg.trainer.total_training_steps == 7
+    # the sampler's log-probs are kept, so verl logs their mismatch with the actor's (rollout_corr/*) and no
+    # correction changes the loss (verl's default rollout_correction: no weights, no rejection)
+    assert rollout.calculate_log_probs is True and "actor_rollout_ref.rollout.calculate_log_probs=true" in p.overrides
+    rc_node = cfg.algorithm.rollout_correction
+    assert rc_node.rollout_is is None and rc_node.rollout_rs is None and not rc_node.bypass_mode
     assert cfg.reward.custom_reward_function.reward_kwargs.rule == "digit"  # the untrained default model
     assert dict(p.env) == cpu.ENV and p.shell().startswith("VERL_PLATFORM=cpu ")
     assert (p.gpus, p.nodes, p.dataset) == (1, 1, "arithmetic")
