@@ -184,8 +184,26 @@ def test_a_failing_cell_stops_with_the_cell_and_the_error(tmp_path):
     assert info.value.output.exists()  # the partial notebook, with the traceback, is kept
 
 
+LITERAL_TABLE = re.compile(r"<p>\s*\|[^<\n]*\|\s*\n\s*\|\s*(?:-{3}|\u2014)")  # a Markdown table left as text
+
+
+def markdown_left_as_text(html: Path) -> list[str]:
+    """The pages under ``html`` that show a Markdown table as text (its pipes and dashes in a paragraph): a
+    notebook's Markdown output that the book's Markdown renderer did not parse (commonmark has no tables)."""
+    return [str(p.relative_to(html)) for p in sorted(html.rglob("*.html"))
+            if "_static" not in p.parts and LITERAL_TABLE.search(p.read_text(encoding="utf-8"))]
+
+
+def test_the_literal_table_rule_sees_an_unparsed_markdown_table(tmp_path):
+    (tmp_path / "page.html").write_text("<p>| method | samples |\n|\u2014|\u2014|\n| <strong>GRPO</strong> | G |</p>")
+    (tmp_path / "fine.html").write_text("<table><tr><td>| a |</td></tr></table><p>a | b</p>")
+    assert markdown_left_as_text(tmp_path) == ["page.html"]
+
+
 def test_book_builds_with_warnings_as_errors(book):
     html = book.parent
+    assert not markdown_left_as_text(html), "a Markdown output shown as text (book/_config.yml's " \
+        "nb_render_markdown_format must parse tables)"
     for page in METHOD_PAGES:
         assert (html / "notebooks" / f"{page}.html").exists(), page
     assert (html / "papers.html").exists() and (html / "full_scale_runs.html").exists()
