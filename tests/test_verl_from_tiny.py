@@ -28,8 +28,7 @@ def cache(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("method", METHODS)
 def test_overrides_carry_the_tiny_runs_settings(method):
-    # a twin carries no overlong penalty (test_what_the_twin_cannot_carry_is_refused): DAPO's twin runs without
-    cfg = build_config(method, "cpu", {"steps": "20", **({"dapo.overlong_buffer": "0"} if method == "dapo" else {})})
+    cfg = build_config(method, "cpu", {"steps": "20"})
     keys = from_tiny.overrides(cfg)
     from rlkit import registry
 
@@ -55,9 +54,24 @@ def test_overrides_carry_the_tiny_runs_settings(method):
             assert keys[key] == (list(value) if isinstance(value, tuple) else value), key
 
 
+def test_the_twin_carries_dapos_overlong_penalty_and_filters_on_correctness():
+    """The tiny engine's Eq. 13 (L_cache, factor) as verl's dapo reward manager's keys over the same budget, and the
+    groups kept by correctness before the shaping (the tiny DapoHooks filter the scored rewards)."""
+    keys = from_tiny.overrides(build_config("dapo", "cpu", {"dapo.overlong_buffer": "16",
+                                                             "dapo.overlong_penalty": "0.5"}))
+    assert keys["reward.reward_manager.name"] == "dapo"
+    assert keys["+reward.reward_kwargs.overlong_buffer_cfg.enable"] is True
+    assert (keys["+reward.reward_kwargs.overlong_buffer_cfg.len"],
+            keys["+reward.reward_kwargs.overlong_buffer_cfg.penalty_factor"]) == (16, 0.5)
+    assert keys["+reward.reward_kwargs.max_resp_len"] == "${data.max_response_length}"
+    assert keys["algorithm.filter_groups.enable"] is True and keys["algorithm.filter_groups.metric"] == "acc"
+    off = from_tiny.overrides(build_config("dapo", "cpu", {"dapo.overlong_buffer": "0"}))
+    assert "reward.reward_manager.name" not in off and "algorithm.filter_groups.metric" not in off
+    plain = from_tiny.overrides(build_config("grpo", "cpu"))
+    assert not any(k.startswith(("reward.reward_manager", "+reward.reward_kwargs")) for k in plain)
+
+
 def test_what_the_twin_cannot_carry_is_refused():
-    with pytest.raises(ValueError, match="overlong penalty"):
-        from_tiny.overrides(build_config("dapo", "cpu", {"dapo.overlong_buffer": "16"}))
     with pytest.raises(ValueError, match="mixed"):
         from_tiny.overrides(build_config("grpo", "cpu", {"sft.form": "tool"}))
     with pytest.raises(ValueError, match="rollout_dtype='bfloat16'"):  # the tiny engine's stand-in for vLLM's weights
@@ -85,8 +99,7 @@ def tiny_model(cache):
 
 @pytest.mark.parametrize("method", METHODS)
 def test_twin_composes_and_validates(method, cache, tiny_model):
-    # a twin carries no overlong penalty (test_what_the_twin_cannot_carry_is_refused): DAPO's twin runs without
-    tiny = build_config(method, "cpu", {"steps": "20", **({"dapo.overlong_buffer": "0"} if method == "dapo" else {})})
+    tiny = build_config(method, "cpu", {"steps": "20"})  # DAPO's with its overlong penalty (verl's dapo manager)
     p = L.plan(method, None, str(tiny_model), device="cpu", tiny=tiny, data_dir=str(cache / "data"))
     cfg = L.check(p)
     assert cfg.trainer.total_training_steps == 20 and cfg.data.train_batch_size == tiny.prompts_per_step

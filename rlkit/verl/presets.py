@@ -162,7 +162,7 @@ class Preset:
 _DYNAMIC_SAMPLING = {"algorithm.filter_groups.enable": True, "algorithm.filter_groups.metric": "acc"}
 
 
-def _overlong(buffer: int = 4096, penalty: float = 1.0) -> dict[str, Any]:
+def overlong(buffer: int = 4096, penalty: float = 1.0) -> dict[str, Any]:
     """DAPO's soft overlong penalty over the last ``buffer`` tokens (verl's ``dapo`` reward manager)."""
     return {"reward.reward_manager.name": "dapo",
             "+reward.reward_kwargs.max_resp_len": "${data.max_response_length}",
@@ -212,7 +212,7 @@ PRESETS: dict[str, Preset] = {
             "actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-mean",  # Eq. 5's (1/G)Σ_i (method notes: GSPO)
         },
         # verl's GSPO example on DAPO-Math: 8k responses, overlong penalty, validation top-p 0.7 at T 1.0
-        dapo={"data.max_response_length": 8192, **_overlong(), **_val(1, 1.0, 0.7)},
+        dapo={"data.max_response_length": 8192, **overlong(), **_val(1, 1.0, 0.7)},
     ),
     # ASPO (§4.1): DAPO with a Python tool, 96 prompts × 8, max length 16,384, 3 epochs; Eq. 2's δ, k (§4.5).
     "aspo": Preset(
@@ -228,7 +228,7 @@ PRESETS: dict[str, Preset] = {
             "+algorithm.aspo.k": 0.7,  # §4.5
         },
         # §4.1: 16,384 tokens, 3 epochs, evaluation at T 0.6; AIME scored avg@16 (§4.5)
-        dapo={"data.max_response_length": 16384, **_overlong(), "trainer.total_epochs": 3, **_val(16, 0.6)},
+        dapo={"data.max_response_length": 16384, **overlong(), "trainer.total_epochs": 3, **_val(16, 0.6)},
         tools=True,  # the Python interpreter whose first call ASPO moves earlier (§4.1)
     ),
     # AEPO: GRPO advantages, the AEPO loss, no critic (AEPO/GSPO integration guide); ARLArena's math trainer
@@ -270,7 +270,7 @@ PRESETS: dict[str, Preset] = {
             "actor_rollout_ref.actor.optim.weight_decay": 0.1,  # recipes (method notes: HAPO)
         },
         # Qwen3 recipes: 12,288 tokens, overlong 4096 with penalty 1.0; validation n 8, T 0.5, top-p 0.7
-        dapo={"data.max_response_length": 12288, **_overlong(), **_val(8, 0.5, 0.7)},
+        dapo={"data.max_response_length": 12288, **overlong(), **_val(8, 0.5, 0.7)},
     ),
     # DAPO (arXiv 2503.14476 §4.1): 512 prompts × 16, mini-batches of 512 responses (32 prompts: 16 updates per step).
     # In verl, dynamic sampling is verl's filter_groups (its replay buffer refills the batch with groups of mixed
@@ -288,7 +288,7 @@ PRESETS: dict[str, Preset] = {
         },
         # L_max 16,384 + L_cache 4,096 = 20,480 tokens with the soft overlong penalty (§3.4, Eq. 13; §4.1);
         # AIME avg@32 at top-p 0.7 (§4.1)
-        dapo={"data.max_response_length": 20480, **_overlong(4096, 1.0), **_val(32, 1.0, 0.7)},
+        dapo={"data.max_response_length": 20480, **overlong(4096, 1.0), **_val(32, 1.0, 0.7)},
     ),
     # Dr. GRPO (arXiv 2503.20783): GRPO's preset with the two terms §3 removes — nothing else changed, so the two
     # presets differ only there.
@@ -336,7 +336,7 @@ PRESETS: dict[str, Preset] = {
             "+algorithm.sapo.tau_pos": 1.0,  # τ_pos, the paper's
             "+algorithm.sapo.tau_neg": 1.05,  # τ_neg > τ_pos (Fig. 5); verl's actor.tau_* keys are not read
         },
-        dapo={"data.max_response_length": 8192, **_overlong(), **_val(1, 1.0, 0.7)},  # GSPO's preset
+        dapo={"data.max_response_length": 8192, **overlong(), **_val(1, 1.0, 0.7)},  # GSPO's preset
     ),
     # GMPO (arXiv 2507.20673) on GRPO's group advantage; rlkit's gmpo loss, equal to verl's own `geo_mean` in values
     # and gradients at the paper's aggregation (tests/test_gmpo.py), which also logs where its clip binds. The paper
