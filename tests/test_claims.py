@@ -365,8 +365,8 @@ def test_what_we_found_counts_every_verdict_and_puts_decided_claims_first():
     records = [_record("a", claims.INCONCLUSIVE, 0.01, [-0.02, 0.04]), _record("b", claims.UNTESTABLE),
                _record("c", claims.HOLDS, 0.2, [0.1, 0.3]), _record("d", claims.OPPOSITE, -0.1, [-0.2, -0.05])]
     lines = summary(records)
-    assert lines[0] == ("Of the 4 claims judged on these runs: 1 holds, 1 does not hold: opposite effect, "
-                        "1 inconclusive, 1 not testable on a CPU.")
+    assert lines[0] == ("Of the 4 claims judged on these runs: 1 “holds”, 1 “does not hold: opposite effect”, "
+                        "1 “inconclusive”, 1 “not testable on a CPU”.")
     assert lines[1].startswith("claim c — holds: finding of c") and lines[2].startswith("claim d — does not hold")
     assert lines[3].startswith("claim a — inconclusive") and len(lines) == 4  # the untestable one only counted
     assert len(summary(records * 3)) == 5  # at most 5 sentences
@@ -399,7 +399,25 @@ def test_forest_plots_judged_claims_in_units_of_their_margin():
                    if len(line.get_xdata()) == 2 and line.get_xdata()[0] != line.get_xdata()[1])  # not the zero line
     # "down" flipped: −0.3..−0.1 over 0.1 → 1..3; "up": 0.1..0.3 over 0.05 → 2..6
     assert spans == [pytest.approx((1.0, 3.0)), pytest.approx((2.0, 6.0))]
-    assert "zero" in fig.texts[-1].get_text()  # a margin of 0 has no unit: named in the caption
+    assert "zero: claim zero" in fig.texts[-1].get_text()  # a margin of 0 has no unit: named in the caption
+
+
+def test_forest_labels_are_distinct_where_claims_share_their_first_words():
+    """HAPO's entropy claim with the paper's and with the released code's sign were two rows labelled alike."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from rlkit.lab.claims import forest, short_names
+
+    paper, code = (_record(f"hapo-{k}", claims.INCONCLUSIVE, 0.0, [-0.1, 0.1]) for k in (1, 2))
+    paper["statement"] = "HAPO keeps higher entropy than its base algorithm (the paper's h̃ sign)"
+    code["statement"] = "HAPO keeps higher entropy than its base algorithm (the released code's h̃ sign)"
+    other = _record("spo-4", claims.HOLDS, 0.2, [0.1, 0.3])
+    names = short_names([paper, code, other])
+    assert len(set(names)) == 3 and "paper's" in names[0] and "released" in names[1]
+    assert names[2] == "spo-4: claim spo-4".replace("spo-4:", "spo:")
+    labels = [t.get_text() for t in forest([paper, code, other]).axes[0].get_yticklabels()]
+    assert len(set(labels)) == 3
 
 
 # ------------------------------------------------------------------------------------------------ collapses told

@@ -837,7 +837,8 @@ def table(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
 
 GLOSSARY = {
     HOLDS: "the interval of the difference (CI) lies wholly beyond the margin, in the claimed direction",
-    NO_EFFECT: "the whole interval lies within ±margin: no effect that matters (equivalence, two one-sided tests)",
+    NO_EFFECT: "the whole interval lies within ±margin: no effect that matters (equivalence, two one-sided tests); "
+               "for a claim that a value exceeds a threshold, the whole interval lies below the threshold",
     SMALLER: "the interval excludes zero in the claimed direction but stays below the margin: an effect, too small",
     OPPOSITE: "the interval lies on the wrong side of zero: the effect runs against the claim",
     DIFFERS: "the claim says the two are equal; the interval leaves the ±margin band",
@@ -864,7 +865,7 @@ def summary(records: Sequence[Mapping[str, Any]], limit: int = 4) -> list[str]:
     if not records:
         return ["No claims were judged."]
     counts = {v: sum(r["verdict"] == v for r in records) for v in VERDICTS}
-    said = [f"{n} {v}" for v, n in counts.items() if n]
+    said = [f"{n} “{v}”" for v, n in counts.items() if n]  # quoted: the verdicts are labels, not verbs
     out = [f"Of the {len(records)} claim{'s' * (len(records) > 1)} judged on these runs: {', '.join(said)}."]
     order = {HOLDS: 0, OPPOSITE: 1, NO_EFFECT: 1, SMALLER: 1, DIFFERS: 1, INCONCLUSIVE: 2}
     judged = sorted((r for r in records if r["verdict"] in order), key=lambda r: order[r["verdict"]])
@@ -916,13 +917,35 @@ def estimate_cell(r: Mapping[str, Any], difference: str) -> str:
 def short_name(r: Mapping[str, Any], width: int = 38) -> str:
     """A claim's label in the forest plot: its method and the first words of its statement (at most ``width``
     characters), e.g. ``aspo: the first tool call moves earlier…``."""
-    method = str(r["id"]).rsplit("-", 1)[0]
-    words, out = str(r["statement"]).split(), ""
+    return f"{str(r['id']).rsplit('-', 1)[0]}: {_first_words(str(r['statement']).split(), width)}"
+
+
+def _first_words(words: Sequence[str], width: int) -> str:
+    out = ""
     for w in words:
         if len(out) + len(w) + 1 > width:
-            return f"{method}: {out}…"
+            return f"{out}…"
         out = f"{out} {w}".strip()
-    return f"{method}: {out}"
+    return out
+
+
+def short_names(records: Sequence[Mapping[str, Any]], width: int = 38) -> list[str]:
+    """:func:`short_name` of each record, made distinct: claims whose first words are the same (HAPO's entropy claim
+    with the paper's and with the released code's sign) keep fewer of them and add the words where their
+    statements part, e.g. ``hapo: HAPO keeps higher entropy… (the paper's h̃ sign)``."""
+    names = [short_name(r, width) for r in records]
+    for name in set(names):
+        same = [i for i, n in enumerate(names) if n == name]
+        if len(same) < 2:
+            continue
+        split = [str(records[i]["statement"]).split() for i in same]
+        k = next((j for j in range(min(map(len, split))) if len({tuple(s[j:j + 1]) for s in split}) > 1),
+                 min(map(len, split)))
+        for i, words in zip(same, split):
+            head = _first_words(words[:k], width * 2 // 3)
+            names[i] = f"{str(records[i]['id']).rsplit('-', 1)[0]}: {head.rstrip('…')}… " \
+                       f"{_first_words(words[max(k - 1, 0):], width * 2 // 3)}"
+    return names
 
 
 def found_box(records: Sequence[Mapping[str, Any]]) -> str:
@@ -945,7 +968,7 @@ SHAPES = {HOLDS: "o", NO_EFFECT: "s", SMALLER: "D", OPPOSITE: "v", DIFFERS: "^",
 
 
 def forest(records: Sequence[Mapping[str, Any]]):
-    """Each judged claim's estimate and 90% interval in units of its margin, signed so that the claimed direction
+    """Each judged claim's estimate and interval (at its look's level) in units of its margin, signed so that the claimed direction
     points right (a claim that something is lower is flipped): the band [−1, 1] is "smaller than the margin", a
     claim that is higher/lower/a rise holds right of +1, a non-inferiority claim holds when its interval stays right
     of −1, an equality claim when it stays inside the band. Claims with a margin of 0 have no unit and are listed
@@ -955,7 +978,7 @@ def forest(records: Sequence[Mapping[str, Any]]):
     from rlkit.lab.plots import PAGE_WIDTH, add_caption
 
     shown = [r for r in records if r["interval"] is not None and None not in r["interval"] and r["margin"]]
-    unitless = [r["id"] for r in records if r["interval"] is not None and not r["margin"]]
+    unitless = [short_name(r) for r in records if r["interval"] is not None and not r["margin"]]
     fig, ax = plt.subplots(figsize=(PAGE_WIDTH, 0.32 * len(shown) + 1.6))
     ax.axvspan(-1, 1, color="#dddddd", alpha=0.6, lw=0, label="within the margin")
     ax.axvline(0, color="#777777", lw=0.8)
@@ -965,7 +988,7 @@ def forest(records: Sequence[Mapping[str, Any]]):
         colour = MARKERS.get(r["verdict"], "#999999")
         ax.plot([lo, hi], [y, y], color=colour, lw=2)
         ax.plot(sign * r["estimate"] / r["margin"], y, SHAPES.get(r["verdict"], "o"), color=colour, ms=6)
-    ax.set_yticks(range(len(shown)), [short_name(r) for r in reversed(shown)], fontsize=9)
+    ax.set_yticks(range(len(shown)), list(reversed(short_names(shown))), fontsize=9)
     ax.set_ylim(-0.8, len(shown) - 0.2)
     ax.set_xlabel("difference in the claimed direction, in units of the claim's margin (its CI)")
     handles = [plt.Line2D([], [], color=c, marker=SHAPES[v], lw=2, label=v) for v, c in MARKERS.items()
