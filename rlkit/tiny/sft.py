@@ -248,9 +248,14 @@ def warm_start(
         return model, tokenizer, {**info, "source": "cache", "cached": True}
     if progress:
         why = "--retrain-sft" if (SHIPPED_DIR / path.name).exists() else "rlkit ships no start for this SFT config"
-        print(f"SFT start: training {cfg.steps:,} steps on this machine ({why}), {roughly(estimated_minutes(cfg))} "
-              "on one CPU thread (progress below; Ctrl-C stops it); its weights, and every number after them, "
-              "depend on this CPU's float kernels (rlkit env)", file=sys.stderr, flush=True)
+        # the estimate is for one CPU thread; on a GPU it says nothing (the gpu scale's 1,500 steps: ~85 min on a
+        # CPU thread, ~3 min on an H200, reproductions/LOG.md)
+        where = (f"{roughly(estimated_minutes(cfg))} on one CPU thread" if device == "cpu"
+                 else f"on {device} (the time estimate is for CPUs only)")
+        kernels = "this CPU's float kernels (rlkit env)" if device == "cpu" else "this GPU's kernels"
+        print(f"SFT start: training {cfg.steps:,} steps on this machine ({why}), {where} (progress below; Ctrl-C "
+              f"stops it); its weights, and every number after them, depend on {kernels}", file=sys.stderr,
+              flush=True)
     model, info = train(cfg, device=device, progress=progress)
     save_checkpoint(path, model, info, cfg)
     return model, tokenizer, {**info, "source": "trained", "cached": False, "path": str(path),
