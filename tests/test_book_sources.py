@@ -409,8 +409,26 @@ def test_words_name_every_run_that_ends_below_its_start(tmp_path):
     assert "`hapo-stress` ends below its start (2 of 3 seeds end below their start)" in said
     assert "grpo-stress` ends below" not in said and "`grpo-stress` ends highest" in said
     survivors = survivors_sentence(runs)
-    assert survivors.startswith("`grpo-stress` survives") and "`cispo-stress` (0.400 → 0.010" in survivors
+    assert survivors.startswith("`grpo-stress` (0.500 → 0.600) survives") and "`cispo-stress` (0.400 → 0.010" in survivors
     assert "Every run ends at or above its start." in words(runs[:3] + [_run(tmp_path, "gspo-stress", 0, 0.1, 0.2)])
+
+
+def test_words_tell_a_group_that_ends_below_its_start_in_some_seeds_and_a_level_ending(tmp_path):
+    """Most seeds above the start is not every seed: the seeds that end below are counted (GRPO's stress runs, 3 of
+    6 below 0.040, were said to "end at or above" their start); groups whose means lie in each other's bands over
+    seeds end level, not "ahead by 0.000" (HAPO's stress runs beside GRPO's)."""
+    from rlkit.lab.notebook import survivors_sentence, words
+
+    grpo = [_run(tmp_path, "grpo-stress", k, 0.04, e) for k, e in enumerate((0.19, 0.03, 0.05, 0.02, 0.06))]
+    hapo = [_run(tmp_path, "hapo-stress", k, 0.04, e) for k, e in enumerate((0.03, 0.09, 0.07))]
+    said = " ".join(words(grpo + hapo))
+    assert "`grpo-stress` in 2 of 5" in said and "`hapo-stress` in 1 of 3" in said
+    assert "Every run ends at or above its start" not in said and "ends highest" not in said
+    assert "They end level" in said and "`hapo-stress`" in said
+    assert "`grpo-stress` (0.040 → 0.070, 2 of 5 seeds below)" in survivors_sentence(grpo + hapo)
+    gspo = [_run(tmp_path, "gspo-stress", k, 0.04, e) for k, e in enumerate((0.25, 0.29, 0.22))]
+    said = " ".join(words(grpo + gspo))
+    assert "`gspo-stress` ends highest, ahead of `grpo-stress` by 0.183" in said and "level" not in said
 
 
 def test_the_published_stress_collapses_are_named():

@@ -374,6 +374,9 @@ class Ending:
     end: float
     below: int
     collapsed: int
+    low: float = 0.0
+    high: float = 0.0
+    """The lowest and the highest seed's end: the band of the figures."""
 
     @property
     def fell(self) -> bool:
@@ -402,8 +405,9 @@ def endings(runs: Sequence[Run]) -> list[Ending]:
                          bool(facts and facts["collapsed"])))
         if ends:
             n = len(ends)
-            out.append(Ending(label, n, sum(s for s, _, _ in ends) / n, sum(e for _, e, _ in ends) / n,
-                              sum(e < s for s, e, _ in ends), sum(c for _, _, c in ends)))
+            finals = [e for _, e, _ in ends]
+            out.append(Ending(label, n, sum(s for s, _, _ in ends) / n, sum(finals) / n,
+                              sum(e < s for s, e, _ in ends), sum(c for _, _, c in ends), min(finals), max(finals)))
     return out
 
 
@@ -412,9 +416,11 @@ def _acc(x: float) -> str:
 
 
 def endings_sentences(runs: Sequence[Run]) -> list[str]:
-    """Up to three sentences on how ``runs`` ended, computed from them (never typed): held-out accuracy from start
-    to end per run group over its seeds; which groups end highest; and every group that ended below its start in
-    most seeds, named as such ("collapses" where :func:`rlkit.lab.claims.collapse_facts` says so)."""
+    """Up to four sentences on how ``runs`` ended, computed from them (never typed): held-out accuracy from start
+    to end per run group over its seeds; which group ends highest, or that they end level when each group's mean
+    lies in the highest group's band over seeds and its mean in theirs (the figures' bands); every group that
+    ended below its start in most seeds, named as such ("collapses" where :func:`rlkit.lab.claims.collapse_facts`
+    says so); and every group that ended below its start in some of its seeds, with how many."""
     ends = endings(runs)
     if not ends:
         return []
@@ -425,8 +431,14 @@ def endings_sentences(runs: Sequence[Run]) -> list[str]:
     if len(ends) > 1:
         best = max(ends, key=lambda e: e.end)
         rest = [e for e in ends if e is not best]
-        gaps = ", ".join(f"`{e.label}` by {_acc(best.end - e.end)}" for e in rest)
-        out.append(f"`{best.label}` ends highest, ahead of {gaps}.")
+        if all(best.low <= e.end <= best.high and e.low <= best.end <= e.high for e in rest):
+            gap = best.end - min(e.end for e in rest)
+            out.append(f"They end level: each mean lies within the seeds' band of the highest, `{best.label}`, and "
+                       f"its mean within theirs; it is {_acc(gap) if gap >= 0.0005 else 'less than 0.001'} above the "
+                       "lowest.")
+        else:
+            gaps = ", ".join(f"`{e.label}` by {_acc(best.end - e.end)}" for e in rest)
+            out.append(f"`{best.label}` ends highest, ahead of {gaps}.")
     fell = [e for e in ends if e.fell]
     if fell:
         words = []
@@ -434,21 +446,28 @@ def endings_sentences(runs: Sequence[Run]) -> list[str]:
             what = "collapses" if e.collapsed * 2 > e.seeds else "ends below its start"
             words.append(f"`{e.label}` {what} ({e.below} of {e.seeds} seeds end below their start)")
         out.append("Not every run survives: " + "; ".join(words) + ".")
-    elif len(ends) > 1:
+    some = [e for e in ends if e.below and not e.fell]
+    if some:
+        out.append("In some seeds held-out accuracy ends below the start: " + "; ".join(
+            f"`{e.label}` in {e.below} of {e.seeds}" for e in some) + ".")
+    elif len(ends) > 1 and not fell:
         out.append("Every run ends at or above its start.")
     return out
 
 
 def survivors_sentence(runs: Sequence[Run]) -> str:
-    """Which run groups survive (end at or above their start in most seeds) and which do not, in one sentence."""
+    """Which run groups survive (end at or above their start in most seeds) and which do not, in one sentence, each
+    with its held-out accuracy from start to end over seeds (and how many seeds ended below their start)."""
     ends = endings(runs)
-    alive = [f"`{e.label}`" for e in ends if e.survives]
+    alive = [f"`{e.label}` ({_acc(e.start)} → {_acc(e.end)}" + (f", {e.below} of {e.seeds} seeds below" if e.below
+                                                                   else "") + ")" for e in ends if e.survives]
     gone = [f"`{e.label}` ({_acc(e.start)} → {_acc(e.end)}, {e.below} of {e.seeds} seeds below their start"
             f"{', collapsed' if e.collapsed * 2 > e.seeds else ''})" for e in ends if e.fell]
     if not gone:
         return f"Every method survives: {', '.join(alive)} end at or above their start in most seeds."
     one = len(alive) == 1
-    head = (f"{', '.join(alive)} survive{'s' * one} (end{'s' * one} at or above {'its' if one else 'their'} start); "
+    head = (f"{', '.join(alive)} survive{'s' * one} (end{'s' * one} at or above {'its' if one else 'their'} start "
+            "in most seeds); "
             if alive else "No method survives; ")
     return head + f"{', '.join(gone)} end{'s' * (len(gone) == 1)} below {'its' if len(gone) == 1 else 'their'} start."
 
@@ -462,7 +481,7 @@ def records_sentences(records: Sequence[Mapping[str, Any]]) -> list[str]:
     for r in records:
         counts[r["verdict"]] = counts.get(r["verdict"], 0) + 1
     out = [f"Of {len(records)} claim{'s' * (len(records) > 1)}: "
-           + ", ".join(f"{n} {v}" for v, n in counts.items()) + "."]
+           + ", ".join(f"{n} “{v}”" for v, n in counts.items()) + "."]
     told: set[str] = set()
     for r in records:
         c = r.get("collapsed")
