@@ -611,3 +611,47 @@ def test_the_toc_lists_every_method_page_once_in_notebook_order():
     assert [f for f in files if f in pages] == pages
     assert sorted(files) == sorted(set(files))
     assert {Path(s.notebook).stem for s in load_specs()} == {f.split("/")[-1] for f in files if "notebooks/" in f}
+
+
+STRESS_PAGE = re.compile(r"regime=\"stress\"|\"\w+-stress\"|stress_runs")
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "notebooks").glob("*.md")), ids=lambda p: p.stem)
+def test_the_stress_settings_are_told_in_words_not_printed(path):
+    """A page that shows stress-regime runs says what the regime is in words from the config (regime_settings),
+    never as a printed settings dict (`{'staleness': 12, 'mini_batches': 16, ...}` under CISPO's stress figure)."""
+    text = path.read_text()
+    if not STRESS_PAGE.search(text):
+        return
+    printed = [line.strip() for line in text.splitlines() if re.search(r"\bprint\(\s*REGIMES\b", line)]
+    assert not printed, f"{path.name} prints the regime's settings dict: {printed}"
+    assert "regime_settings(" in text, f"{path.name} shows stress runs without saying what the regime is"
+
+
+def test_the_stress_settings_rule_catches_a_printed_dict(tmp_path):
+    page = tmp_path / "x.md"
+    page.write_text('```{code-cell} ipython3\nprint(REGIMES["stress"])\nruns, fig = compare_runs("x", regime="stress")\n```\n')
+    with pytest.raises(AssertionError, match="prints the regime"):
+        test_the_stress_settings_are_told_in_words_not_printed(page)
+
+
+RUN_SHARE = re.compile(r"\d(?:[.,]\d+)?\s*(?:–\s*\d(?:[.,]\d+)?\s*)?%")
+"""A share written as a percentage (``0.73–0.85%``, ``about 0.02%``): what a run measured, typed."""
+
+
+def _typed_run_numbers(text: str) -> list[str]:
+    return RUN_SHARE.findall(text or "")
+
+
+def test_no_dropped_claim_types_what_the_runs_measured():
+    """Why a claim was dropped is declared before the runs; a number the runs measured, typed into it, goes stale
+    on republication (CISPO's "0.73–0.85% over steps 1–15": 0.90–1.25% in the published runs; DAPO's "about 0.02%
+    of tokens": GRPO's runs clip 0.01%). The pages show such numbers from the runs instead."""
+    typed = {c.id: _typed_run_numbers(f"{c.dropped or ''} {c.reason or ''}") for s in load_specs() for c in s.claims}
+    assert not {k: v for k, v in typed.items() if v}, typed
+
+
+def test_the_typed_share_rule_catches_a_measured_percentage():
+    assert _typed_run_numbers("left, not the property: 0.73–0.85% over steps 1–15") == ["0.73–0.85%"]
+    assert _typed_run_numbers("the clip binds on about 0.02% of tokens, where 4–5% of tokens") == ["0.02%", "4–5%"]
+    assert not _typed_run_numbers("a 14B model; p(1 − p)/(G − 1) ≈ 0.016 at G = 8")
