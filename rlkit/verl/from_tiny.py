@@ -16,8 +16,9 @@ model on the same problems with the same hyperparameters:
   Adam's betas (no weight decay), gradient clip, sampling temperature, the response budget, the steps and the
   validation schedule, every method's clip range, aggregation and options (``+algorithm.<method>.*`` with the
   field names of its ``Config``), and no DAPO mechanics unless the tiny run has them (dynamic sampling, kept by
-  correctness; the overlong penalty, by verl's ``dapo`` reward manager on the response's length as verl counts it:
-  every token after the prompt, the calculator's results included, as the tiny engine counts them).
+  correctness; the overlong penalty, by verl's reward manager for it (:func:`rlkit.verl.presets.overlong`) on the
+  response's length as verl counts it: every token after the prompt, the calculator's results included, as the
+  tiny engine counts them).
 
 What cannot be matched is listed with the comparison (the book's *Two engines* page): verl's AdamW runs a warm-up
 from 0 where the tiny engine's starts at lr/warmup, its sampler is vLLM (so the old log-probs are recomputed by the
@@ -139,7 +140,7 @@ def overrides(cfg: RLConfig) -> dict[str, Any]:
     if cfg.rollout_dtype != "float32":
         raise ValueError(f"the verl twin samples with vLLM's own weights; rollout_dtype={cfg.rollout_dtype!r} "
                          "(the tiny engine's stand-in for them) has no verl key")
-    if getattr(options, "overlong_buffer", 0):  # verl's dapo reward manager: the same Eq. 13 over the budget
+    if getattr(options, "overlong_buffer", 0):  # verl's overlong reward manager: the same penalty over the budget
         from rlkit.verl.presets import overlong
 
         keys.update(overlong(options.overlong_buffer, options.overlong_penalty))

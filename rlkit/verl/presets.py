@@ -401,7 +401,9 @@ CPU: dict[str, Any] = {
     "+actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend": "uni",  # no worker process
     # the sampler's own log-probs kept beside the actor's recomputation: verl 0.9.1 then logs their mismatch
     # (rollout_corr/kl, …/log_ppl_diff, …/chi2_token; training/rollout_probs_diff_*) from its default
-    # algorithm.rollout_correction (rollout_is and rollout_rs null: metrics only, the loss and mask unchanged)
+    # algorithm.rollout_correction (rollout_is and rollout_rs null: metrics only, the loss and mask unchanged).
+    # verl 0.9.1's rollout.yaml defaults to true already (every published twin has the metrics): set here so the
+    # measurement does not hang on a default
     "actor_rollout_ref.rollout.calculate_log_probs": True,
     # toy scale: 64-token answers, 256 training problems, 64 held-out problems greedily every 5 steps, a
     # checkpoint every 5 steps
