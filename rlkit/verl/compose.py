@@ -29,7 +29,7 @@ from typing import Any
 
 from rlkit.verl import TRAINER, cpu
 from rlkit.verl.from_tiny import VLLM_HEAD_SIZES
-from rlkit.verl.presets import METHODS, LaunchError
+from rlkit.verl.presets import LaunchError
 
 # ------------------------------------------------------------------------------------------------ overrides
 def hydra_value(value: Any) -> str:
@@ -85,6 +85,7 @@ def check_method_overrides(overrides: Sequence[str]) -> None:
     ``Config`` (:func:`rlkit.verl.inputs.method_config`: keys, ranges, choices) before anything is prepared or
     composed; :func:`validate` checks the composed config again in full. Values Hydra resolves later
     (``${...}``) and overrides Hydra cannot parse are left to that check."""
+    from rlkit import registry
     from rlkit.verl.inputs import method_config
 
     try:
@@ -96,11 +97,12 @@ def check_method_overrides(overrides: Sequence[str]) -> None:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
     except HydraException:
         return
+    methods = set(registry.list_methods()["method"])  # rlkit's blocks, told from verl's keys by the registry
     sections: dict[str, dict[str, Any]] = {}
     for o in parsed:
         path = o.key_or_group.split(".")
         value = None if o.is_delete() else o.value()
-        if len(path) == 3 and path[0] == "algorithm" and path[1] in METHODS and not o.is_delete() \
+        if len(path) == 3 and path[0] == "algorithm" and path[1] in methods and not o.is_delete() \
                 and not (isinstance(value, str) and "${" in value):
             sections.setdefault(path[1], {})[path[2]] = value
     for method, section in sections.items():
@@ -217,7 +219,10 @@ def _verl_checks(cfg) -> None:
     # verl never builds AlgoConfig from the whole block (estimators get the DictConfig), so rlkit's
     # algorithm.<method> blocks are left to check_rlkit_names; the rest must fit verl's schema.
     rollout = cfg.actor_rollout_ref.rollout
-    verl_keys = [k for k in cfg.algorithm if k not in METHODS]
+    from rlkit.verl.inputs import rlkit_blocks
+
+    ours = rlkit_blocks(cfg.algorithm)
+    verl_keys = [k for k in cfg.algorithm if k not in ours]
     sections = {"algorithm": OmegaConf.masked_copy(cfg.algorithm, verl_keys),
                 "actor_rollout_ref.rollout": rollout,
                 "actor_rollout_ref.rollout.checkpoint_engine": rollout.checkpoint_engine}
@@ -366,7 +371,7 @@ def check_rlkit_names(cfg) -> None:
     from verl.trainer.ppo import core_algos
     from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
 
-    from rlkit.verl.plugin import ensure_registered, method_config
+    from rlkit.verl.plugin import ensure_registered, method_config, rlkit_blocks
     from rlkit.verl.trainer import MethodSetup
 
     try:
@@ -383,7 +388,7 @@ def check_rlkit_names(cfg) -> None:
             raise LaunchError(f"{key}={name!r} is not registered in verl; valid: "
                               f"{', '.join(sorted(registry))}")
     try:
-        for method in METHODS:
+        for method in rlkit_blocks(cfg.algorithm):  # rlkit's algorithm.<method> blocks, by the registry
             if cfg.algorithm.get(method) is not None:
                 method_config(cfg.algorithm, method)
         if cfg.trainer.v1.trainer_mode == TRAINER:

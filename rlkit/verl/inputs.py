@@ -14,7 +14,9 @@ Importable without verl.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import json
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -82,8 +84,36 @@ PARSED_KEYS = {"code_detection": _code_detection}
 reads as a type the method modules cannot import: ``fn(value, full key) -> value``."""
 
 
+def rlkit_blocks(algorithm: Any) -> list[str]:
+    """The keys of verl's ``algorithm`` block that are rlkit methods' ``algorithm.<method>`` blocks, told from
+    verl's own keys by the live registry (:func:`rlkit.registry.list_methods`), not by the presets."""
+    if algorithm is None:
+        return []
+    methods = set(registry.list_methods()["method"])
+    return [key for key in algorithm if key in methods]
+
+
+_PARSED: dict[tuple[str, type, str], tuple[Any, dict[str, Any]]] = {}
+"""Every ``algorithm.<method>`` section this process has parsed (:func:`method_config`): (method, its ``Config``
+class, the section's canonical JSON) → ``(Config, extras)``. The launch's checks, the trainer's
+:class:`~rlkit.verl.trainer.MethodSetup` and the estimators' look-ups of the same config share one parse."""
+
+PARSE_COUNT = [0]
+"""How many sections :func:`method_config` has parsed (not served from :data:`_PARSED`) in this process."""
+
+
+def clear_parsed() -> None:
+    """Forget :data:`_PARSED` (tests; a method re-registered under the same name with the same Config class)."""
+    _PARSED.clear()
+
+
+def _section_key(section: Mapping[str, Any]) -> str:
+    return json.dumps(section, sort_keys=True, default=repr)
+
+
 def method_config(algorithm: Any, method: str) -> tuple[Any, dict[str, Any]]:
-    """``(Config, extras)`` for ``method`` from the ``algorithm.<method>`` section of a verl config.
+    """``(Config, extras)`` for ``method`` from the ``algorithm.<method>`` section of a verl config, parsed once
+    per process for each distinct section (:data:`_PARSED`; each caller gets its own copies).
 
     ``algorithm`` is verl's ``config.algorithm`` (DictConfig, dict, ``AlgoConfig``) or None (all defaults).
     Unknown keys fail naming the valid ones; keys verl owns fail naming the verl key (module doc); a value out of
@@ -98,6 +128,15 @@ def method_config(algorithm: Any, method: str) -> tuple[Any, dict[str, Any]]:
         raise KeyError(f"unknown rlkit method {method!r}; valid: {', '.join(methods)}")
     cls = registry.get_method(method).config
     section = _section(algorithm, method)
+    key = (method, cls, _section_key(section))
+    if key not in _PARSED:
+        _PARSED[key] = _parse_section(method, cls, section)
+    config, extras = _PARSED[key]
+    return copy.copy(config), dict(extras)
+
+
+def _parse_section(method: str, cls: type, section: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    PARSE_COUNT[0] += 1
     extras = verl_extras(method)
     fields = {f.name for f in dataclasses.fields(cls)}
     valid = sorted((fields - set(VERL_OWNED)) | set(extras))

@@ -73,7 +73,7 @@ import wrapt
 from rlkit import registry
 from rlkit.registry import AdvantageInputs, MissingInputs
 from rlkit.verl import ADV_ESTIMATORS, POLICY_LOSSES, TRAINER, cpu
-from rlkit.verl.inputs import (  # noqa: F401  (method_config, loss_inputs, estimator_inputs: re-exported)
+from rlkit.verl.inputs import (  # noqa: F401  (method_config, rlkit_blocks, the contexts: re-exported)
     CONFIGS,
     ESTIMATOR_INPUTS as _ESTIMATOR_INPUTS,
     LOSS_INPUTS as _LOSS_INPUTS,
@@ -81,6 +81,7 @@ from rlkit.verl.inputs import (  # noqa: F401  (method_config, loss_inputs, esti
     estimator_inputs,
     loss_inputs,
     method_config,
+    rlkit_blocks,
     rows_of,
     verl_owned,
 )
@@ -172,15 +173,19 @@ def _verl_policy_loss(name: str) -> Callable:
 
 
 class _AlgorithmConfigs(Mapping):
-    """rlkit method → its ``Config`` from ``algorithm.<method>`` (:func:`method_config`), read when the registry asks
-    for it, with ``norm_by_std`` from verl's ``algorithm.norm_adv_by_std_in_grpo`` (verl's key)."""
+    """rlkit method → its ``Config`` from ``algorithm.<method>`` (:func:`method_config`, whose parse of a section
+    the process keeps), read when the registry asks for it and kept for this call, with ``norm_by_std`` from verl's
+    ``algorithm.norm_adv_by_std_in_grpo`` (verl's key)."""
 
     def __init__(self, algorithm: Any) -> None:
         self.algorithm = algorithm
         self.norm_by_std = algorithm.get("norm_adv_by_std_in_grpo", True) if algorithm is not None else True
+        self._read: dict[str, Any] = {}
 
     def __getitem__(self, method: str) -> Any:
-        return verl_owned(method_config(self.algorithm, method)[0], norm_by_std=self.norm_by_std)
+        if method not in self._read:
+            self._read[method] = verl_owned(method_config(self.algorithm, method)[0], norm_by_std=self.norm_by_std)
+        return self._read[method]
 
     def __iter__(self) -> Iterator[str]:
         return iter(CONFIGS)
