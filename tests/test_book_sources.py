@@ -162,7 +162,8 @@ TYPED_SETTINGS = re.compile(
     r"every \d+ steps|\b\d+ RL steps|policy of step \$n ?- ?\d+|\b\d+ optimizer steps per"
     r"|\b\d[\d,]* held-out problems|\b\d[\d,]* problems at \w+ scale|\blast \d+\s+steps|\b\d+ seeds\b"
     r"|\b\d+ steps behind|\b\d[\d,]* prompts × \d+|\b\d+ × \d+\)|\b\d+-token budget|budget of \d+ tokens"
-    r"|\b\d[\d,]* \+ \d[\d,]* tokens|Both run \d+ steps|over \d+ steps\b")
+    r"|\b\d[\d,]* \+ \d[\d,]* tokens|Both run \d+ steps|over \d+ steps\b"
+    r"|\b(?:two|three|four|five|six|eight|ten|twelve|sixteen|twenty|thirty) (?:steps? old|steps? behind|updates\b)")
 """Run settings typed into a page's text (the evaluation interval and set sizes, the number of steps, seeds and
 prompts per step, the steps a page averages over, the staleness, the updates per batch, the response budget, the
 presets' batch): a page quotes them from the config, the specs and the presets it runs (glue, or a generated
