@@ -179,7 +179,7 @@ def test_the_typed_settings_rule_catches_what_it_guards():
     caught = ["on 1,000 held-out problems", "over the last 10 steps", "the 3 seeds", "12 steps behind",
               "16 prompts × 8 responses", "1,024 prompts × 1", "(SPO: 128 prompts × 1 instead of 16 × 8)",
               "its 164-token budget", "16,384 + 4,096 tokens", "every 5 steps", "Both run 20 steps",
-              "(1,000 problems at cpu scale)"]
+              "(1,000 problems at cpu scale)", "a policy twelve steps old", "each batch drives sixteen updates"]
     for text in caught:
         assert TYPED_SETTINGS.search(text), text
     for text in ["over the last {glue:text}`tail_window` steps", "{glue:text}`final_eval_size` held-out problems",
