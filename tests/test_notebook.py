@@ -4,6 +4,8 @@ again at 3 seeds, and a figure draws every seed a run group has. Fabricated run 
 
 from __future__ import annotations
 
+import re
+
 import matplotlib
 import pytest
 
@@ -54,6 +56,8 @@ def test_a_page_shows_the_saved_sequential_records_each_on_its_seeds(spec, tmp_p
     assert [r["level"] for r in records] == pytest.approx([0.9875] * 2)  # the rule's looks, not one fixed look
     html = notebook.claims_table("aspo", seeds=None, results=tmp_path).data
     assert claims.html(on_file) in html and "rlkit-note" not in html
+    counted = re.findall(r"Of (?:the )?2 claims", html)  # the verdict counts, once: in the "What we found" box
+    assert counted == ["Of the 2 claims"], counted
 
 
 def test_an_explicit_number_of_other_seeds_is_judged_now_and_says_so(spec, tmp_path):

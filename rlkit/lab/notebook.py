@@ -355,7 +355,8 @@ def claims_table(name: str, *, seed: int | None = None, seeds: int | None = None
     records, note = claim_records(name, seed=seed, seeds=seeds, results=results)
     from IPython.display import HTML
 
-    return HTML(note_html(note) + say_html(records_sentences(records))
+    collapses = records_sentences(records)[1:]  # its first sentence, the counts, opens the "What we found" box
+    return HTML(note_html(note) + (say_html(collapses) if collapses else "")
                 + claims.found_box(records) + claims.html(records) + claims.glossary_html() + RULES_LINK)
 
 
