@@ -113,7 +113,7 @@ def test_every_notebook_executes_without_errors(smoke):
                   for line in "".join(o.get("text", "")).splitlines() if re.search(r"\b[A-Z]\w*Warning: ", line)]
         assert not warned, f"{path.name} prints a warning a reader would see: {warned[0]}"
     for spec in load_specs():
-        if spec.method:  # each method's run sits beside its executed notebook
+        if spec.method_page:  # each method's run sits beside its executed notebook
             run = root / "results" / spec.name / "seed0"
             assert {"metrics.jsonl", "config.json", "env.json"} <= {p.name for p in run.iterdir()}, spec.name
 
@@ -159,8 +159,7 @@ def test_every_results_figure_is_followed_by_words_and_every_fallen_run_is_named
         spec = next(s for s in load_specs() if Path(s.notebook).stem == path.stem)
         if not spec.method:
             continue
-        dirs = [d for d in (root / "results").iterdir() if d.is_dir() and (d.name == spec.method
-                                                                          or d.name.startswith(spec.method + "-"))]
+        dirs = [root / "results" / p.name for p in spec.runs(1)]  # the page's run groups: its method's, its variants
         runs = [load_run(s) for d in dirs for s in sorted(d.glob("seed*")) if (s / "metrics.jsonl").exists()]
         for e in endings(runs):
             if e.fell:

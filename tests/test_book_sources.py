@@ -21,8 +21,9 @@ REPO, BOOK_DIR = paths.project_root(), paths.book_dir()
 
 # Files that exist only in the developers' workspace: a published page must not send a reader to them.
 DEVELOPER_FILES = ("METHODS.md", "METHODS §", "NOTES-", "DESIGN.md", "STYLE.md", "../shared")
-METHOD_SPECS = {Path(s.notebook).stem: s for s in load_specs() if s.method}
-"""The method pages (the specs that train a method), by notebook name: every list of them is this one."""
+METHOD_SPECS = {Path(s.notebook).stem: s for s in load_specs() if s.method_page}
+"""The method pages (the specs that train a method on its own page), by notebook name: every list of them is this
+one."""
 SECTIONS = ["Background", "Key equations", "Implementation", "Checks on toy tensors", "Run it",
             "Results beside the paper's claim", "Logged metrics explained", "Pitfalls and deviations", "Exercises",
             "References"]

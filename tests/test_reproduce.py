@@ -36,7 +36,7 @@ def test_every_spec_loads_and_names_its_notebook():
     from rlkit.lab.notebook import anatomy_table
 
     table = anatomy_table().splitlines()  # the overview's: every method spec gives its row
-    assert len(table) == 2 + sum(bool(s.method) for s in specs) and "**GRPO** (baseline)" in table[2]
+    assert len(table) == 2 + sum(s.method_page for s in specs) and "**GRPO** (baseline)" in table[2]
     for s in specs:
         assert (Path(__file__).parent.parent / s.notebook).exists(), s.notebook
         if s.method:

@@ -10,9 +10,10 @@ methods it takes (:func:`cpu_command`); ``<!-- rlkit twins -->`` the methods tha
 engines* page and those that have none yet (:func:`twins_block`, from :func:`rlkit.lab.two_engines.twins`). On
 ``book/intro.md``, ``<!-- rlkit method pages -->`` is the table of the method pages (:func:`method_pages_table`);
 on ``book/papers.md``, ``<!-- rlkit papers -->`` the table of papers (:func:`papers_table`); ``book/_toc.yml``
-lists the method pages between ``# rlkit method pages`` and ``# end`` (:func:`toc_block`).
+lists the method pages between ``# rlkit method pages`` and ``# end``, and the topic pages between ``# rlkit topic
+pages`` and ``# end`` (:func:`toc_block`).
 
-The method pages are the specs that train a method (:func:`method_specs`), in notebook order, each named by its
+The method pages are the specs that train a method on its own page (:func:`method_specs`), in notebook order, each named by its
 spec's title; the verl runs are the registry's methods that have a verl preset, in the figures' order
 (:func:`rlkit.lab.plots.methods`). :func:`update_book_page` re-renders every block of a page from today's specs,
 presets (:mod:`rlkit.verl.presets`), plan (:func:`rlkit.verl.launch.plan`) and twins, :func:`update_book` every
@@ -81,14 +82,19 @@ def render_command(method: str, dataset: str, model: str | None = None, *, gpus:
 _BLOCK = re.compile(r"<!-- rlkit (presets|twins|cpu command|method pages|papers|launch (\w+) (\w+)) -->\n.*?"
                     r"<!-- end -->", re.S)
 _RUNS = re.compile(r"<!-- rlkit runs (\w+) -->\n.*?<!-- end runs -->", re.S)
-_TOC = re.compile(r"^( *)# rlkit method pages\n.*?^ *# end\n", re.S | re.M)
+_TOC = re.compile(r"^( *)# rlkit (method|topic) pages\n.*?^ *# end\n", re.S | re.M)
 GENERATED = (_RUNS, _BLOCK, _TOC)
 """Every kind of generated block, outermost first (a ``runs`` block holds ``launch`` blocks)."""
 
 
 def method_specs(specs_dir: Path | None = None) -> list[Spec]:
-    """The specs of the method pages (those that train a method), in notebook order."""
-    return [s for s in load_specs(specs_dir) if s.method]
+    """The specs of the method pages (those that train a method, topic pages aside), in notebook order."""
+    return [s for s in load_specs(specs_dir) if s.method_page]
+
+
+def topic_specs(specs_dir: Path | None = None) -> list[Spec]:
+    """The specs of the topic pages (:attr:`rlkit.lab.reproduce.Spec.topic`), in notebook order."""
+    return [s for s in load_specs(specs_dir) if s.topic]
 
 
 def display_name(spec: Spec) -> str:
@@ -125,9 +131,11 @@ def papers_table(specs_dir: Path | None = None) -> str:
     return "<!-- rlkit papers -->\n" + "\n".join(_markdown(rows)) + "\n<!-- end -->"
 
 
-def toc_block(indent: str = "      ", specs_dir: Path | None = None) -> str:
-    """``_toc.yml``'s chapters of the method pages, between its ``# rlkit method pages`` and ``# end`` lines."""
-    lines = [f"{indent}# rlkit method pages"] + [f"{indent}- file: {_page(s)}" for s in method_specs(specs_dir)]
+def toc_block(indent: str = "      ", specs_dir: Path | None = None, kind: str = "method") -> str:
+    """``_toc.yml``'s chapters of the method pages (``kind`` ``topic``: the topic pages), between its ``# rlkit
+    method pages`` (``# rlkit topic pages``) and ``# end`` lines."""
+    specs = {"method": method_specs, "topic": topic_specs}[kind](specs_dir)
+    lines = [f"{indent}# rlkit {kind} pages"] + [f"{indent}- file: {_page(s)}" for s in specs]
     return "\n".join([*lines, f"{indent}# end"]) + "\n"
 
 
@@ -199,7 +207,7 @@ def update_book_page(text: str) -> str:
                  "method pages": method_pages_table, "papers": papers_table}.get(match.group(1))
         return fixed() if fixed else book_block(match.group(2), match.group(3))
 
-    text = _TOC.sub(lambda m: toc_block(m.group(1)), text)
+    text = _TOC.sub(lambda m: toc_block(m.group(1), kind=m.group(2)), text)
     return _BLOCK.sub(render, _RUNS.sub(lambda m: runs_block(m.group(1)), text))
 
 

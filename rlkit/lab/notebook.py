@@ -249,17 +249,19 @@ def compare_runs(
     return runs, fig
 
 
-def run_settings(method: str, scale: str, seeds: int | None, results: str | Path | None = None) -> dict[str, Any]:
-    """The settings a page's text quotes about ``method``'s runs at ``scale`` with ``seeds`` seeds, by glue name:
+def run_settings(name: str, scale: str, seeds: int | None, results: str | Path | None = None) -> dict[str, Any]:
+    """The settings a page's text quotes about the runs of spec ``name`` (a method page's name is its method's; a
+    topic page's, its method's runs) at ``scale`` with ``seeds`` seeds, by glue name:
     taken from the config the runs use (:func:`rlkit.tiny.config.build_config`, standard and stress regimes) and
     this module's :data:`TAIL_WINDOW` — a page never types them. ``seeds`` None: the seeds the spec's run groups
     have in ``results`` (:func:`spec_seed_counts`), e.g. ``"3–12"`` where the sequential rule added seeds."""
     from rlkit.tiny.config import build_config
     from rlkit.tiny.task import max_response_tokens
 
+    method = get_spec(name).method or name
     std, stress = build_config(method, scale), build_config(method, scale, regime="stress")
     spo = build_config("spo", scale)
-    counts = [seeds] if seeds is not None else spec_seed_counts(method, None, results)
+    counts = [seeds] if seeds is not None else spec_seed_counts(name, None, results)
     return {"steps": std.steps, "prompts": std.prompts_per_step, "group": std.group_size,
             "samples": std.prompts_per_step * std.group_size, "eval_every": std.eval_every,
             "eval_size": std.eval_size, "final_eval_size": f"{std.final_eval_size:,}",
@@ -287,13 +289,13 @@ def preset_settings() -> dict[str, str]:
                   "preset_dapo_max_length": f"{dapo['data.max_response_length'] - buffer:,}"}
 
 
-def glue_settings(method: str, scale: str, seeds: int | None, results: str | Path | None = None) -> None:
+def glue_settings(name: str, scale: str, seeds: int | None, results: str | Path | None = None) -> None:
     """Glue :func:`run_settings` under their names for the page's ``{glue:text}`` roles. Nothing is shown: it
     returns None, so a cell that ends with it prints no settings dump above the page's method."""
     from myst_nb import glue
 
-    for name, value in run_settings(method, scale, seeds, results).items():
-        glue(name, value, display=False)
+    for key, value in run_settings(name, scale, seeds, results).items():
+        glue(key, value, display=False)
 
 
 def regime_settings(method: str, scale: str, regime: str = "stress") -> str:
@@ -518,13 +520,13 @@ def say(runs: Sequence[Run] = (), records: Sequence[Mapping[str, Any]] | None = 
 
 
 def anatomy_table() -> str:
-    """The overview's table of the four parts every method shares, one row per method spec in notebook order
-    (its ``anatomy``), as Markdown."""
+    """The overview's table of the four parts every method shares, one row per method page's spec in notebook order
+    (its ``anatomy``; topic pages have none), as Markdown."""
     from rlkit.lab.reproduce import ANATOMY, load_specs
 
     rows = ["| method | " + " | ".join(ANATOMY.values()) + " |", "|---" * (len(ANATOMY) + 1) + "|"]
     for spec in load_specs():
-        if spec.method:
+        if spec.method_page:
             if not spec.anatomy:
                 raise ValueError(f"spec {spec.name!r} gives no anatomy: its row of this table "
                                  f"({', '.join(ANATOMY)}; reproductions/specs/{spec.name}.yaml)")

@@ -44,6 +44,10 @@ class Spec:
     title: str = ""
     method: str | None = None
     """The method the notebook trains (None: overview / comparison, which read the method reproductions' runs)."""
+    topic: bool = False
+    """The page is about a topic, not about its ``method``: it trains runs of the method (its regimes, its
+    variants: e.g. GRPO with a mismatched sampler) and judges claims on them, but the method has its own page. A
+    topic page stays out of the methods' lists (:attr:`method_page`) and is listed among the topics."""
     paper: str = ""
     """Citation key in book/references.bib."""
     scale: str = "cpu"
@@ -79,6 +83,17 @@ class Spec:
                              f"its row of the overview's table; got {', '.join(sorted(self.anatomy))}")
         if self.anatomy and not self.method:
             raise ValueError(f"spec {self.name!r}: anatomy is a method's row; this spec trains no method")
+        if self.topic and not self.method:
+            raise ValueError(f"spec {self.name!r}: a topic page trains runs of a method: give its method")
+        if self.topic and (self.anatomy or self.paper):
+            raise ValueError(f"spec {self.name!r}: a topic page is not its method's page: anatomy and paper are the "
+                             f"method page's (reproductions/specs/{self.method}.yaml)")
+
+    @property
+    def method_page(self) -> bool:
+        """Whether the page is its method's own (it trains a method and is no :attr:`topic` page): the book's lists
+        of the methods, the overview's anatomy table and the papers page are these specs'."""
+        return bool(self.method) and not self.topic
 
     @classmethod
     def load(cls, path: str | Path) -> Spec:
@@ -117,8 +132,9 @@ class Spec:
         judged claim names no activity metric of its mechanism."""
         from rlkit.tiny.rl import logged_metrics
 
-        configs = {p.name: build_config(p.method, self.scale, dict(p.overrides), regime=p.regime)
-                   for p in self.runs(1)}
+        planned = {p.name: p for p in self.runs(1)}
+        configs = {name: build_config(p.method, self.scale, dict(p.overrides), regime=p.regime)
+                   for name, p in planned.items()}
         for k, claim in enumerate(self.claims, 1):
             claim.id = claim.id or f"{self.name}-{k}"
             if not claim.judged:
@@ -130,12 +146,15 @@ class Spec:
                                  f"({', '.join(configs) or 'none'})")
             compared = [] if claim.expect in ("rise", "at_least") or claim.baseline_metric else \
                 [claim.baseline, *claim.without]
-            needs = [(m, cfg.method) for m in claim.metrics()]
-            needs += [(claim.metric, n.split("-")[0]) for n in compared]
-            for metric, method in needs:
-                logged = logged_metrics(method, regime=claim.regime)
+            # what each run logs: its method's metrics in its regime, with its own overrides (a variant's mismatched
+            # sampler logs the mismatch); a baseline from another spec, with none
+            needs = [(m, name, cfg.method) for m in claim.metrics()]
+            needs += [(claim.metric, n, n.split("-")[0]) for n in compared]
+            for metric, run, method in needs:
+                own = dict(planned[run].overrides) if run in planned else {}
+                logged = logged_metrics(method, regime=claim.regime, overrides=own)
                 if metric not in logged:
-                    raise ValueError(f"claim {claim.claim!r}: metric {metric!r} is not logged by {method} runs "
+                    raise ValueError(f"claim {claim.claim!r}: metric {metric!r} is not logged by {run} runs "
                                      f"({claim.regime} regime); logged: {', '.join(sorted(logged))}")
 
     def out_dir(self, results: Path) -> Path:

@@ -70,13 +70,14 @@ LOGGED_WHEN_STALE = frozenset({"policy/entropy", "policy/score/mean", "timing_s/
 (:func:`_policy_eval`)."""
 
 
-def logged_metrics(method: str, *, regime: str = "standard") -> frozenset[str]:
-    """Every metric a tiny-engine run of ``method`` in ``regime`` (:data:`rlkit.tiny.config.REGIMES`) logs (claims
-    are checked against this when a spec loads)."""
+def logged_metrics(method: str, *, regime: str = "standard", overrides: dict | None = None) -> frozenset[str]:
+    """Every metric a tiny-engine run of ``method`` in ``regime`` (:data:`rlkit.tiny.config.REGIMES`) logs, with the
+    run's top-level ``overrides`` on the regime's settings (a mismatched sampler's run logs the mismatch; claims are
+    checked against this when a spec loads)."""
     logs = registry.get_method(method).logs  # a KeyError naming the valid methods
     if regime not in REGIMES:
         raise KeyError(f"unknown regime {regime!r}; valid: {', '.join(REGIMES)}")
-    settings = REGIMES[regime]
+    settings = {**REGIMES[regime], **(overrides or {})}
     stale = settings.get("staleness", 0) > 0
     return LOGGED_BY_EVERY_METHOD | logs | (LOGGED_WHEN_STALE if stale else frozenset()) | _mismatch_logs(settings)
 
