@@ -201,6 +201,9 @@ def test_variants_of_one_method_are_told_apart_by_line_style_and_marker(tmp_path
     looks = {(lines[n].get_linestyle(), lines[n].get_marker()) for n in ("hapo", "hapo-only-a", "hapo-only-b")}
     assert len(looks) == 3, "two lines of one colour look the same"
     assert lines["grpo-stress"].get_linestyle() == "--"  # a method's only variant: dashed, as before
+    own = plots.curves(plots.load_runs([tmp_path]), ["val/acc"], colors={"hapo-only-a": "#0072B2"})
+    colours = {line.get_label().split(" (")[0]: line.get_color() for line in own.axes[0].get_lines()}
+    assert colours["hapo-only-a"] == "#0072B2" and colours["hapo-only-b"] == plots.COLORS["hapo"]  # a topic page's
 
 
 def test_panels_do_not_turn_noise_into_trends(tmp_path):

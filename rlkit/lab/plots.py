@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -275,11 +275,13 @@ def curves(
     ncols: int = 2,
     width: float = PAGE_WIDTH,
     height: float = 3.2,
+    colors: Mapping[str, str] | None = None,
 ):
     """One panel per metric (at most ``ncols`` per row), one line per method (mean over seeds, min–max band),
     one legend outside the data and the runs' caption (:func:`describe`) underneath; returns the Figure.
 
-    ``x`` is one axis for every panel or one per metric (see :data:`X_AXES`)."""
+    ``x`` is one axis for every panel or one per metric (see :data:`X_AXES`). ``colors``: ``{group label: colour}``
+    for a page whose groups are runs of one method (a topic page), in place of the method's colour."""
     if not runs:
         raise ValueError("no runs to plot")
     metrics = list(metrics)
@@ -298,7 +300,8 @@ def curves(
             if not all(metric in r.frame for r in group):
                 continue
             band = seed_band(group, metric, xi)
-            color = method_color(group[0].method)  # a variant (grpo-stress, aspo-eq1): its method's colour, dashed
+            # a variant (grpo-stress, aspo-eq1): its method's colour, dashed — unless the page gives it its own
+            color = (colors or {}).get(method) or method_color(group[0].method)
             label = f"{method} ({len(group)} seed{'s' if len(group) > 1 else ''})"
             ls, marker = styles[method]
             ax.plot(band.index, band["mean"], label=label, color=color, lw=1.8, ls=ls,
