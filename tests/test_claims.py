@@ -365,7 +365,7 @@ def test_what_we_found_counts_every_verdict_and_puts_decided_claims_first():
     records = [_record("a", claims.INCONCLUSIVE, 0.01, [-0.02, 0.04]), _record("b", claims.UNTESTABLE),
                _record("c", claims.HOLDS, 0.2, [0.1, 0.3]), _record("d", claims.OPPOSITE, -0.1, [-0.2, -0.05])]
     lines = summary(records)
-    assert lines[0] == ("Of the 4 claims judged on these runs: 1 “holds”, 1 “does not hold: opposite effect”, "
+    assert lines[0] == ("Of the 4 claims: 1 “holds”, 1 “does not hold: opposite effect”, "
                         "1 “inconclusive”, 1 “not testable on a CPU”.")
     assert lines[1].startswith("claim c — holds: finding of c") and lines[2].startswith("claim d — does not hold")
     assert lines[3].startswith("claim a — inconclusive") and len(lines) == 4  # the untestable one only counted

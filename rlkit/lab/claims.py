@@ -866,7 +866,7 @@ def summary(records: Sequence[Mapping[str, Any]], limit: int = 4) -> list[str]:
         return ["No claims were judged."]
     counts = {v: sum(r["verdict"] == v for r in records) for v in VERDICTS}
     said = [f"{n} “{v}”" for v, n in counts.items() if n]  # quoted: the verdicts are labels, not verbs
-    out = [f"Of the {len(records)} claim{'s' * (len(records) > 1)} judged on these runs: {', '.join(said)}."]
+    out = [f"Of the {len(records)} claim{'s' * (len(records) > 1)}: {', '.join(said)}."]  # not all judged on runs
     order = {HOLDS: 0, OPPOSITE: 1, NO_EFFECT: 1, SMALLER: 1, DIFFERS: 1, INCONCLUSIVE: 2}
     judged = sorted((r for r in records if r["verdict"] in order), key=lambda r: order[r["verdict"]])
     for r in judged[:limit]:
