@@ -101,3 +101,25 @@ def test_twins_split_every_registered_method_by_the_folder_of_twins(tmp_path, mo
     assert two_engines.twins_words(tmp_path) == {"twin_methods": "zpo", "no_twin_methods": "grpo has none yet"}
     assert two_engines.twins_words(tmp_path / "none") == {"twin_methods": "none",
                                                           "no_twin_methods": "grpo and zpo have none yet"}
+
+
+def test_every_registered_method_has_its_published_twin():
+    """Issue 35, item 5: every method has its verl twin on the *Two engines* page — a finished 20-step main_ppo run
+    from the shipped start, with the published file set (reproductions/results-verl-cpu/README.md)."""
+    import json
+
+    from rlkit import registry
+
+    root = two_engines.published_twins_dir()
+    have, missing = two_engines.twins()
+    assert missing == [], f"no verl twin for {missing}: rlkit launch --method M --device cpu --tiny-scale cpu ..."
+    assert sorted(have) == registry.list_methods()["method"]
+    files = {"metrics.jsonl", "config.json", "env.json", "launch.json", "tool_config.yaml", "rlkit_model.json"}
+    for m in have:
+        assert files <= {p.name for p in (root / m).iterdir()}, m
+        launch = json.loads((root / m / "launch.json").read_text())
+        assert launch["outcome"] == "finished" and launch["steps"][-1] == 20, m
+        start = json.loads((root / m / "rlkit_model.json").read_text())["sft"]
+        assert start["source"] == "shipped" and start["sha256"].startswith("671d7269"), m
+        steps = [json.loads(line)["step"] for line in (root / m / "metrics.jsonl").read_text().splitlines()]
+        assert steps == list(range(21)), m
