@@ -384,6 +384,42 @@ def test_every_results_figure_is_followed_by_words(path):
     assert not silent, f"{path.name}: results figures with no generated words after them: {silent}"
 
 
+def _glued_figures_speak(source: str) -> bool:
+    """A cell that displays figures as ``{glue:figure}`` Markdown (one per method, in a loop: the figure-cell rule
+    above cannot see them) displays generated words after the last of them."""
+    after = source.rsplit("glue:figure", 1)[-1]
+    return bool(re.search(r"display\(Markdown\(|^\s*say\(", after, re.M))
+
+
+def test_the_glued_figure_rule_catches_a_silent_loop():
+    loop = 'for m in M:\n    display(Markdown(f"```{{glue:figure}} fig-{m}\\n```"))\n'
+    assert not _glued_figures_speak(loop)
+    assert _glued_figures_speak(loop + "    display(Markdown(two_engines.words(table, m)))\n")
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "notebooks").glob("*.md")), ids=lambda p: p.stem)
+def test_every_glued_figure_is_followed_by_words(path):
+    import jupytext  # the cells as Jupyter reads them: a cell's own ``` (an f-string's directive) does not end it
+
+    bodies = [c.source for c in jupytext.read(path).cells if c.cell_type == "code"]
+    silent = [b.strip().splitlines()[0] for b in bodies if "glue:figure" in b and not _glued_figures_speak(b)]
+    assert not silent, f"{path.name}: glued figures with no generated words after them: {silent}"
+
+
+def test_the_two_engines_words_say_what_each_figure_shows():
+    import pandas as pd
+
+    from rlkit.lab import two_engines
+
+    acc = two_engines.QUANTITIES[0].label
+    table = pd.DataFrame({"quantity": [acc, "entropy", "clipped"], "tiny engine": [54.5, 0.054, float("nan")],
+                          "verl": [53.0, 0.24, float("nan")], "verdict": ["agree", "differ", "not logged by verl"]}
+                         ).set_index("quantity")
+    text = two_engines.words(table, "dr_grpo")
+    assert text.startswith("DR_GRPO: 1 of 2 quantities agree") and "54.5% in the tiny engine, 53.0% in verl" in text
+    assert "Differs: entropy, 0.054 against verl's 0.24." in text
+
+
 def _run(tmp_path: Path, name: str, seed: int, start: float, end: float, zero: float = 0.2):
     """A run directory ``name/seed<seed>`` whose held-out accuracy goes from ``start`` to ``end``."""
     from rlkit.lab.plots import load_run

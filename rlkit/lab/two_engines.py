@@ -188,6 +188,25 @@ def agreement(tiny: Run, verl: Run, method: str, *, window: int = 5, eval_size: 
     return pd.DataFrame(rows).set_index("quantity")
 
 
+def words(table: pd.DataFrame, method: str) -> str:
+    """What one method's figure shows, from its :func:`agreement` table: how many quantities agree under the rule,
+    the held-out accuracies at the last evaluation, and each one that differs with both values — the sentence after
+    the method's figure on the Two engines page."""
+    judged = table[table["verdict"].isin(["agree", "differ"])]
+    agree = int((judged["verdict"] == "agree").sum())
+    acc = table.loc[QUANTITIES[0].label]
+    out = [f"{method.upper()}: {agree} of {len(judged)} quantities agree by the rule below"]
+    if not math.isnan(acc["tiny engine"]):
+        out.append(f"held-out accuracy at the last evaluation {acc['tiny engine']:.1f}% in the tiny engine, "
+                   f"{acc['verl']:.1f}% in verl")
+    differ = judged[judged["verdict"] == "differ"]
+    text = "; ".join(out) + "."
+    if len(differ):
+        text += " Differs: " + "; ".join(f"{q}, {row['tiny engine']:.3g} against verl's {row['verl']:.3g}"
+                                         for q, row in differ.iterrows()) + "."
+    return text
+
+
 def minutes(run: Run) -> float:
     """Wall time of the run's steps (verl: ``timing_s/step`` summed, start-up excluded)."""
     s = run.frame.get("timing_s/step")
@@ -195,4 +214,4 @@ def minutes(run: Run) -> float:
 
 
 __all__ = ["ENGINES", "OWN", "QUANTITIES", "Quantity", "agreement", "figure", "minutes", "pair",
-           "published_twins_dir", "quantities", "series", "twins", "twins_words"]
+           "published_twins_dir", "quantities", "series", "twins", "twins_words", "words"]
