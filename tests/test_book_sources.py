@@ -620,10 +620,21 @@ def test_the_method_list_rule_catches_a_method_the_pages_do_not_follow(monkeypat
     (tmp_path / "grpo" / "metrics.jsonl").write_text("")
     problems = _twin_list_problems(notebook, page, tmp_path)
     assert any("twins block" in p for p in problems) and any("08_two_engines: its text names" in p for p in problems)
-    typed = notebook.replace("## What ran\n", "## What ran\n\nDAPO's twin is drawn too.\n")
-    assert _twin_list_problems(typed, page) == ["08_two_engines: its text names ['dapo'], which have no verl twin"]
+    # every registered method has its twin now: a typed name is caught against a twins folder with GRPO's alone
+    typed = notebook.replace("## What ran\n", "## What ran\n\nGMPO's twin is drawn too.\n")
+    assert _twin_list_problems(typed, page) == []
+
+    def named(text):
+        return next(p for p in _twin_list_problems(text, page, tmp_path) if p.startswith("08_two_engines: its text"))
+
+    assert "'gmpo'" in named(typed) and "'gmpo'" not in named(notebook)
     typed = page.replace("Nothing has run on GPUs", "Dr. GRPO has a verl twin. Nothing has run on GPUs")
-    assert len(_twin_list_problems(notebook, typed)) == 1
+    assert _twin_list_problems(notebook, typed) == []  # it has one
+
+    def paragraphs(text):  # the paragraphs on the twins that name a method without one (GRPO's-only folder)
+        return [p for p in _twin_list_problems(notebook, text, tmp_path) if "a paragraph on the twins" in p]
+
+    assert len(paragraphs(typed)) == len(paragraphs(page)) + 1 and "dr_grpo" in paragraphs(typed)[0]
     untyped = notebook.replace("{glue:text}`no_twin_methods`", "dapo, dr_grpo and cispo have none yet")
     assert _twin_list_problems(untyped, page)[0] == "08_two_engines: no {glue:text}`no_twin_methods` in its words"
 
