@@ -46,7 +46,7 @@ class Spec:
     """The method the notebook trains (None: overview / comparison, which read the method reproductions' runs)."""
     topic: bool = False
     """The page is about a topic, not about its ``method``: it trains runs of the method (its regimes, its
-    variants: e.g. GRPO with a mismatched sampler) and judges claims on them, but the method has its own page. A
+    variants: e.g. the method with a mismatched sampler) and judges claims on them, but the method has its own page. A
     topic page stays out of the methods' lists (:attr:`method_page`) and is listed among the topics."""
     paper: str = ""
     """Citation key in book/references.bib."""
