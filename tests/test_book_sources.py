@@ -487,6 +487,8 @@ def test_the_verdict_rules_are_stated_once_and_linked():
     pages = {p.stem: p.read_text() for p in (REPO / "notebooks").glob("*.md")}
     stating = sorted(n for n, t in pages.items() if "RULES" in t)
     assert stating == ["07_comparison"], f"the verdict rules are rendered on {stating}"
+    glossaries = sorted(n for n, t in pages.items() if "glossary_html" in t)  # the verdict words, once too
+    assert glossaries == ["07_comparison"], f"the verdict words' glossary is rendered on {glossaries}"
     assert "(verdict-rules)=" in pages["07_comparison"]
     unlinked = sorted(n for n, t in pages.items() if "claims_table(" in t and "<verdict-rules>" not in t)
     assert not unlinked, f"claims pages that do not link the verdict rules: {unlinked}"

@@ -56,6 +56,7 @@ def test_a_page_shows_the_saved_sequential_records_each_on_its_seeds(spec, tmp_p
     assert [r["level"] for r in records] == pytest.approx([0.9875] * 2)  # the rule's looks, not one fixed look
     html = notebook.claims_table("aspo", seeds=None, results=tmp_path).data
     assert claims.html(on_file) in html and "rlkit-note" not in html
+    assert notebook.RULES_LINK in html and claims.glossary_html() not in html  # the verdict words: linked, not repeated
     counted = re.findall(r"Of (?:the )?2 claims", html)  # the verdict counts, once: in the "What we found" box
     assert counted == ["Of the 2 claims"], counted
 

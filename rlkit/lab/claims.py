@@ -856,7 +856,8 @@ GLOSSARY = {
                  "last 10 steps: told as a finding",
     "not lower": "non-inferiority: holds when the interval's lower end stays above −margin",
 }
-"""The verdict words and the statistics behind them, in a sentence each (shown beside the claims tables)."""
+"""The verdict words and the statistics behind them, in a sentence each (shown once, under the comparison page's
+verdict rules)."""
 
 
 def summary(records: Sequence[Mapping[str, Any]], limit: int = 4) -> list[str]:
@@ -955,9 +956,10 @@ def found_box(records: Sequence[Mapping[str, Any]]) -> str:
 
 
 def glossary_html() -> str:
-    """:data:`GLOSSARY` as a folded list (HTML)."""
+    """:data:`GLOSSARY` as a definition list (HTML), shown once in the book, under the verdict rules (the comparison
+    page's ``verdict-rules`` section); every claims table links there (:data:`rlkit.lab.notebook.RULES_LINK`)."""
     items = "".join(f"<dt>{escape(k)}</dt><dd>{escape(v)}</dd>" for k, v in GLOSSARY.items())
-    return f"<details><summary>What the verdict words mean</summary><dl>{items}</dl></details>"
+    return f"<dl class='rlkit-glossary'>{items}</dl>"
 
 
 MARKERS = {HOLDS: "#009E73", NO_EFFECT: "#D55E00", SMALLER: "#56B4E9", OPPOSITE: "#CC79A7", DIFFERS: "#0072B2",

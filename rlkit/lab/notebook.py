@@ -313,9 +313,10 @@ def regime_settings(method: str, scale: str, regime: str = "stress") -> str:
             f"steps (standard: {std.steps}). Everything else is the standard run's.")
 
 
-RULES_LINK = ("<p>How verdicts are reached — intervals, margins, the seed rule — is stated once, on "
-              "<a href='07_comparison.html#verdict-rules'>the comparison page</a>.</p>")
-"""The link every claims table ends with: the verdict rules are stated once in the book (the comparison page)."""
+RULES_LINK = ("<p>What each verdict word means and how verdicts are reached — intervals, margins, the seed rule — "
+              "is stated once, on <a href='07_comparison.html#verdict-rules'>the comparison page</a>.</p>")
+"""The link every claims table ends with: the verdict words and rules are stated once in the book (the comparison
+page), not repeated under each table."""
 
 
 def claim_records(name: str, *, seed: int | None = None, seeds: int | None = None,
@@ -351,15 +352,15 @@ def note_html(note: str | None) -> str:
 def claims_table(name: str, *, seed: int | None = None, seeds: int | None = None,
                  results: str | Path | None = None):
     """The spec's claims (the rules: :data:`rlkit.lab.claims.RULES`) as HTML: a "What we found" box in plain
-    sentences, the narrow table (claim and finding, estimate, coloured verdict; details folded) and the verdict
-    words' glossary. The records: :func:`claim_records` (with ``seeds`` None, those the reproduction saved in
+    sentences, the narrow table (claim and finding, estimate, coloured verdict; details folded) and a link to the
+    verdict words and rules, stated once on the comparison page (:data:`RULES_LINK`). The records: :func:`claim_records` (with ``seeds`` None, those the reproduction saved in
     ``claims.json``; judged now only where there are none, or on other explicit seeds — then said above the table)."""
     records, note = claim_records(name, seed=seed, seeds=seeds, results=results)
     from IPython.display import HTML
 
     collapses = records_sentences(records)[1:]  # its first sentence, the counts, opens the "What we found" box
     return HTML(note_html(note) + (say_html(collapses) if collapses else "")
-                + claims.found_box(records) + claims.html(records) + claims.glossary_html() + RULES_LINK)
+                + claims.found_box(records) + claims.html(records) + RULES_LINK)
 
 
 # ------------------------------------------------------------------------------------------------ words after results
