@@ -123,3 +123,38 @@ def test_every_registered_method_has_its_published_twin():
         assert start["source"] == "shipped" and start["sha256"].startswith("671d7269"), m
         steps = [json.loads(line)["step"] for line in (root / m / "metrics.jsonl").read_text().splitlines()]
         assert steps == list(range(21)), m
+
+
+def test_a_difference_is_placed_among_the_tiny_engines_own_seeds():
+    # clipped shares (%) over 4 steps: seed 0 low, verl higher; the other seeds span verl's value, then do not
+    tiny = run({"actor/pg_clipfrac": [0.0001] * 4, "response_length/mean": [40.0] * 4}, eval_size=200,
+               prompts_per_step=16, group_size=8)
+    verl = run({"actor/pg_clipfrac": [0.0004, 0.0005, 0.0004, 0.0005], "response_length/mean": [40.0] * 4},
+               verl={"data": {"train_batch_size": 20}, "actor_rollout_ref": {"rollout": {"n": 8}}})
+    table = two_engines.agreement(tiny, verl, "grpo", window=4)
+    assert table.loc["clipped tokens (%)", "verdict"] == "differ"
+    seeds = [tiny, run({"actor/pg_clipfrac": [0.0006] * 4})]
+    [said] = two_engines.differences(table, "grpo", tiny, verl, seeds, window=4)
+    # 0.01% of 16·8·40 = 5,120 tokens is 0.5 a step; 0.045% of 20·8·40 = 6,400 is 2.9
+    assert "about 0.5 and 2.9 clipped tokens a step of 5,120 and 6,400 response tokens" in said
+    assert "give 0.01–0.06" in said and "among them, what another seed gives" in said
+    [said] = two_engines.differences(table, "grpo", tiny, verl, seeds[:1], window=4)
+    assert "outside them, a difference between the engines" in said
+    assert two_engines.differences(table.assign(verdict="agree"), "grpo", tiny, verl, seeds, window=4) == []
+
+
+def test_an_entropy_aggregated_by_another_loss_mode_is_not_called_a_per_token_difference():
+    # verl's seq-mean-token-sum-norm entropy: per-token 0.25 × 40 trained tokens / 160 = 0.0625 per step
+    tiny = run({"actor/entropy": [0.25, 0.24, 0.26, 0.25]}, eval_size=200)
+    verl = run({"actor/entropy": [0.0625, 0.0626, 0.0624, 0.0625], "response_length/mean": [40.0] * 4},
+               verl={"data": {"max_response_length": 160}, "actor_rollout_ref": {"actor": {
+                   "loss_agg_mode": "seq-mean-token-sum-norm", "loss_scale_factor": "${data.max_response_length}"}}})
+    table = two_engines.agreement(tiny, verl, "dr_grpo", window=4)
+    assert table.loc["entropy (nats/token)", "verdict"] == "differ"
+    [said] = two_engines.differences(table, "dr_grpo", tiny, verl, [tiny], window=4)
+    assert "not the same quantity" in said and "divided by 160" in said
+    assert "at least 0.25 nats" in said and "above that bound, so consistent with it" in said
+    token_mean = run({"actor/entropy": [0.0625] * 4}, verl={"actor_rollout_ref": {"actor": {"loss_agg_mode": "token-mean"}}})
+    [said] = two_engines.differences(two_engines.agreement(tiny, token_mean, "dr_grpo", window=4), "dr_grpo", tiny,
+                                     token_mean, [tiny], window=4)
+    assert "not the same quantity" not in said and "outside them" in said

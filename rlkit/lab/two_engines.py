@@ -207,11 +207,97 @@ def words(table: pd.DataFrame, method: str) -> str:
     return text
 
 
+def _value(run: Run, quantity: Quantity, last_step: int | None, window: int) -> float:
+    """``quantity`` in one tiny-engine run as :func:`agreement` reads it: the last evaluation for held-out accuracy,
+    else the mean of the last ``window`` steps up to ``last_step``."""
+    s = series(run, quantity.tiny, percent=quantity.percent, last_step=last_step)
+    if not len(s):
+        return math.nan
+    return float(s.iloc[-1]) if quantity is QUANTITIES[0] else float(s.iloc[-window:].mean())
+
+
+def _verl_setting(verl: Run, path: str):
+    """A setting of the verl twin's composed config (``config.json``'s ``verl`` block) by its dotted path, a plain
+    ``${other.path}`` interpolation followed; None when absent."""
+    node = verl.config.get("verl", {})
+    for key in path.split("."):
+        node = node.get(key) if isinstance(node, dict) else None
+    if isinstance(node, str) and node.startswith("${") and node.endswith("}") and ":" not in node:
+        return _verl_setting(verl, node[2:-1])
+    return node
+
+
+def _tokens_per_step(run: Run, verl: bool, last_step: int | None, window: int) -> float:
+    """Response tokens a step over the last ``window`` steps: mean response length × responses per step (the tiny
+    run's prompts × group size, verl's ``data.train_batch_size`` × ``rollout.n``)."""
+    length = series(run, ("response_length/mean",), last_step=last_step).iloc[-window:].mean()
+    if verl:
+        n = (_verl_setting(run, "data.train_batch_size") or math.nan) * (
+            _verl_setting(run, "actor_rollout_ref.rollout.n") or math.nan)
+    else:
+        n = run.config.get("prompts_per_step", math.nan) * run.config.get("group_size", math.nan)
+    return float(length * n)
+
+
+def differences(table: pd.DataFrame, method: str, tiny: Run, verl: Run, tiny_seeds: Sequence[Run], *,
+                window: int = 5) -> list[str]:
+    """One sentence per quantity :func:`agreement` finds to differ, saying what the difference is made of:
+
+    - a share of tokens (the clipped tokens) as the number of tokens a step it stands for in each engine;
+    - the entropy: whether verl's ``actor/entropy`` is a per-token mean at all — verl aggregates it by the actor's
+      ``loss_agg_mode``, and under ``seq-mean-token-sum-norm`` it is each response's summed entropy over the
+      ``loss_scale_factor``, averaged over responses; the per-token entropy it implies is bounded with verl's own
+      response length;
+    - where verl's value (or that bound) falls among the tiny engine's own seeds of the method (``tiny_seeds``, read
+      as :func:`agreement` reads ``tiny``): inside their range, the difference is what another seed gives; outside
+      it, a difference between the engines this page does not explain."""
+    differ = table[table["verdict"] == "differ"]
+    by_label = {q.label: q for q in quantities(method)}
+    last = int(verl.frame.index.max()) if len(verl.frame) else None
+    out = []
+    for label, row in differ.iterrows():
+        q, value = by_label[label], float(row["verl"])
+        text = f"{method.upper()}'s {label}: verl {value:.3g} against the tiny engine's {row['tiny engine']:.3g}"
+        if q.tiny == ("actor/pg_clipfrac",):
+            t_tokens, v_tokens = _tokens_per_step(tiny, False, last, window), _tokens_per_step(verl, True, last, window)
+            text += (f", about {row['tiny engine'] / 100 * t_tokens:.1f} and {value / 100 * v_tokens:.1f} clipped "
+                     f"tokens a step of {t_tokens:,.0f} and {v_tokens:,.0f} response tokens")
+        bound = False  # verl's value stands for a lower bound of the tiny engine's quantity
+        mode = _verl_setting(verl, "actor_rollout_ref.actor.loss_agg_mode")
+        if q.tiny == ("actor/entropy",) and mode not in (None, "token-mean"):
+            text += (f" — not the same quantity: verl logs `actor/entropy` aggregated by the loss's own mode "
+                     f"(`{mode}`), the tiny engine the per-token mean")
+            scale = _verl_setting(verl, "actor_rollout_ref.actor.loss_scale_factor")
+            if mode == "seq-mean-token-sum-norm" and isinstance(scale, (int, float)) and scale > 0:
+                lengths = series(verl, ("response_length/mean",), last_step=last).iloc[-window:]
+                logged = series(verl, q.verl, last_step=last).reindex(lengths.index)
+                value, bound = float((logged * scale / lengths).mean()), True  # step by step, then the mean
+                text += (f"; verl's is each response's summed entropy divided by {scale:g}, averaged over responses "
+                         f"(the per-token entropy × the trained tokens per response / {scale:g}); with verl's mean "
+                         f"response length of each step ({lengths.mean():.1f} tokens, calculator results included, "
+                         f"so at least the trained tokens) the per-token entropy is at least {value:.3g} nats")
+            else:
+                value = math.nan  # no per-token value to place among the seeds
+        seeds = [v for v in (_value(r, q, last, window) for r in tiny_seeds) if not math.isnan(v)]
+        if seeds and not math.isnan(value):
+            lo, hi = min(seeds), max(seeds)
+            text += f"; the tiny engine's {len(seeds)} seeds of {method.upper()} give {lo:.3g}–{hi:.3g}: "
+            if bound:
+                text += ("above that bound, so consistent with it (verl's per-token value itself is not logged)"
+                         if hi >= value else "all below that bound, a difference between the engines")
+            elif lo <= value <= hi:
+                text += "verl's value lies among them, what another seed gives, not a difference between the engines"
+            else:
+                text += "verl's value lies outside them, a difference between the engines this page does not explain"
+        out.append(text + ".")
+    return out
+
+
 def minutes(run: Run) -> float:
     """Wall time of the run's steps (verl: ``timing_s/step`` summed, start-up excluded)."""
     s = run.frame.get("timing_s/step")
     return float(np.nansum(s.to_numpy())) / 60 if s is not None else math.nan
 
 
-__all__ = ["ENGINES", "OWN", "QUANTITIES", "Quantity", "agreement", "figure", "minutes", "pair",
+__all__ = ["ENGINES", "OWN", "QUANTITIES", "Quantity", "agreement", "differences", "figure", "minutes", "pair",
            "published_twins_dir", "quantities", "series", "twins", "twins_words", "words"]
