@@ -10,7 +10,9 @@ quantity for one method, both engines in one panel; :func:`agreement` tabulates 
   twice its standard error, ``2·sqrt(s₁²/k₁ + s₂²/k₂)`` from the step-to-step spread of each engine (steps treated
   as independent draws, which consecutive steps are not: a lenient rule, stated as such).
 
-One seed per engine: an agreement or a difference here is an anecdote, not an estimate.
+One seed per engine: an agreement or a difference here is an anecdote, not an estimate. :func:`differences` says
+what each quantity that differs is made of: tokens a step, the tiny engine's other seeds, a metric verl aggregates
+otherwise.
 
 Which methods have a twin is read from the folder of twins (:func:`twins`, the published ones in
 :func:`published_twins_dir`), never typed: the *Two engines* page glues :func:`twins_words` and the *Full-scale
