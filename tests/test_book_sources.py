@@ -653,6 +653,29 @@ def test_the_books_generated_lists_are_up_to_date(name):
     assert len(book_pages._TOC.findall(text)) + len(book_pages._BLOCK.findall(text)) > 0, f"{name}: no generated list"
 
 
+def test_the_cpu_launches_table_has_a_row_per_method_from_the_measurements(tmp_path):
+    import json
+
+    from rlkit.lab import book_pages
+
+    methods = book_pages.BOOK_METHODS
+    ok = {"method": methods[0], "returncode": 0, "wall_s": 150.2, "launch_s": 149.6, "load_before": 0.4,
+          "load_after": 1.9, "steps": 5, "median_step_s": 1.234, "reward": [0.31, 0.5],
+          "own_metric": "critic/advantages/max", "own_range": [0.866, 1.5]}
+    failed = {"method": methods[1], "returncode": 1, "wall_s": 61.0, "launch_s": 60.0, "load_before": 0.5,
+              "load_after": 0.7, "error": "Traceback ..."}
+    path = tmp_path / "toy-launches.json"
+    path.write_text(json.dumps({"cpu": "Some CPU", "cores": 2, "fingerprint": "abc", "date": "2026-11-28",
+                                "commit": "1234567", "steps_requested": 5,
+                                "command": "rlkit launch --method M --device cpu --steps 5", "runs": [ok, failed]}))
+    table = book_pages.launches_table(path)
+    assert "Some CPU (2 cores, no GPU), 2026-11-28, commit 1234567" in table and "load average 0.4–1.9" in table
+    assert f"| {methods[0]} | 150 | 1.23 | 5 | 0.31 → 0.50 | `critic/advantages/max` 0.866–1.5 |" in table
+    assert f"| {methods[1]} | failed (60 s) |" in table
+    assert all(f"| {m} | not measured |" in table for m in methods[2:])  # registered since: said, not dropped
+    assert "No CPU launches measured yet" in book_pages.launches_table(tmp_path / "none.json")
+
+
 def test_the_toc_lists_every_method_page_once_in_notebook_order():
     import yaml
 

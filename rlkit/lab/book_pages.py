@@ -6,7 +6,8 @@ A page is hand-written except between markers, each block ending at ``<!-- end -
 ``<!-- rlkit launch METHOD DATASET -->`` the ``rlkit launch`` line of that run (:data:`BOOK_RUNS`) and the
 ``main_ppo`` command it validates and runs (:func:`book_block`), and ``<!-- rlkit runs DATASET -->`` one heading
 and launch block per method (:func:`runs_block`); ``<!-- rlkit cpu command -->`` the CPU launch line with the
-methods it takes (:func:`cpu_command`); ``<!-- rlkit twins -->`` the methods that have a verl twin on the *Two
+methods it takes (:func:`cpu_command`), ``<!-- rlkit cpu launches -->`` every method's timed CPU launch
+(:func:`launches_table`); ``<!-- rlkit twins -->`` the methods that have a verl twin on the *Two
 engines* page and those that have none yet (:func:`twins_block`, from :func:`rlkit.lab.two_engines.twins`). On
 ``book/intro.md``, ``<!-- rlkit method pages -->`` is the table of the method pages (:func:`method_pages_table`);
 on ``book/papers.md``, ``<!-- rlkit papers -->`` the table of papers (:func:`papers_table`); ``book/_toc.yml``
@@ -79,7 +80,7 @@ def render_command(method: str, dataset: str, model: str | None = None, *, gpus:
     return " ".join(shlex.quote(w) for w in launch) + "\n" + p.shell(multiline=True)
 
 
-_BLOCK = re.compile(r"<!-- rlkit (presets|twins|cpu command|method pages|papers|launch (\w+) (\w+)) -->\n.*?"
+_BLOCK = re.compile(r"<!-- rlkit (presets|twins|cpu command|cpu launches|method pages|papers|launch (\w+) (\w+)) -->\n.*?"
                     r"<!-- end -->", re.S)
 _RUNS = re.compile(r"<!-- rlkit runs (\w+) -->\n.*?<!-- end runs -->", re.S)
 _TOC = re.compile(r"^( *)# rlkit (method|topic) pages\n.*?^ *# end\n", re.S | re.M)
@@ -190,6 +191,48 @@ def twins_block(verl_root: Path | str | None = None) -> str:
             f"{words['no_twin_methods']}.\n<!-- end -->")
 
 
+def launches_file() -> Path:
+    """``reproductions/results-verl-cpu/toy-launches.json``: every method's 5-step CPU launch, timed
+    (``python benchmarks/verl_cpu_methods.py`` writes it)."""
+    return two_engines.published_twins_dir() / "toy-launches.json"
+
+
+def launches_table(path: Path | str | None = None) -> str:
+    """The page's table of CPU launches, one row per method of :data:`BOOK_METHODS`, from :func:`launches_file`:
+    the launch's wall seconds all in, the median step, the steps logged, the probe reward at the first and last
+    step and the method's own metric over the steps, under a line naming the machine, date, commit and load. A
+    method the file does not hold (registered since it was measured) is listed as not measured; no file, one line
+    saying so."""
+    import json
+
+    path = Path(path) if path is not None else launches_file()
+    if not path.exists():
+        return ("<!-- rlkit cpu launches -->\nNo CPU launches measured yet (`python benchmarks/verl_cpu_methods.py`)."
+                "\n<!-- end -->")
+    data = json.loads(path.read_text())
+    runs = {r["method"]: r for r in data["runs"]}
+    loads = [r[k] for r in data["runs"] for k in ("load_before", "load_after") if r.get(k) is not None]
+    head = (f"Measured on {data['cpu']} ({data['cores']} cores, no GPU), {data['date']}, commit {data['commit']}: "
+            f"`{data['command']}` for each method, one after another (`python benchmarks/verl_cpu_methods.py`), "
+            f"the 1-minute load average {min(loads):g}–{max(loads):g} around them. One run each: the probe reward "
+            "moves by chance at this length; what the runs show is that each method's own quantity is logged and "
+            "moves.")
+    rows = [["method", "launch, all in (s)", "median step (s)", "steps", "probe reward, first → last step",
+             "the method's own metric over the steps"]]
+    for m in BOOK_METHODS:
+        r = runs.get(m)
+        if r is None:
+            rows.append([m, "not measured", "", "", "", ""])
+        elif "error" in r:
+            rows.append([m, f"failed ({r.get('launch_s') or r['wall_s']:g} s)", "", "", "", ""])
+        else:
+            lo, hi = r["own_range"] or (None, None)
+            own = f"`{r['own_metric']}` " + (f"{lo:.3g}–{hi:.3g}" if lo is not None else "not logged")
+            rows.append([m, f"{r['launch_s']:.0f}", f"{r['median_step_s']:.2f}", str(r["steps"]),
+                         f"{r['reward'][0]:.2f} → {r['reward'][1]:.2f}", own])
+    return "<!-- rlkit cpu launches -->\n" + head + "\n\n" + "\n".join(_markdown(rows)) + "\n<!-- end -->"
+
+
 def book_block(method: str, dataset: str) -> str:
     """The page's Markdown for one run: the launch line, and the ``main_ppo`` command in a dropdown."""
     launch_line, _, command = render_command(method, dataset).partition("\n")
@@ -204,6 +247,7 @@ def update_book_page(text: str) -> str:
     The tests check that the book's pages are up to date; :func:`update_book` rewrites them."""
     def render(match: re.Match) -> str:
         fixed = {"presets": presets_table, "twins": twins_block, "cpu command": cpu_command,
+                 "cpu launches": launches_table,
                  "method pages": method_pages_table, "papers": papers_table}.get(match.group(1))
         return fixed() if fixed else book_block(match.group(2), match.group(3))
 
