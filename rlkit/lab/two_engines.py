@@ -259,15 +259,15 @@ def differences(table: pd.DataFrame, method: str, tiny: Run, verl: Run, tiny_see
     out = []
     for label, row in differ.iterrows():
         q, value = by_label[label], float(row["verl"])
-        text = f"{method.upper()}'s {label}: verl {value:.3g} against the tiny engine's {row['tiny engine']:.3g}"
+        text = f"{label[0].upper()}{label[1:]}"  # the values themselves: words() says them first
         if q.tiny == ("actor/pg_clipfrac",):
             t_tokens, v_tokens = _tokens_per_step(tiny, False, last, window), _tokens_per_step(verl, True, last, window)
-            text += (f", about {row['tiny engine'] / 100 * t_tokens:.1f} and {value / 100 * v_tokens:.1f} clipped "
-                     f"tokens a step of {t_tokens:,.0f} and {v_tokens:,.0f} response tokens")
+            text += (f": about {row['tiny engine'] / 100 * t_tokens:.1f} clipped tokens a step of "
+                     f"{t_tokens:,.0f} in the tiny engine, {value / 100 * v_tokens:.1f} of {v_tokens:,.0f} in verl")
         bound = False  # verl's value stands for a lower bound of the tiny engine's quantity
         mode = _verl_setting(verl, "actor_rollout_ref.actor.loss_agg_mode")
         if q.tiny == ("actor/entropy",) and mode not in (None, "token-mean"):
-            text += (f" — not the same quantity: verl logs `actor/entropy` aggregated by the loss's own mode "
+            text += (f": not the same quantity — verl logs `actor/entropy` aggregated by the loss's own mode "
                      f"(`{mode}`), the tiny engine the per-token mean")
             scale = _verl_setting(verl, "actor_rollout_ref.actor.loss_scale_factor")
             if mode == "seq-mean-token-sum-norm" and isinstance(scale, (int, float)) and scale > 0:
@@ -283,7 +283,8 @@ def differences(table: pd.DataFrame, method: str, tiny: Run, verl: Run, tiny_see
         seeds = [v for v in (_value(r, q, last, window) for r in tiny_seeds) if not math.isnan(v)]
         if seeds and not math.isnan(value):
             lo, hi = min(seeds), max(seeds)
-            text += f"; the tiny engine's {len(seeds)} seeds of {method.upper()} give {lo:.3g}–{hi:.3g}: "
+            text += (f"{';' if ':' in text else ':'} the tiny engine's {len(seeds)} seed{'s' * (len(seeds) > 1)} "
+                     f"of {method.upper()} give {lo:.3g}–{hi:.3g}: ")
             if bound:
                 text += ("above that bound, so consistent with it (verl's per-token value itself is not logged)"
                          if hi >= value else "all below that bound, a difference between the engines")
