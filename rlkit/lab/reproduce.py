@@ -56,8 +56,8 @@ class Spec:
     regimes: list[str] = field(default_factory=lambda: ["standard"])
     """The regimes the method is run in (``standard``; ``stress``: off-policy, where clipping binds)."""
     variants: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Further runs of the method: directory name → config overrides, e.g. ``aspo-eq1: {aspo.shaping: reward}``
-    (standard regime)."""
+    """Further runs of the method: directory name → config overrides, e.g. ``<method>-ablation: {<method>.<field>:
+    <value>}`` (standard regime)."""
     parameters: dict[str, Any] = field(default_factory=dict)
     """Extra papermill parameters."""
     claims: list[Claim] = field(default_factory=list)
@@ -613,7 +613,7 @@ def ship_start(scale: str = "cpu", *, specs_dir: str | Path | None = None, cache
     cached in ``cache_dir``, default the SFT cache, is taken as it is) and ship it — the checkpoint into
     :data:`rlkit.tiny.sft.SHIPPED_DIR` with its weights' SHA-256, accuracy and the machine that made it in
     ``MANIFEST.json`` — with the offline pass of every run the specs plan from it whose method declares one
-    (:attr:`rlkit.registry.Method.offline_pass`, SPO's; each seed's), so those runs too begin alike on every CPU.
+    (:attr:`rlkit.registry.Method.offline_pass`; each seed's), so those runs too begin alike on every CPU.
     Returns the manifest entry (``spo_offline``: the passes' files, under the key the manifest has always used)."""
     import datetime
     import shutil
