@@ -5,8 +5,8 @@ One method after another, ``rlkit launch --method M --device cpu --steps N`` (de
 initialised Llama scored by the probe reward) into a temporary runs folder. For each it records the launch's wall
 seconds all in (``launch.json``: ``main_ppo``'s start-up included), the median step (``timing_s/step`` over the steps
 after the first, which warms vLLM up), the steps logged, the probe reward at the first and last step, and the
-method's own metric over the steps (the first metric logged under the method's name, e.g. ``dr_grpo/length_cv`` or
-``actor/aepo/...``, else the page's own metric from :data:`rlkit.lab.two_engines.OWN`, else
+method's own metric over the steps (the page's own metric from :data:`rlkit.lab.two_engines.OWN`, else the metric
+named after the method that moves most, e.g. ``dr_grpo/length_cv`` or ``actor/cispo/...``, else
 ``critic/advantages/max``), with the 1-minute load average before and after; and once, the machine (CPU model,
 cores, kernel fingerprint), the date and the commit. Writes ``reproductions/results-verl-cpu/toy-launches.json``
 (``--out``), which :func:`rlkit.lab.book_pages.launches_table` renders (``python -m rlkit.lab.book_pages``).
@@ -36,18 +36,22 @@ REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "reproductions" / "results-verl-cpu" / "toy-launches.json"
 
 
-def own_metric(method: str, columns: list[str]) -> str:
-    """The metric that shows the method's own mechanism acting: one named after the method, else the Two engines
-    page's own metric for it, else ``critic/advantages/max`` (GRPO: the baseline's advantages)."""
+def own_metric(method: str, frame) -> str:
+    """The metric that shows the method's own mechanism acting: the Two engines page's own metric for the method
+    (:data:`rlkit.lab.two_engines.OWN`), else of the metrics named after it the one that moves most over the steps
+    (a gate that stayed shut, e.g. a clip fraction at 0 throughout, shows nothing), else ``critic/advantages/max``
+    (GRPO: the baseline's advantages)."""
     from rlkit.lab.two_engines import OWN
 
-    named = sorted(c for c in columns if c.split("/")[0] == method or c.startswith(f"actor/{method}/"))
-    if named:
-        return named[0]
+    logged = [c for c in frame.columns if frame[c].notna().any()]
     if method in OWN:
-        found = [c for c in OWN[method].verl if c in columns]
+        found = [c for c in OWN[method].verl if c in logged]
         if found:
             return found[0]
+    named = sorted(c for c in logged if c.split("/")[0] == method or c.startswith(f"actor/{method}/"))
+    if named:
+        spread = {c: float(frame[c].max() - frame[c].min()) for c in named}
+        return max(named, key=lambda c: (spread[c], -named.index(c)))  # most movement; ties: first by name
     return "critic/advantages/max"
 
 
@@ -74,7 +78,7 @@ def launch(method: str, steps: int, runs: Path, timeout: float) -> dict:
     row["median_step_s"] = round(statistics.median(step.iloc[1:] if len(step) > 1 else step), 2)
     reward = frame["critic/score/mean"].dropna()
     row["reward"] = [round(float(reward.iloc[0]), 3), round(float(reward.iloc[-1]), 3)]
-    metric = own_metric(method, list(frame.columns))
+    metric = own_metric(method, frame)
     values = frame[metric].dropna() if metric in frame else []
     row["own_metric"] = metric
     row["own_range"] = [float(min(values)), float(max(values))] if len(values) else None

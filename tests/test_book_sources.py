@@ -676,6 +676,24 @@ def test_the_cpu_launches_table_has_a_row_per_method_from_the_measurements(tmp_p
     assert "No CPU launches measured yet" in book_pages.launches_table(tmp_path / "none.json")
 
 
+def test_a_launchs_own_metric_is_the_pages_else_the_named_one_that_moves():
+    import importlib.util
+
+    import pandas as pd
+
+    spec = importlib.util.spec_from_file_location("verl_cpu_methods", REPO / "benchmarks" / "verl_cpu_methods.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    frame = pd.DataFrame({"actor/cispo/clipped_frac": [0.0, 0.0, 0.0], "actor/cispo/is_weight/max": [1.0, 1.2, 1.5],
+                          "actor/cispo/zz": [2.0, 2.0, 2.0], "hapo/temperature/mean": [1.0, 0.9, None],
+                          "actor/hapo/clip_changed_frac": [0.0, 0.3, 0.0], "critic/advantages/max": [1.5, 1.5, 1.5]})
+    assert bench.own_metric("cispo", frame) == "actor/cispo/is_weight/max"  # the idle gate is passed over
+    assert bench.own_metric("hapo", frame) == "hapo/temperature/mean"  # the page's own metric comes first
+    assert bench.own_metric("grpo", frame) == "critic/advantages/max"
+    assert bench.own_metric("cispo", frame[["actor/cispo/clipped_frac", "actor/cispo/zz"]]) == \
+        "actor/cispo/clipped_frac"  # none moves: the first by name
+
+
 def test_the_toc_lists_every_method_page_once_in_notebook_order():
     import yaml
 
