@@ -5,8 +5,8 @@ One method after another, ``rlkit launch --method M --device cpu --steps N`` (de
 initialised Llama scored by the probe reward) into a temporary runs folder. For each it records the launch's wall
 seconds all in (``launch.json``: ``main_ppo``'s start-up included), the median step (``timing_s/step`` over the steps
 after the first, which warms vLLM up), the steps logged, the probe reward at the first and last step, and the
-method's own metric over the steps (the page's own metric from :data:`rlkit.lab.two_engines.OWN`, else the metric
-named after the method that moves most, e.g. ``dr_grpo/length_cv`` or ``actor/cispo/...``, else
+method's own metric over the steps (of the page's own metric, :data:`rlkit.lab.two_engines.OWN`, and the metrics
+named after the method, e.g. ``dr_grpo/length_cv`` or ``actor/aepo/...``, the one that moves most; else
 ``critic/advantages/max``), with the 1-minute load average before and after; and once, the machine (CPU model,
 cores, kernel fingerprint), the date and the commit. Writes ``reproductions/results-verl-cpu/toy-launches.json``
 (``--out``), which :func:`rlkit.lab.book_pages.launches_table` renders (``python -m rlkit.lab.book_pages``).
@@ -37,22 +37,26 @@ OUT = REPO / "reproductions" / "results-verl-cpu" / "toy-launches.json"
 
 
 def own_metric(method: str, frame) -> str:
-    """The metric that shows the method's own mechanism acting: the Two engines page's own metric for the method
-    (:data:`rlkit.lab.two_engines.OWN`), else of the metrics named after it the one that moves most over the steps
-    (a gate that stayed shut, e.g. a clip fraction at 0 throughout, shows nothing), else ``critic/advantages/max``
-    (GRPO: the baseline's advantages)."""
+    """The metric that shows the method's own mechanism acting: of the Two engines page's own metric for the method
+    (:data:`rlkit.lab.two_engines.OWN`) and the metrics named after it, the one that moves most over the steps (a
+    gate that stayed shut, e.g. a clip fraction at 0 throughout, shows nothing; ties: the page's, then by name), else
+    ``critic/advantages/max`` (GRPO: the baseline's advantages)."""
+    candidates = method_metrics(method, frame)
+    if not candidates:
+        return "critic/advantages/max"
+    spread = {c: float(frame[c].max() - frame[c].min()) for c in candidates}
+    return max(candidates, key=lambda c: (spread[c], -candidates.index(c)))
+
+
+def method_metrics(method: str, frame) -> list[str]:
+    """The metrics a launch logged for ``method``'s own mechanism: the Two engines page's own metric first, then
+    every metric named after the method (``method/...``, ``actor/method/...``), by name."""
     from rlkit.lab.two_engines import OWN
 
     logged = [c for c in frame.columns if frame[c].notna().any()]
-    if method in OWN:
-        found = [c for c in OWN[method].verl if c in logged]
-        if found:
-            return found[0]
-    named = sorted(c for c in logged if c.split("/")[0] == method or c.startswith(f"actor/{method}/"))
-    if named:
-        spread = {c: float(frame[c].max() - frame[c].min()) for c in named}
-        return max(named, key=lambda c: (spread[c], -named.index(c)))  # most movement; ties: first by name
-    return "critic/advantages/max"
+    page = [c for c in OWN[method].verl if c in logged] if method in OWN else []
+    return page + sorted(c for c in logged if (c.split("/")[0] == method or c.startswith(f"actor/{method}/"))
+                         and c not in page)
 
 
 def launch(method: str, steps: int, runs: Path, timeout: float) -> dict:
@@ -82,6 +86,7 @@ def launch(method: str, steps: int, runs: Path, timeout: float) -> dict:
     values = frame[metric].dropna() if metric in frame else []
     row["own_metric"] = metric
     row["own_range"] = [float(min(values)), float(max(values))] if len(values) else None
+    row["method_metrics"] = {c: [float(frame[c].min()), float(frame[c].max())] for c in method_metrics(method, frame)}
     return row
 
 

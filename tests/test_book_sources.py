@@ -670,13 +670,20 @@ def test_the_cpu_launches_table_has_a_row_per_method_from_the_measurements(tmp_p
                                 "command": "rlkit launch --method M --device cpu --steps 5", "runs": [ok, failed]}))
     table = book_pages.launches_table(path)
     assert "Some CPU (2 cores, no GPU), 2026-11-28, commit 1234567" in table and "load average 0.4–1.9" in table
+    assert "each method's own quantity is logged and moves." in table
     assert f"| {methods[0]} | 150 | 1.23 | 5 | 0.31 → 0.50 | `critic/advantages/max` 0.866–1.5 |" in table
     assert f"| {methods[1]} | failed (60 s) |" in table
     assert all(f"| {m} | not measured |" in table for m in methods[2:])  # registered since: said, not dropped
+    still = {**ok, "method": methods[2], "own_metric": "actor/x/clipped_frac", "own_range": [0.0, 0.0]}
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps({**data, "runs": [ok, failed, still]}))
+    table = book_pages.launches_table(path)
+    assert f"it moves in 1 of 2 launches, and stays put in {methods[2]} (" in table  # said, not claimed to move
+    assert "`actor/x/clipped_frac` 0 throughout |" in table
     assert "No CPU launches measured yet" in book_pages.launches_table(tmp_path / "none.json")
 
 
-def test_a_launchs_own_metric_is_the_pages_else_the_named_one_that_moves():
+def test_a_launchs_own_metric_is_the_one_of_the_method_that_moves_most():
     import importlib.util
 
     import pandas as pd
@@ -686,12 +693,16 @@ def test_a_launchs_own_metric_is_the_pages_else_the_named_one_that_moves():
     spec.loader.exec_module(bench)
     frame = pd.DataFrame({"actor/cispo/clipped_frac": [0.0, 0.0, 0.0], "actor/cispo/is_weight/max": [1.0, 1.2, 1.5],
                           "actor/cispo/zz": [2.0, 2.0, 2.0], "hapo/temperature/mean": [1.0, 0.9, None],
-                          "actor/hapo/clip_changed_frac": [0.0, 0.3, 0.0], "critic/advantages/max": [1.5, 1.5, 1.5]})
+                          "actor/hapo/clip_changed_frac": [0.0, 0.0, 0.0], "actor/hapo/zz": [0.1, 0.15, 0.15],
+                          "actor/aepo/clipfrac_grad_kept": [0.0, 0.0, 0.0], "actor/aepo/adv/mean": [0.1, 0.2, 0.1],
+                          "critic/advantages/max": [1.5, 1.5, 1.5]})
     assert bench.own_metric("cispo", frame) == "actor/cispo/is_weight/max"  # the idle gate is passed over
-    assert bench.own_metric("hapo", frame) == "hapo/temperature/mean"  # the page's own metric comes first
+    assert bench.own_metric("aepo", frame) == "actor/aepo/adv/mean"  # the page's metric too, when it is idle
+    assert bench.own_metric("hapo", frame) == "hapo/temperature/mean"  # the page's when it moves most
     assert bench.own_metric("grpo", frame) == "critic/advantages/max"
-    assert bench.own_metric("cispo", frame[["actor/cispo/clipped_frac", "actor/cispo/zz"]]) == \
-        "actor/cispo/clipped_frac"  # none moves: the first by name
+    idle = frame[["actor/cispo/clipped_frac", "actor/cispo/zz", "actor/aepo/clipfrac_grad_kept"]]
+    assert bench.own_metric("cispo", idle) == "actor/cispo/clipped_frac"  # none moves: the first by name
+    assert bench.own_metric("aepo", idle) == "actor/aepo/clipfrac_grad_kept"  # none moves: the page's
 
 
 def test_the_toc_lists_every_method_page_once_in_notebook_order():

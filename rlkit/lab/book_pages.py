@@ -215,8 +215,8 @@ def launches_table(path: Path | str | None = None) -> str:
     head = (f"Measured on {data['cpu']} ({data['cores']} cores, no GPU), {data['date']}, commit {data['commit']}: "
             f"`{data['command']}` for each method, one after another (`python benchmarks/verl_cpu_methods.py`), "
             f"the 1-minute load average {min(loads):g}–{max(loads):g} around them. One run each: the probe reward "
-            "moves by chance at this length; what the runs show is that each method's own quantity is logged and "
-            "moves.")
+            "moves by chance at this length; what the runs show is that each method's own quantity is logged"
+            + _still(data["runs"]) + ".")
     rows = [["method", "launch, all in (s)", "median step (s)", "steps", "probe reward, first → last step",
              "the method's own metric over the steps"]]
     for m in BOOK_METHODS:
@@ -227,10 +227,21 @@ def launches_table(path: Path | str | None = None) -> str:
             rows.append([m, f"failed ({r.get('launch_s') or r['wall_s']:g} s)", "", "", "", ""])
         else:
             lo, hi = r["own_range"] or (None, None)
-            own = f"`{r['own_metric']}` " + (f"{lo:.3g}–{hi:.3g}" if lo is not None else "not logged")
+            own = f"`{r['own_metric']}` " + ("not logged" if lo is None else f"{lo:.3g} throughout" if lo == hi
+                                              else f"{lo:.3g}–{hi:.3g}")
             rows.append([m, f"{r['launch_s']:.0f}", f"{r['median_step_s']:.2f}", str(r["steps"]),
                          f"{r['reward'][0]:.2f} → {r['reward'][1]:.2f}", own])
     return "<!-- rlkit cpu launches -->\n" + head + "\n\n" + "\n".join(_markdown(rows)) + "\n<!-- end -->"
+
+
+def _still(runs: list[dict]) -> str:
+    """How many launches' own metric moved, and which stayed put (a gate that never opened in a few toy steps)."""
+    done = [r for r in runs if "error" not in r and r.get("own_range")]
+    still = [r["method"] for r in done if r["own_range"][0] == r["own_range"][1]]
+    if not still:
+        return " and moves"
+    return (f"; it moves in {len(done) - len(still)} of {len(done)} launches, and stays put in "
+            f"{', '.join(still)} (the mechanism did not act over these few steps of a toy model)")
 
 
 def book_block(method: str, dataset: str) -> str:
