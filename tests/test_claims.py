@@ -494,18 +494,24 @@ def test_a_claim_is_judged_at_a_planned_look_only(tmp_path):
         SeedRule(start=1)
 
 
-def test_seeds_to_decide_projects_the_first_deciding_look():
-    record = {"estimate": 1.5, "spread": 1.0, "margin": 0.2, "seeds": [0, 1, 2]}
-    n = seeds_to_decide(record, "higher")
-    half = lambda k: stats_t(k) * 1.0 / math.sqrt(k)  # noqa: E731
-    assert n == min(k for k in (6, 9, 12) if 1.5 - half(k) > 0.2) == 9
-    assert seeds_to_decide({**record, "estimate": 0.2}, "higher") is None  # on the margin: never by the cap
-
-
-def stats_t(n):
+def test_seeds_to_decide_projects_the_fewest_deciding_seeds():
     from scipy import stats
 
-    return stats.t.ppf(0.5 + SeedRule().level / 2, n - 1)
+    level = SeedRule().level
+    t = lambda k: stats.t.ppf(0.5 + level / 2, k - 1)  # noqa: E731
+    half = lambda k: t(k) * 1.0 / math.sqrt(k)  # noqa: E731  a t-interval over seeds, spread 1.0
+    record = {"estimate": 1.5, "spread": 1.0, "margin": 0.2, "seeds": [0, 1, 2], "level": level,
+              "interval": [1.5 - half(3), 1.5 + half(3)]}
+    assert seeds_to_decide(record, "higher") == min(k for k in range(4, 200) if 1.5 - half(k) > 0.2) == 8
+    lower = {**record, "estimate": -1.5, "interval": [-1.5 - half(3), -1.5 + half(3)]}
+    assert seeds_to_decide(lower, "lower") == 8  # signed in the claim's direction
+    assert seeds_to_decide({**record, "estimate": 0.2, "interval": [0.2 - half(3), 0.2 + half(3)]}, "higher") is None
+    # a seeds x problems interval: the problems' part (here 0.3) does not shrink with seeds
+    wide = {**record, "estimate": 0.45, "interval": [0.45 - math.hypot(half(3), 0.3), 0.45 + math.hypot(half(3), 0.3)]}
+    need = min(k for k in range(4, 200) if 0.45 - math.hypot(half(k), 0.3) > 0.0)
+    assert seeds_to_decide({**wide, "margin": 0.0}, "higher") == need
+    assert seeds_to_decide({**wide, "margin": 0.2}, "higher") is None  # 0.45 - 0.3 never clears 0.2
+    assert seeds_to_decide({**record, "spread": None}, "higher") is None
 
 
 # ------------------------------------------------------------------------------------------------ at real scale
@@ -587,3 +593,15 @@ def test_the_margin_check_catches_a_trivial_margin(cid, changes):
 def test_the_gate_check_catches_a_gate_the_baseline_passes(cid, activity):
     spec, c = mutated(cid, activity=activity)
     assert claims.gate_check(c, spec, PUBLISHED) is not None
+
+
+def test_at_the_cap_names_each_inconclusive_claim_with_its_projected_seeds():
+    from rlkit.lab.claims import HOLDS, INCONCLUSIVE, PROJECTION_LIMIT, at_the_cap
+
+    records = [{"id": "a-1", "verdict": INCONCLUSIVE, "seeds_to_decide": 27},
+               {"id": "b-2", "verdict": INCONCLUSIVE, "seeds_to_decide": None},
+               {"id": "c-3", "verdict": HOLDS, "seeds_to_decide": None}]
+    text = at_the_cap(records)
+    assert text.startswith(" 2 claims stay inconclusive at the cap")
+    assert "a-1 (about 27 seeds)" in text and f"b-2 (not by {PROJECTION_LIMIT} seeds" in text and "c-3" not in text
+    assert at_the_cap(records[2:]) == ""

@@ -491,13 +491,15 @@ def judge(claim: Claim, runs: Sequence[Run], baseline: Sequence[Run] = (),
         "values": {"run": float(np.mean([ours[s] for s in seeds])),
                    "baseline": float(np.mean([base[s] for s in seeds])) if comparison else None},
     })
+    if verdict == INCONCLUSIVE:
+        record["seeds_to_decide"] = seeds_to_decide(record, claim.expect)
     record["finding"] = told + finding(claim, record)
     return record
 
 
 RECORD_FIELDS = ("id", "notebook", "run", "baseline", "statement", "paper", "metric", "direction", "rule", "margin",
                  "margin_source", "estimate", "interval", "level", "seeds", "verdict", "activity", "collapsed",
-                 "finding")
+                 "finding", "seeds_to_decide")
 """The fields of a claim's record (``claims.json``); ``over`` (what the interval is over), ``spread`` (the per-seed
 SD of the differences) and ``values`` (the run's and baseline's means) ride along."""
 
@@ -513,7 +515,7 @@ def _record(claim: Claim, spec: Any) -> dict[str, Any]:
             "direction": claim.direction if claim.judged else None, "rule": _rule(claim) if claim.judged else None,
             "margin": None, "margin_source": None, "estimate": None, "interval": None, "level": None, "seeds": [],
             "verdict": None, "activity": None, "collapsed": None, "finding": "", "over": None, "spread": None,
-            "values": None}
+            "values": None, "seeds_to_decide": None}
 
 
 def _rule(claim: Claim) -> str:
@@ -582,19 +584,29 @@ def next_round(specs: Sequence[Any], results: str | Path, rule: SeedRule | None 
     return needed
 
 
-def seeds_to_decide(record: Mapping[str, Any], expect: str, rule: SeedRule = SeedRule()) -> int | None:
-    """The first planned look at which an inconclusive claim would be decided if its estimate and per-seed spread
-    stayed as they are (a projection for planning, not a verdict); None if not by the cap. The seeds × problems
-    interval's problem part is left out (it shrinks little with seeds): a lower bound for accuracy claims."""
-    if record.get("spread") is None or record.get("estimate") is None:
+PROJECTION_LIMIT = 200
+"""The most seeds :func:`seeds_to_decide` projects to; an estimate that needs more sits on its margin."""
+
+
+def seeds_to_decide(record: Mapping[str, Any], expect: str, limit: int = PROJECTION_LIMIT) -> int | None:
+    """The fewest seeds per run that would decide an inconclusive claim if its estimate and per-seed spread stayed
+    as they are: a projection for planning, never a verdict; None if not by ``limit`` seeds.
+
+    The interval's half-width at n seeds is √(t²_{n−1}·spread²/n + p) at the record's level, where p is the part of
+    today's half-width the seeds do not explain (the held-out problems' part of an accuracy claim's seeds × problems
+    interval, :func:`seeds_problems_interval`: the same problems for every seed, so more seeds leave it; 0 for a
+    t-interval over seeds)."""
+    if record.get("spread") is None or record.get("estimate") is None or record.get("interval") is None:
         return None
     sign = -1.0 if expect == "lower" else 1.0
-    mean, sd, margin = sign * record["estimate"], record["spread"], record["margin"]
-    for n in rule.looks:
-        if n <= len(record["seeds"]):
-            continue
-        half = stats.t.ppf(0.5 + rule.level / 2, n - 1) * sd / math.sqrt(n)
-        if verdict_of(expect, mean - half, mean + half, margin) != INCONCLUSIVE:
+    n0, sd, level = len(record["seeds"]), record["spread"], record.get("level") or LEVEL
+    q = 0.5 + level / 2
+    mean = sign * record["estimate"]
+    lo, hi = sorted(sign * x for x in record["interval"])
+    fixed = max(((hi - lo) / 2) ** 2 - stats.t.ppf(q, n0 - 1) ** 2 * sd ** 2 / n0, 0.0)
+    for n in range(n0 + 1, limit + 1):
+        half = math.sqrt(stats.t.ppf(q, n - 1) ** 2 * sd ** 2 / n + fixed)
+        if verdict_of(expect, mean - half, mean + half, record["margin"]) != INCONCLUSIVE:
             return n
     return None
 
@@ -723,6 +735,12 @@ def finding(claim: Claim, r: Mapping[str, Any]) -> str:
         bound = {"not_lower": f"the margin (−{margin})", "equal": f"the margin (±{margin})",
                  "at_least": f"the threshold ({_fmt(claim.tolerance)})"}.get(claim.expect, f"the margin ({margin})")
         meaning = f"the interval spans {bound}: not resolved by {len(r['seeds'])} seeds"
+        n = seeds_to_decide(r, claim.expect)
+        if r.get("spread") is not None:
+            meaning += (f" (were the estimate and the seeds' spread to hold, about {n} seeds would decide it)"
+                        if n is not None else
+                        f" (were the estimate and the seeds' spread to hold, no number of seeds up to "
+                        f"{PROJECTION_LIMIT} would decide it: the estimate lies too near the margin)")
     return f"{found}; {meaning}."
 
 
@@ -953,6 +971,20 @@ def found_box(records: Sequence[Mapping[str, Any]]) -> str:
     """:func:`summary` as the page's "What we found" box (HTML, styled as the book's tip boxes)."""
     items = "".join(f"<li>{escape(s)}</li>" for s in summary(records))
     return (f"<div class='admonition tip'><p class='admonition-title'>What we found</p><ul>{items}</ul></div>")
+
+
+def at_the_cap(records: Sequence[Mapping[str, Any]]) -> str:
+    """The claims left inconclusive when the sequential rule has ended, each with the seeds it would need
+    (:func:`seeds_to_decide`, a projection): a sentence to follow "the rule is finished", or "" when none is left."""
+    left = [r for r in records if r["verdict"] == INCONCLUSIVE]
+    if not left:
+        return ""
+    each = [f"{r['id']} (" + (f"about {r['seeds_to_decide']} seeds" if r.get("seeds_to_decide") is not None
+                              else f"not by {PROJECTION_LIMIT} seeds: its estimate lies too near the margin") + ")"
+            for r in left]
+    return (f" {len(left)} claim{'s' * (len(left) > 1)} stay inconclusive at the cap; were each estimate and its "
+            "seeds' spread to hold, a fixed design at the same level would decide "
+            f"{'them' if len(left) > 1 else 'it'} with: " + ", ".join(each) + ".")
 
 
 def glossary_html() -> str:
