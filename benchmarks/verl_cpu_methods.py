@@ -41,9 +41,11 @@ def own_metric(method: str, frame) -> str:
     (:data:`rlkit.lab.two_engines.OWN`) and the metrics named after it, the one that moves most over the steps (a
     gate that stayed shut, e.g. a clip fraction at 0 throughout, shows nothing; ties: the page's, then by name), else
     ``critic/advantages/max`` (GRPO: the baseline's advantages)."""
+    from rlkit.lab.book_pages import LAUNCH_FALLBACK_METRIC
+
     candidates = method_metrics(method, frame)
     if not candidates:
-        return "critic/advantages/max"
+        return LAUNCH_FALLBACK_METRIC
     spread = {c: float(frame[c].max() - frame[c].min()) for c in candidates}
     return max(candidates, key=lambda c: (spread[c], -candidates.index(c)))
 

@@ -669,17 +669,21 @@ def test_the_cpu_launches_table_has_a_row_per_method_from_the_measurements(tmp_p
                                 "commit": "1234567", "steps_requested": 5,
                                 "command": "rlkit launch --method M --device cpu --steps 5", "runs": [ok, failed]}))
     table = book_pages.launches_table(path)
-    assert "Some CPU (2 cores, no GPU), 2026-11-28, commit 1234567" in table and "load average 0.4–1.9" in table
-    assert "each method's own quantity is logged and moves." in table
+    assert "Some CPU, 2 cores, no GPU, 2026-11-28, commit 1234567" in table and "load average 0.4–1.9" in table
+    assert ("it moves in 0 of 0 launches; " + methods[0] + " logs no metric named after it, so the column shows "
+            "`critic/advantages/max`.") in table
     assert f"| {methods[0]} | 150 | 1.23 | 5 | 0.31 → 0.50 | `critic/advantages/max` 0.866–1.5 |" in table
     assert f"| {methods[1]} | failed (60 s) |" in table
     assert all(f"| {m} | not measured |" in table for m in methods[2:])  # registered since: said, not dropped
     still = {**ok, "method": methods[2], "own_metric": "actor/x/clipped_frac", "own_range": [0.0, 0.0]}
+    close = {**ok, "method": methods[3], "own_metric": "x/gate", "own_range": [0.99951, 0.99988]}
+    count = {**ok, "method": methods[4], "own_metric": "x/tokens", "own_range": [2e-16, 1388.0]}
     data = json.loads(path.read_text())
-    path.write_text(json.dumps({**data, "runs": [ok, failed, still]}))
+    path.write_text(json.dumps({**data, "runs": [ok, failed, still, close, count]}))
     table = book_pages.launches_table(path)
-    assert f"it moves in 1 of 2 launches, and stays put in {methods[2]} (" in table  # said, not claimed to move
+    assert f"it moves in 2 of 3 launches and stays put in {methods[2]} (" in table  # said, not claimed to move
     assert "`actor/x/clipped_frac` 0 throughout |" in table
+    assert "`x/gate` 0.9995–0.9999 |" in table and "`x/tokens` 0–1388 |" in table  # ends told apart, no float noise
     assert "No CPU launches measured yet" in book_pages.launches_table(tmp_path / "none.json")
 
 

@@ -191,6 +191,10 @@ def twins_block(verl_root: Path | str | None = None) -> str:
             f"{words['no_twin_methods']}.\n<!-- end -->")
 
 
+LAUNCH_FALLBACK_METRIC = "critic/advantages/max"
+"""The own-metric column of a method that logs no metric named after it (GRPO's group advantages)."""
+
+
 def launches_file() -> Path:
     """``reproductions/results-verl-cpu/toy-launches.json``: every method's 5-step CPU launch, timed
     (``python benchmarks/verl_cpu_methods.py`` writes it)."""
@@ -200,9 +204,9 @@ def launches_file() -> Path:
 def launches_table(path: Path | str | None = None) -> str:
     """The page's table of CPU launches, one row per method of :data:`BOOK_METHODS`, from :func:`launches_file`:
     the launch's wall seconds all in, the median step, the steps logged, the probe reward at the first and last
-    step and the method's own metric over the steps, under a line naming the machine, date, commit and load. A
-    method the file does not hold (registered since it was measured) is listed as not measured; no file, one line
-    saying so."""
+    step and the method's own metric over the steps, under a line naming the machine, date, commit and load, and
+    which metrics moved. A method the file does not hold (registered since it was measured) is listed as not
+    measured; no file, one line saying so."""
     import json
 
     path = Path(path) if path is not None else launches_file()
@@ -212,11 +216,10 @@ def launches_table(path: Path | str | None = None) -> str:
     data = json.loads(path.read_text())
     runs = {r["method"]: r for r in data["runs"]}
     loads = [r[k] for r in data["runs"] for k in ("load_before", "load_after") if r.get(k) is not None]
-    head = (f"Measured on {data['cpu']} ({data['cores']} cores, no GPU), {data['date']}, commit {data['commit']}: "
+    head = (f"Measured on {data['cpu']}, {data['cores']} cores, no GPU, {data['date']}, commit {data['commit']}: "
             f"`{data['command']}` for each method, one after another (`python benchmarks/verl_cpu_methods.py`), "
             f"the 1-minute load average {min(loads):g}–{max(loads):g} around them. One run each: the probe reward "
-            "moves by chance at this length; what the runs show is that each method's own quantity is logged"
-            + _still(data["runs"]) + ".")
+            "moves by chance at this length. " + _moved(data["runs"]))
     rows = [["method", "launch, all in (s)", "median step (s)", "steps", "probe reward, first → last step",
              "the method's own metric over the steps"]]
     for m in BOOK_METHODS:
@@ -226,22 +229,42 @@ def launches_table(path: Path | str | None = None) -> str:
         elif "error" in r:
             rows.append([m, f"failed ({r.get('launch_s') or r['wall_s']:g} s)", "", "", "", ""])
         else:
-            lo, hi = r["own_range"] or (None, None)
-            own = f"`{r['own_metric']}` " + ("not logged" if lo is None else f"{lo:.3g} throughout" if lo == hi
-                                              else f"{lo:.3g}–{hi:.3g}")
             rows.append([m, f"{r['launch_s']:.0f}", f"{r['median_step_s']:.2f}", str(r["steps"]),
-                         f"{r['reward'][0]:.2f} → {r['reward'][1]:.2f}", own])
+                         f"{r['reward'][0]:.2f} → {r['reward'][1]:.2f}",
+                         f"`{r['own_metric']}` " + _span(r["own_range"])])
     return "<!-- rlkit cpu launches -->\n" + head + "\n\n" + "\n".join(_markdown(rows)) + "\n<!-- end -->"
 
 
-def _still(runs: list[dict]) -> str:
-    """How many launches' own metric moved, and which stayed put (a gate that never opened in a few toy steps)."""
+def _span(bounds: list[float] | None) -> str:
+    """A metric's range over the steps, with as many digits as tell its ends apart (up to 6); float noise as 0."""
+    if not bounds:
+        return "not logged"
+    lo, hi = (0.0 if abs(x) < 1e-9 else x for x in bounds)
+    if lo == hi:
+        return f"{lo:.3g} throughout"
+    digits = next((d for d in range(3, 7) if f"{lo:.{d}g}" != f"{hi:.{d}g}"), 6)
+    fmt = lambda x: f"{x:.0f}" if abs(x) >= 1000 else f"{x:.{digits}g}"  # noqa: E731
+    return f"{fmt(lo)}–{fmt(hi)}"
+
+
+def _moved(runs: list[dict]) -> str:
+    """Which launches' own metric moved, which stayed put (a mechanism that did not act in a few toy steps), and
+    which methods log no metric of their own (their column shows :data:`LAUNCH_FALLBACK_METRIC`)."""
     done = [r for r in runs if "error" not in r and r.get("own_range")]
-    still = [r["method"] for r in done if r["own_range"][0] == r["own_range"][1]]
-    if not still:
-        return " and moves"
-    return (f"; it moves in {len(done) - len(still)} of {len(done)} launches, and stays put in "
-            f"{', '.join(still)} (the mechanism did not act over these few steps of a toy model)")
+    none = [r["method"] for r in done if r["own_metric"] == LAUNCH_FALLBACK_METRIC]
+    own = [r for r in done if r["own_metric"] != LAUNCH_FALLBACK_METRIC]
+    still = [r["method"] for r in own if r["own_range"][0] == r["own_range"][1]]
+    out = f"Each method's own metric is logged; it moves in {len(own) - len(still)} of {len(own)} launches"
+    out += (f" and stays put in {_and(still)} (the mechanism did not act over these few steps of a toy model)"
+            if still else "")
+    if none:
+        out += (f"; {_and(none)} log{'s' * (len(none) == 1)} no metric named after {'it' if len(none) == 1 else 'them'}"
+                f", so the column shows `{LAUNCH_FALLBACK_METRIC}`")
+    return out + "."
+
+
+def _and(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
 def book_block(method: str, dataset: str) -> str:
