@@ -605,3 +605,4 @@ def test_at_the_cap_names_each_inconclusive_claim_with_its_projected_seeds():
     assert text.startswith(" 2 claims stay inconclusive at the cap")
     assert "a-1 (about 27 seeds)" in text and f"b-2 (not by {PROJECTION_LIMIT} seeds" in text and "c-3" not in text
     assert at_the_cap(records[2:]) == ""
+    assert at_the_cap(records[:1]).startswith(" 1 claim stays inconclusive at the cap")

@@ -982,9 +982,10 @@ def at_the_cap(records: Sequence[Mapping[str, Any]]) -> str:
     each = [f"{r['id']} (" + (f"about {r['seeds_to_decide']} seeds" if r.get("seeds_to_decide") is not None
                               else f"not by {PROJECTION_LIMIT} seeds: its estimate lies too near the margin") + ")"
             for r in left]
-    return (f" {len(left)} claim{'s' * (len(left) > 1)} stay inconclusive at the cap; were each estimate and its "
-            "seeds' spread to hold, a fixed design at the same level would decide "
-            f"{'them' if len(left) > 1 else 'it'} with: " + ", ".join(each) + ".")
+    many = len(left) > 1
+    return (f" {len(left)} claim{'s' * many} stay{'s' * (not many)} inconclusive at the cap; were each estimate and "
+            f"its seeds' spread to hold, a fixed design at the same level would decide {'them' if many else 'it'} "
+            "with: " + ", ".join(each) + ".")
 
 
 def glossary_html() -> str:
