@@ -409,3 +409,27 @@ def test_the_pages_get_the_seeds_the_claims_were_judged_on(tmp_path, monkeypatch
     monkeypatch.setattr(paths, "published_dir", lambda: tmp_path / "nowhere")
     reproduce.reproduce(results=tmp_path / "results", specs_dir=specs, progress=False, **kwargs)
     assert [p["seeds"] for p in given] == [seeds, seeds]  # the method's page and the comparison alike
+
+
+def test_a_finished_seed_rule_names_the_claims_it_left_undecided(tmp_path, monkeypatch, capsys):
+    from rlkit.lab import paths, reproduce
+    from rlkit.lab.claims import HOLDS, INCONCLUSIVE
+
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "grpo.yaml").write_text("name: grpo\nnotebook: notebooks/01_grpo.md\nmethod: grpo\nseeds: 3\n")
+    records = [{"id": "grpo-1", "notebook": "n.md", "verdict": INCONCLUSIVE, "seeds_to_decide": 27},
+               {"id": "grpo-2", "notebook": "n.md", "verdict": HOLDS, "seeds_to_decide": None}]
+    asked = iter([{}, {"grpo": 6}])  # finished; then a round still to come
+    monkeypatch.setattr(reproduce, "train_runs", lambda planned, **kw: {})
+    monkeypatch.setattr(reproduce, "seed_rounds", lambda *a, **kw: {})
+    monkeypatch.setattr(reproduce.claims, "judge_all", lambda *a, **kw: records)
+    monkeypatch.setattr(reproduce.claims, "save", lambda recs, results: results / "claims.json")
+    monkeypatch.setattr(reproduce.claims, "next_round", lambda *a, **kw: next(asked))
+    monkeypatch.setattr(reproduce, "execute", lambda spec, out, params, **kw: out / "nb.ipynb")
+    monkeypatch.setattr(paths, "published_dir", lambda: tmp_path / "nowhere")
+    reproduce.reproduce(results=tmp_path / "results", specs_dir=specs, progress=False)
+    out = capsys.readouterr().out
+    assert "claims: the seed rule is finished; 1 claim stays inconclusive at the cap" in out and "grpo-1 (about 27" in out
+    reproduce.reproduce(results=tmp_path / "results", specs_dir=specs, progress=False)
+    assert "seed rule is finished" not in capsys.readouterr().out  # rounds left (a --rounds limit): not said
