@@ -37,6 +37,13 @@ numerics; prints CPU-seconds (``time.process_time``) and writes the per-problem 
 ``--compact EVERY:RUNNING`` sets the sampler's schedule for dropping finished rows (where the sampler has one).
 
     python benchmarks/tiny_engine.py --eval 1000 --repeats 3 --keep new.json
+
+``--ops`` (with ``--eval``): one more evaluation and one more rollout under ``torch.profiler``, each op's own CPU
+time grouped into the weights' GEMMs (``mm``, ``addmm``), attention's products (``bmm``, the prefill's fused
+attention) and every other op (copies, concatenations, masks, elementwise and indexing ops: work that a fused
+decode step would save), with the ten most costly ops.
+
+    python benchmarks/tiny_engine.py --eval 256 --repeats 1 --ops
 """
 
 from __future__ import annotations
@@ -244,8 +251,36 @@ def whole_runs(specs: list[str], sets: dict, threads: int, keep: str | None, sca
 
 
 # ------------------------------------------------------------------------------------------------ eval and sampling
+OP_GROUPS = {"weights' GEMMs": ("aten::mm", "aten::addmm"),
+             "attention's products": ("aten::bmm", "aten::_scaled_dot_product_flash_attention_for_cpu")}
+"""``--ops``: the ops whose own time is a matmul; every other op is counted as the rest."""
+
+
+def op_table(name: str, fn) -> dict[str, float]:
+    """Run ``fn`` once plainly (CPU-seconds, ``time.process_time``) and once under ``torch.profiler``, and print
+    each op group's share of the ops' own CPU time (:data:`OP_GROUPS`, the rest of the ops) and the ten most costly
+    ops; what the ops' own time leaves of the plain run is Python outside them (the sampler's loop, encoding,
+    decoding and scoring). Returns the groups' seconds."""
+    from torch.profiler import ProfilerActivity, profile
+
+    t0 = time.process_time()
+    fn()
+    plain = time.process_time() - t0
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    ops = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in ops)
+    seconds = {g: sum(e.self_cpu_time_total for e in ops if e.key in keys) / 1e6 for g, keys in OP_GROUPS.items()}
+    seconds["the rest of the ops"] = total / 1e6 - sum(seconds.values())
+    print(f"{name}: {plain:.2f} CPU-s; the ops' own time {total / 1e6:.2f} s in {sum(e.count for e in ops):,} ops "
+          "(profiled): " + ", ".join(f"{g} {s / (total / 1e6):.0%}" for g, s in seconds.items()))
+    for e in sorted(ops, key=lambda e: -e.self_cpu_time_total)[:10]:
+        print(f"  {e.key:52s} {e.self_cpu_time_total / 1e6:7.3f} s {e.self_cpu_time_total / total:6.1%}  × {e.count}")
+    return seconds
+
+
 def eval_and_sample(n: int, repeats: int, threads: int, keep: str | None, compact: str | None,
-                    seeds: int) -> None:
+                    seeds: int, ops: bool = False) -> None:
     """``--eval N``: greedy evaluation of N held-out problems and a step's sampled rollout (see the module doc)."""
     from rlkit import numerics
     from rlkit.tasks import arithmetic
@@ -300,6 +335,10 @@ def eval_and_sample(n: int, repeats: int, threads: int, keep: str | None, compac
         same = sum(a == b == c for x, y, z in zip(texts[0], texts[1], result["texts"]) for a, b, c in zip(x, y, z))
         result["schedule_equal"] = same
         print(f"sampled texts equal under drops at every step, never and the default: {same}/{seeds * len(step)}")
+    if ops:
+        op_table(f"greedy evaluation of {n} problems",
+                 lambda: task.evaluate(model, tok, problems, max_new_tokens=max_new, form=form))
+        op_table(f"a step's rollout ({len(step)} responses)", lambda: roll(0))
     if keep:
         Path(keep).write_text(json.dumps(result))
     print("RESULT " + json.dumps({k: result[k] for k in ("rlkit", "compact", "eval_cpu_s", "sample_cpu_s",
@@ -330,9 +369,10 @@ def main() -> None:
                     help="evaluation-and-sampling mode: evaluate N held-out problems, sample a step's rollout")
     ap.add_argument("--compact", metavar="EVERY:RUNNING", help="--eval mode: the sampler's finished-row schedule")
     ap.add_argument("--seeds", type=int, default=4, help="--eval mode: seeded rollouts whose texts are kept")
+    ap.add_argument("--ops", action="store_true", help="--eval mode: where decoding's time goes, op by op")
     args = ap.parse_args()
     if args.eval:
-        eval_and_sample(args.eval, args.repeats, args.threads, args.keep, args.compact, args.seeds)
+        eval_and_sample(args.eval, args.repeats, args.threads, args.keep, args.compact, args.seeds, args.ops)
         return
     if args.runs:
         from rlkit.tiny.config import parse_sets

@@ -41,3 +41,19 @@ def test_whole_run_is_timed_by_phase_and_unpatched_after(bench, tmp_path, regime
                   "evaluation (final)", "other"):
         assert clock.cpu[phase] > 0, phase
     assert (clock.cpu["stale policy's evaluation"] > 0) == (cfg.staleness > 0)
+
+
+def test_op_table_charges_matmuls_to_their_group_and_the_rest_to_the_rest(bench, capsys):
+    import torch
+
+    a, b = torch.randn(64, 64), torch.randn(8, 64, 64)
+
+    def work():
+        for _ in range(20):
+            torch.mm(a, a), torch.bmm(b, b), torch.cat([a, a]).mul(2.0)
+
+    seconds = bench.op_table("toy", work)
+    assert set(seconds) == {*bench.OP_GROUPS, "the rest of the ops"}
+    assert all(s > 0 for s in seconds.values())  # mm, bmm, and cat + mul in the rest
+    out = capsys.readouterr().out
+    assert out.startswith("toy: ") and "aten::mm" in out and "aten::bmm" in out and "aten::cat" in out
