@@ -140,7 +140,13 @@ def test_a_difference_is_placed_among_the_tiny_engines_own_seeds():
                            "6,400 in verl; ")
     assert "give 0.01–0.06" in said and "among them, what another seed gives" in said
     [said] = two_engines.differences(table, "grpo", tiny, verl, seeds[:1], window=4)
-    assert "outside them, a difference between the engines" in said
+    assert "outside them: one seed has no range" in said
+    low = [run({"actor/pg_clipfrac": [0.0001 + k * 1e-6] * 4}) for k in range(6)]
+    [said] = two_engines.differences(table, "grpo", tiny, verl, low, window=4)
+    assert "outside them, as one more seed of the tiny engine would land outside 6 seeds 2 times in 7: one run per " \
+           "engine does not show a difference" in said  # 2/7: chance, not an engine difference
+    [said] = two_engines.differences(table, "grpo", tiny, verl, low * 7, window=4)
+    assert "outside 42 seeds 2 times in 43, so this is a difference between the engines" in said  # 2/43 < 5%
     assert two_engines.differences(table.assign(verdict="agree"), "grpo", tiny, verl, seeds, window=4) == []
 
 
@@ -159,3 +165,4 @@ def test_an_entropy_aggregated_by_another_loss_mode_is_not_called_a_per_token_di
     [said] = two_engines.differences(two_engines.agreement(tiny, token_mean, "dr_grpo", window=4), "dr_grpo", tiny,
                                      token_mean, [tiny], window=4)
     assert said.startswith("Entropy (nats/token): the tiny engine's 1 seed of DR_GRPO") and "outside them" in said
+    assert "one seed has no range" in said

@@ -252,7 +252,7 @@ def differences(table: pd.DataFrame, method: str, tiny: Run, verl: Run, tiny_see
       response length;
     - where verl's value (or that bound) falls among the tiny engine's own seeds of the method (``tiny_seeds``, read
       as :func:`agreement` reads ``tiny``): inside their range, the difference is what another seed gives; outside
-      it, a difference between the engines this page does not explain."""
+      it, how often one more seed would land there too (:func:`_outside`)."""
     differ = table[table["verdict"] == "differ"]
     by_label = {q.label: q for q in quantities(method)}
     last = int(verl.frame.index.max()) if len(verl.frame) else None
@@ -291,9 +291,22 @@ def differences(table: pd.DataFrame, method: str, tiny: Run, verl: Run, tiny_see
             elif lo <= value <= hi:
                 text += "verl's value lies among them, what another seed gives, not a difference between the engines"
             else:
-                text += "verl's value lies outside them, a difference between the engines this page does not explain"
+                text += "verl's value lies outside them" + _outside(len(seeds))
         out.append(text + ".")
     return out
+
+
+def _outside(n: int) -> str:
+    """What a value outside the range of ``n`` seeds says: of n + 1 exchangeable values (the seeds and one more run
+    of the same engine), the new one is the lowest or the highest with probability 2/(n + 1); only below 5% is
+    landing outside read as a difference between the engines."""
+    if n < 2:
+        return (": one seed has no range, and one run per engine cannot tell an engine difference from another "
+                "seed")
+    chance = f"one more seed of the tiny engine would land outside {n} seeds 2 times in {n + 1}"
+    if 2 / (n + 1) <= 0.05:
+        return f"; {chance}, so this is a difference between the engines the page does not explain"
+    return f", as {chance}: one run per engine does not show a difference between the engines"
 
 
 def minutes(run: Run) -> float:
