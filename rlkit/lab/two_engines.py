@@ -298,7 +298,7 @@ def differences(table: pd.DataFrame, method: str, tiny: Run, verl: Run, tiny_see
 
 def _outside(n: int) -> str:
     """What a value outside the range of ``n`` seeds says: of n + 1 exchangeable values (the seeds and one more run
-    of the same engine), the new one is the lowest or the highest with probability 2/(n + 1); only below 5% is
+    of the same engine), the new one is the lowest or the highest with probability 2/(n + 1); only at 5% or less is
     landing outside read as a difference between the engines."""
     if n < 2:
         return (": one seed has no range, and one run per engine cannot tell an engine difference from another "
