@@ -418,14 +418,16 @@ def test_a_finished_seed_rule_names_the_claims_it_left_undecided(tmp_path, monke
     specs = tmp_path / "specs"
     specs.mkdir()
     (specs / "grpo.yaml").write_text("name: grpo\nnotebook: notebooks/01_grpo.md\nmethod: grpo\nseeds: 3\n")
-    records = [{"id": "grpo-1", "notebook": "n.md", "verdict": INCONCLUSIVE, "seeds_to_decide": 27},
-               {"id": "grpo-2", "notebook": "n.md", "verdict": HOLDS, "seeds_to_decide": None}]
-    asked = iter([{}, {"grpo": 6}])  # finished; then a round still to come
+    at_cap = [{"id": "grpo-1", "notebook": "notebooks/01_grpo.md", "verdict": INCONCLUSIVE, "seeds": list(range(12)),
+               "seeds_to_decide": 27},
+              {"id": "grpo-2", "notebook": "notebooks/01_grpo.md", "verdict": HOLDS, "seeds": [0, 1, 2],
+               "seeds_to_decide": None}]
+    below_cap = [{**at_cap[0], "seeds": list(range(9))}, at_cap[1]]  # a round still to come (a --rounds limit)
+    judged = iter([at_cap, below_cap])
     monkeypatch.setattr(reproduce, "train_runs", lambda planned, **kw: {})
     monkeypatch.setattr(reproduce, "seed_rounds", lambda *a, **kw: {})
-    monkeypatch.setattr(reproduce.claims, "judge_all", lambda *a, **kw: records)
+    monkeypatch.setattr(reproduce.claims, "judge_all", lambda *a, **kw: next(judged))
     monkeypatch.setattr(reproduce.claims, "save", lambda recs, results: results / "claims.json")
-    monkeypatch.setattr(reproduce.claims, "next_round", lambda *a, **kw: next(asked))
     monkeypatch.setattr(reproduce, "execute", lambda spec, out, params, **kw: out / "nb.ipynb")
     monkeypatch.setattr(paths, "published_dir", lambda: tmp_path / "nowhere")
     reproduce.reproduce(results=tmp_path / "results", specs_dir=specs, progress=False)

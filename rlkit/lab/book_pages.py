@@ -255,16 +255,14 @@ def _moved(runs: list[dict]) -> str:
     own = [r for r in done if r["own_metric"] != LAUNCH_FALLBACK_METRIC]
     still = [r["method"] for r in own if r["own_range"][0] == r["own_range"][1]]
     out = f"Each method's own metric is logged; it moves in {len(own) - len(still)} of {len(own)} launches"
-    out += (f" and stays put in {_and(still)} (the mechanism did not act over these few steps of a toy model)"
-            if still else "")
+    if still:
+        out += (f" and stays put in {two_engines.word_list(still)} (the mechanism did not act over these few steps "
+                "of a toy model)")
     if none:
-        out += (f"; {_and(none)} log{'s' * (len(none) == 1)} no metric named after {'it' if len(none) == 1 else 'them'}"
-                f", so the column shows `{LAUNCH_FALLBACK_METRIC}`")
+        one = len(none) == 1
+        out += (f"; {two_engines.word_list(none)} log{'s' * one} no metric named after {'it' if one else 'them'}, "
+                f"so the column shows `{LAUNCH_FALLBACK_METRIC}`")
     return out + "."
-
-
-def _and(names: list[str]) -> str:
-    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
 def book_block(method: str, dataset: str) -> str:

@@ -735,7 +735,7 @@ def finding(claim: Claim, r: Mapping[str, Any]) -> str:
         bound = {"not_lower": f"the margin (−{margin})", "equal": f"the margin (±{margin})",
                  "at_least": f"the threshold ({_fmt(claim.tolerance)})"}.get(claim.expect, f"the margin ({margin})")
         meaning = f"the interval spans {bound}: not resolved by {len(r['seeds'])} seeds"
-        n = seeds_to_decide(r, claim.expect)
+        n = r.get("seeds_to_decide")  # judge() projects it before it words the finding
         if r.get("spread") is not None:
             meaning += (f" (were the estimate and the seeds' spread to hold, about {n} seeds would decide it)"
                         if n is not None else
@@ -971,6 +971,13 @@ def found_box(records: Sequence[Mapping[str, Any]]) -> str:
     """:func:`summary` as the page's "What we found" box (HTML, styled as the book's tip boxes)."""
     items = "".join(f"<li>{escape(s)}</li>" for s in summary(records))
     return (f"<div class='admonition tip'><p class='admonition-title'>What we found</p><ul>{items}</ul></div>")
+
+
+def rule_finished(specs: Sequence[Any], records: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether the sequential rule has ended on these judged ``records``: no inconclusive claim below its spec's
+    cap (what :func:`next_round` asks for, read from the records instead of judging the runs again)."""
+    caps = {s.notebook: seed_rule(s).cap for s in specs if s.method}
+    return not any(r["verdict"] == INCONCLUSIVE and len(r["seeds"]) < caps.get(r["notebook"], 0) for r in records)
 
 
 def at_the_cap(records: Sequence[Mapping[str, Any]]) -> str:

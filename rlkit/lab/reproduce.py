@@ -557,7 +557,7 @@ def reproduce(
     judged = claims.judge_all(specs, results, seeds, sequential=sequential)  # before the pages that render them
     if judged:
         print(f"claims: {len(judged)} judged -> {claims.save(judged, results)}", flush=True)
-        if sequential and not claims.next_round(specs, results):  # the rule has ended: what it left undecided
+        if sequential and claims.rule_finished(specs, judged):  # the rule has ended: what it left undecided
             left = claims.at_the_cap(judged)
             print("claims: the seed rule is finished;" + (left or " every judged claim is decided or idle."),
                   flush=True)

@@ -48,7 +48,8 @@ def twins(verl_root: Path | str | None = None) -> tuple[list[str], list[str]]:
     return have, [m for m in methods() if m not in have]
 
 
-def _series(names: Sequence[str]) -> str:
+def word_list(names: Sequence[str]) -> str:
+    """``["a", "b", "c"]`` as "a, b and c"."""
     return " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
 
 
@@ -57,9 +58,9 @@ def twins_words(verl_root: Path | str | None = None) -> dict[str, str]:
     and ``no_twin_methods`` ("dapo and cispo have none yet", or "every registered method has one"), the
     methods by their registered names (``--method``)."""
     have, missing = twins(verl_root)
-    none = (f"{_series(missing)} {'has' if len(missing) == 1 else 'have'} none yet" if missing
+    none = (f"{word_list(missing)} {'has' if len(missing) == 1 else 'have'} none yet" if missing
             else "every registered method has one")
-    return {"twin_methods": _series(have) or "none", "no_twin_methods": none}
+    return {"twin_methods": word_list(have) or "none", "no_twin_methods": none}
 
 
 @dataclass(frozen=True)
