@@ -9,12 +9,15 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 import torch
 
+from rlkit.errors import InvalidSetting
+from rlkit.lab.notebook import TAIL_WINDOW
 from rlkit.metrics import read_metrics
 from rlkit.tiny.config import METHODS, REGIMES, build_config, set_field
 from rlkit.tiny.rl import logged_metrics, train
@@ -101,6 +104,22 @@ def test_stress_regime_logs_its_metrics(method, tmp_path, cache):
     assert {"policy/entropy", "policy/score/mean"} <= set(recs[-1]["data"])
     assert logged_metrics(method, regime="stress") - logged_metrics(method) == {
         "policy/entropy", "policy/score/mean", "timing_s/policy_eval"}
+
+
+def test_the_current_policy_rollout_runs_where_it_is_read_and_logs_the_same_values(tmp_path, cache):
+    """policy_eval_tail: the policy's own rollout at every step of the last ones and at the evaluations' steps
+    before them; each logged value, and every other metric, equal to a run that rolls out at every step."""
+    cfg = build_config("grpo", "smoke", {"steps": 7, "staleness": 2, "eval_every": 3, "lr": 1e-2})
+    every = timeless(read_metrics(train(cfg, tmp_path / "every", progress=False, sft_cache=cache) / "metrics.jsonl"))
+    some = replace(cfg, policy_eval_tail=2)
+    part = timeless(read_metrics(train(some, tmp_path / "some", progress=False, sft_cache=cache) / "metrics.jsonl"))
+    new = {"policy/entropy", "policy/score/mean"}
+    assert [s for s, d in part if new <= set(d)] == [3, 6, 7]  # every 3rd step, then the last 2
+    assert [s for s, d in part if new & set(d)] == [3, 6, 7]
+    assert part == [(s, {k: v for k, v in d.items() if k not in new or s in (3, 6, 7)}) for s, d in every]
+    assert build_config("grpo", "cpu", regime="stress").policy_eval_tail == TAIL_WINDOW  # what the claims read
+    with pytest.raises(InvalidSetting, match="policy_eval_tail must be ≥ 1"):
+        replace(cfg, policy_eval_tail=0)
 
 
 @pytest.mark.parametrize("method", ["hapo", "spo"])

@@ -310,7 +310,10 @@ def regime_settings(method: str, scale: str, regime: str = "stress") -> str:
             f"first mini-batch on. `mini_batches`: {cfg.mini_batches} optimizer steps per rollout batch (standard: "
             f"{std.mini_batches}), each further from the sampling policy than the last. `lr`, `warmup_steps`: "
             f"{cfg.lr:g} (standard: {std.lr:g}), reached after {cfg.warmup_steps} steps. `steps`: {cfg.steps} RL "
-            f"steps (standard: {std.steps}). Everything else is the standard run's.")
+            f"steps (standard: {std.steps}). `policy_eval_tail`: the policy being trained also samples the step's "
+            f"problems itself (`policy/*`, what the entropy and reward claims read) at each of the last "
+            f"{cfg.policy_eval_tail} steps, and every {cfg.eval_every} before them. Everything else is the standard "
+            "run's.")
 
 
 RULES_LINK = ("<p>What each verdict word means and how verdicts are reached — intervals, margins, the seed rule — "

@@ -130,7 +130,7 @@ class Spec:
     def check(self) -> None:
         """Fail now, not on the page, if a run's overrides do not build, a claim reads a metric no run logs, or a
         judged claim names no activity metric of its mechanism."""
-        from rlkit.tiny.rl import logged_metrics
+        from rlkit.tiny.rl import LOGGED_WHEN_STALE, logged_metrics
 
         planned = {p.name: p for p in self.runs(1)}
         configs = {name: build_config(p.method, self.scale, dict(p.overrides), regime=p.regime)
@@ -156,6 +156,11 @@ class Spec:
                 if metric not in logged:
                     raise ValueError(f"claim {claim.claim!r}: metric {metric!r} is not logged by {run} runs "
                                      f"({claim.regime} regime); logged: {', '.join(sorted(logged))}")
+                tail = cfg.policy_eval_tail
+                if metric in LOGGED_WHEN_STALE and tail is not None and claim.window > tail:
+                    raise ValueError(f"claim {claim.claim!r}: reads the last {claim.window} values of {metric!r}, "
+                                     f"logged at every step of a {claim.regime} run's last {tail} only "
+                                     "(policy_eval_tail): a longer window would mix in steps far apart")
 
     def out_dir(self, results: Path) -> Path:
         """Where the executed notebook goes (its runs: ``seed<k>/`` below the run names)."""

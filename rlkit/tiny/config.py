@@ -12,6 +12,7 @@ import json
 import types
 import typing
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, make_dataclass
+from functools import partial
 from typing import Any
 
 from rlkit import registry
@@ -92,6 +93,11 @@ class RunSettings:
     final_eval_size: int = 1000
     """Held-out problems of the last step's second, larger evaluation: ``val/acc_final`` and, per problem, the run's
     ``eval.jsonl`` (what accuracy claims are judged on: a paired bootstrap over problems resolves a few points)."""
+    policy_eval_tail: int | None = None
+    """With ``staleness`` > 0, the current policy's own rollout (the ``policy/*`` metrics) runs at every step of the
+    last this many, and before them only at the held-out evaluations' steps (every ``eval_every``): the claims read
+    the mean over the last steps, the earlier points draw the curve. Each step's rollout has its own generator, so a
+    logged value is the one a rollout at every step gives. None: at every step."""
     sft: SFTConfig = field(default_factory=SFTConfig)
     """The warm start (cached by its hash; the task knobs live here)."""
     def __post_init__(self) -> None:
@@ -112,6 +118,8 @@ class RunSettings:
         if hooks.grouped and self.group_size < 2:
             raise InvalidSetting(f"group_size must be ≥ 2 (a group of one has no baseline: every advantage is 0), "
                                  f"got {self.group_size}")
+        if self.policy_eval_tail is not None and self.policy_eval_tail < 1:
+            raise InvalidSetting(f"policy_eval_tail must be ≥ 1 (or unset: every step), got {self.policy_eval_tail}")
         if self.staleness < 0:
             raise InvalidSetting(f"staleness must be ≥ 0, got {self.staleness}")
         if self.rollout_top_p > 1:
@@ -189,7 +197,10 @@ REGIMES: dict[str, dict[str, Any]] = {
     # rollout batch, twice the learning rate with a short warm-up, 30 steps. Measured (GRPO, one seed): 5.1% of
     # tokens clipped on average over the run, and GRPO's held-out accuracy falls from 45% to 17% by step 30
     # (reproductions/LOG.md, 2026-11-25: the settings tried and what each gave).
-    "stress": {"staleness": 12, "mini_batches": 16, "lr": 2e-4, "warmup_steps": 3, "steps": 30},
+    # The current policy's own rollout (policy/*), a quarter of a stress run's time, runs where it is read: the
+    # claims' last 10 steps, and the curve's points every eval_every.
+    "stress": {"staleness": 12, "mini_batches": 16, "lr": 2e-4, "warmup_steps": 3, "steps": 30,
+               "policy_eval_tail": 10},
 }
 """Regimes of the reproductions: ``standard`` (the defaults) and ``stress``, where the clip mechanisms act."""
 
@@ -381,14 +392,17 @@ def estimated_minutes(cfg: Any, steps: int | None = None) -> float:
     """Roughly how many minutes ``steps`` (default: all) RL steps of ``cfg`` take on one thread of a recent x86 CPU:
     3.5 s per step of the cpu scale's 128 responses (the published cpu-scale runs: 1.2 min for GRPO's 20 steps,
     up to 2.1 min for SPO's), in proportion to the responses per step and to the model's cost
-    (:func:`rlkit.tiny.sft.estimated_minutes`'s fit), twice with a stale sampler (the policy's own rollout too).
-    Evaluations are not counted; another CPU may take half or twice as long."""
+    (:func:`rlkit.tiny.sft.estimated_minutes`'s fit), up to twice with a stale sampler (the policy's own rollout
+    too, at the steps :func:`rlkit.tiny.rl.policy_eval_due` gives). Evaluations are not counted; another CPU may take
+    half or twice as long."""
     from dataclasses import replace
 
+    from rlkit.tiny.rl import policy_eval_due
     from rlkit.tiny.sft import estimated_minutes as sft_minutes
 
     size = sft_minutes(replace(cfg.sft, steps=1, batch_size=32)) / sft_minutes(SFTConfig(steps=1, batch_size=32))
-    per_step = 3.5 * cfg.samples_per_step / 128 * size * (2 if cfg.staleness > 0 else 1)
+    own = sum(map(partial(policy_eval_due, cfg), range(1, cfg.steps + 1))) / cfg.steps if cfg.staleness > 0 else 0
+    per_step = 3.5 * cfg.samples_per_step / 128 * size * (1 + own)
     return (cfg.steps if steps is None else steps) * per_step / 60
 
 
