@@ -63,6 +63,9 @@ def test_spec_errors_name_the_file_and_the_key(tmp_path):
      "claim 'c': a judged claim needs an activity metric"),
     ("claims: [{claim: c, source: s, metric: policy/entropy, expect: higher, activity: {metric: aspo/shaped_frac, at_least: 0.01}}]",
      r"metric 'policy/entropy' is not logged by aspo runs \(standard regime\)"),
+    ("regimes: [standard, stress]\nclaims: [{claim: c, source: s, metric: policy/entropy, expect: higher, regime: stress,"
+     " window: 11, activity: {metric: aspo/shaped_frac, at_least: 0.01}}]",
+     r"reads the last 11 values of 'policy/entropy', logged at every step of a stress run's last 10 only"),
     ("claims: [{claim: c, source: s, metric: actor/entropy, expect: higher, without: [spo],"
      " activity: {metric: hapo/clip_low/mean, at_least: 0.1}}]", "'hapo/clip_low/mean' is not logged by aspo"),
     ("claims: [{claim: c, source: s, run: aspo-eq9, metric: val/acc, expect: higher, activity: {metric: aspo/shaped_frac, at_least: 0.01}}]",
