@@ -350,6 +350,29 @@ def test_time_left_weighs_each_run_by_its_cost_and_the_slots():
     assert TimeLeft([2.0, 1.0, 1.0], slots=1, now=0.0).seconds(now=0.0) == 4.0  # by cost: 2 + 1 + 1 on the one slot
 
 
+def test_a_worker_ended_by_ctrl_c_before_the_launcher_sees_it_is_an_interrupt_not_a_failed_run(tmp_path,
+                                                                                               monkeypatch):
+    """The race of Ctrl-C: a worker's handler ends it (exit 130) before the launcher's KeyboardInterrupt is raised,
+    so the launcher first meets a broken pool. That is the interrupt, said in one line, never 'run … failed'."""
+    import multiprocessing
+    import os
+    import signal
+    import time
+
+    from rlkit.lab.reproduce import PlannedRun, _in_processes
+
+    monkeypatch.setenv("RLKIT_CACHE", str(tmp_path / "cache"))
+    results = tmp_path / "results"
+    ended = _in_processes([PlannedRun("grpo", "grpo", "standard", 0)], "smoke", str(results), "cpu", 1, tick=0.1)
+    deadline = time.monotonic() + 240
+    with pytest.raises(KeyboardInterrupt):
+        for _ in ended:
+            if list(results.glob("*/seed*/metrics.jsonl")):  # the worker is training: Ctrl-C reaches it alone
+                for worker in multiprocessing.active_children():
+                    os.kill(worker.pid, signal.SIGINT)
+            assert time.monotonic() < deadline
+
+
 def test_ctrl_c_stops_the_reproduction_and_its_workers_in_one_line(tmp_path):
     """Ctrl-C as a terminal sends it, to the launcher and its workers alike, once the workers are training: one line,
     exit 130, no worker's traceback, and no worker left running."""

@@ -395,10 +395,12 @@ def _in_processes(todo: Sequence[PlannedRun], scale: str, results: str, device: 
     rest and raises naming the run."""
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    from concurrent.futures.process import BrokenProcessPool
 
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_quiet_interrupt)
     try:
         futures = {pool.submit(_train_one, p, scale, results, device): p for p in todo}
+        processes = list(getattr(pool, "_processes", {}).values())  # kept: a broken pool forgets them
         pending = set(futures)
         while pending:
             finished, pending = wait(pending, timeout=tick, return_when=FIRST_COMPLETED)
@@ -408,6 +410,10 @@ def _in_processes(todo: Sequence[PlannedRun], scale: str, results: str, device: 
                 p = futures[f]
                 try:
                     minutes = f.result()
+                except BrokenProcessPool as e:
+                    if _ended_by_ctrl_c(processes):  # Ctrl-C ended a worker before it reached us
+                        raise KeyboardInterrupt from None
+                    raise RuntimeError(f"run {p.name} seed {p.seed} failed: {type(e).__name__}: {e}") from e
                 except BaseException as e:
                     raise RuntimeError(f"run {p.name} seed {p.seed} failed: {type(e).__name__}: {e}") from e
                 yield p, minutes
@@ -418,6 +424,18 @@ def _in_processes(todo: Sequence[PlannedRun], scale: str, results: str, device: 
             process.terminate()
         raise
     pool.shutdown()
+
+
+def _ended_by_ctrl_c(processes, wait: float = 5.0) -> bool:
+    """Whether one of the pool's worker ``processes`` ended with :func:`_quiet_interrupt`'s exit code (130). The
+    pool's own thread may reap a worker at the same moment, and the loser of that race reads no code for an instant:
+    ask again, up to ``wait`` seconds while some code is unknown."""
+    deadline = time.monotonic() + wait
+    while True:
+        codes = [w.exitcode for w in processes]
+        if 130 in codes or None not in codes or time.monotonic() > deadline:
+            return 130 in codes
+        time.sleep(0.01)
 
 
 def _quiet_interrupt() -> None:
