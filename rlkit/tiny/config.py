@@ -12,7 +12,6 @@ import json
 import types
 import typing
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, make_dataclass
-from functools import partial
 from typing import Any
 
 from rlkit import registry
@@ -131,6 +130,12 @@ class RunSettings:
         if self.behav_imp_weight_cap is not None and not self.decoupled_loss:
             raise InvalidSetting("behav_imp_weight_cap caps the decoupled loss's behaviour weights: "
                                  "set decoupled_loss=true")
+
+    def policy_eval_due(self, step: int) -> bool:
+        """Whether ``step`` runs the current policy's own rollout (with ``staleness`` > 0): every step of the last
+        ``policy_eval_tail`` (all of them when unset), and the held-out evaluations' steps before them."""
+        tail = self.policy_eval_tail
+        return tail is None or step > self.steps - tail or step % self.eval_every == 0
 
     @property
     def samples_per_step(self) -> int:
@@ -393,15 +398,14 @@ def estimated_minutes(cfg: Any, steps: int | None = None) -> float:
     3.5 s per step of the cpu scale's 128 responses (the published cpu-scale runs: 1.2 min for GRPO's 20 steps,
     up to 2.1 min for SPO's), in proportion to the responses per step and to the model's cost
     (:func:`rlkit.tiny.sft.estimated_minutes`'s fit), up to twice with a stale sampler (the policy's own rollout
-    too, at the steps :func:`rlkit.tiny.rl.policy_eval_due` gives). Evaluations are not counted; another CPU may take
+    too, at the steps :meth:`RunSettings.policy_eval_due` gives). Evaluations are not counted; another CPU may take
     half or twice as long."""
     from dataclasses import replace
 
-    from rlkit.tiny.rl import policy_eval_due
     from rlkit.tiny.sft import estimated_minutes as sft_minutes
 
     size = sft_minutes(replace(cfg.sft, steps=1, batch_size=32)) / sft_minutes(SFTConfig(steps=1, batch_size=32))
-    own = sum(map(partial(policy_eval_due, cfg), range(1, cfg.steps + 1))) / cfg.steps if cfg.staleness > 0 else 0
+    own = sum(map(cfg.policy_eval_due, range(1, cfg.steps + 1))) / cfg.steps if cfg.staleness > 0 else 0
     per_step = 3.5 * cfg.samples_per_step / 128 * size * (1 + own)
     return (cfg.steps if steps is None else steps) * per_step / 60
 

@@ -67,7 +67,7 @@ LOGGED_BY_EVERY_METHOD = frozenset({
 })
 LOGGED_WHEN_STALE = frozenset({"policy/entropy", "policy/score/mean", "timing_s/policy_eval"})
 """What a run with ``staleness`` > 0 adds: the current policy's own rollout on the step's problems
-(:func:`_policy_eval`, at the steps :func:`policy_eval_due` gives)."""
+(:func:`_policy_eval`, at the steps ``RLConfig.policy_eval_due`` gives)."""
 
 
 def logged_metrics(method: str, *, regime: str = "standard", overrides: dict | None = None) -> frozenset[str]:
@@ -377,7 +377,7 @@ def rl_step(run: Run, state: RunState) -> dict[str, float]:
     scored = score_rollout(ro, problems)
     metrics["timing_s/gen"] = time.perf_counter() - t0
     metrics["rollout/response_tokens"] = ro.lengths.sum().item()  # all sampled, before any filtering
-    if cfg.staleness > 0 and policy_eval_due(cfg, step):  # stale sampler: how the policy being trained does itself
+    if cfg.staleness > 0 and cfg.policy_eval_due(step):  # stale sampler: how the policy being trained does itself
         metrics.update(_policy_eval(run, problems, temperature_fn, step))
 
     # ---- 3. reward: correctness; the method may keep only some groups and reshape the rewards (hooks)
@@ -567,13 +567,6 @@ def _policy_eval(run: Run, problems: list, temperature_fn, step: int) -> dict[st
                "policy/score/mean": scored.rewards.mean().item()}
     out["timing_s/policy_eval"] = time.perf_counter() - t0
     return out
-
-
-def policy_eval_due(cfg: RLConfig, step: int) -> bool:
-    """Whether ``step`` runs the current policy's own rollout (:func:`_policy_eval`): every step of the last
-    ``policy_eval_tail`` (all of them when unset), and the held-out evaluations' steps before them."""
-    tail = cfg.policy_eval_tail
-    return tail is None or step > cfg.steps - tail or step % cfg.eval_every == 0
 
 
 def _select_scored(scored, rows: Tensor):
