@@ -386,7 +386,8 @@ def test_ctrl_c_stops_the_reproduction_and_its_workers_in_one_line(tmp_path):
     env = {**os.environ, "RLKIT_CACHE": str(tmp_path / "cache")}
     argv = [sys.executable, "-m", "rlkit.cli", "reproduce", "--only", "grpo", "--scale", "smoke", "--seeds", "2",
             "--workers", "2", "--results", str(results)]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, start_new_session=True)
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as from a terminal
     try:
         deadline = time.monotonic() + 240
         while not list(results.glob("*/seed*/metrics.jsonl")):  # a worker has logged a step: inside the work
