@@ -118,7 +118,7 @@ class RunSettings:
             raise InvalidSetting(f"group_size must be ≥ 2 (a group of one has no baseline: every advantage is 0), "
                                  f"got {self.group_size}")
         if self.policy_eval_tail is not None and self.policy_eval_tail < 1:
-            raise InvalidSetting(f"policy_eval_tail must be ≥ 1 (or unset: every step), got {self.policy_eval_tail}")
+            raise InvalidSetting(f"policy_eval_tail must be ≥ 1, or null for every step; got {self.policy_eval_tail}")
         if self.staleness < 0:
             raise InvalidSetting(f"staleness must be ≥ 0, got {self.staleness}")
         if self.rollout_top_p > 1:
