@@ -20,6 +20,15 @@ if os.environ.get("CI"):
     settings.load_profile("ci")
 
 
+def default_sigint() -> None:
+    """``preexec_fn`` of the Ctrl-C tests' children: SIGINT's default action, as a terminal's shell runs a command
+    (a suite started from a background shell inherits SIGINT ignored, and Python then never raises
+    KeyboardInterrupt)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def make_batch(seed: int, *, B: int | None = None, T: int | None = None, noise: float = 0.3, empty_rows: bool = False):
     """A random RL batch: left-aligned response masks of random lengths, log-probs, old log-probs, advantages."""
     g = torch.Generator().manual_seed(seed)

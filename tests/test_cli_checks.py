@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import default_sigint
 from rlkit import cli
 from rlkit.tiny import rl, sft
 from rlkit.tiny.config import build_config
@@ -268,17 +269,10 @@ def test_a_short_run_is_not_announced(tmp_path, capsys):
 
 
 # ------------------------------------------------------------------------------------------------ Ctrl-C
-def default_sigint() -> None:
-    """``preexec_fn``: SIGINT's default action in the child, whatever the suite's own (see the test below)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def test_ctrl_c_inside_training_is_one_line_and_exit_130(tmp_path):
     """SIGINT to a real ``rlkit train`` once its SFT has taken a step (its progress bar shows a loss)."""
     argv = [sys.executable, "-m", "rlkit.cli", *train_args(tmp_path / "run", "--sft-cache", str(tmp_path / "cache"),
                                                            "--set", "sft.steps=100000")]
-    # Ctrl-C's default action restored in the child, as a terminal's shell runs a command (a suite started in the
-    # background inherits SIGINT ignored, and Python then never raises KeyboardInterrupt)
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=default_sigint)
     try:
         err, deadline = b"", time.monotonic() + 120

@@ -9,6 +9,7 @@ import matplotlib
 import pytest
 import torch
 
+from conftest import default_sigint
 from rlkit.lab import plots
 from rlkit.metrics import MetricsWriter, read_metrics
 from rlkit.lab.reproduce import Spec, ensure_run, load_specs, run_complete
@@ -387,7 +388,7 @@ def test_ctrl_c_stops_the_reproduction_and_its_workers_in_one_line(tmp_path):
     argv = [sys.executable, "-m", "rlkit.cli", "reproduce", "--only", "grpo", "--scale", "smoke", "--seeds", "2",
             "--workers", "2", "--results", str(results)]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as from a terminal
+                            preexec_fn=default_sigint)  # as from a terminal
     try:
         deadline = time.monotonic() + 240
         while not list(results.glob("*/seed*/metrics.jsonl")):  # a worker has logged a step: inside the work

@@ -410,11 +410,9 @@ def _in_processes(todo: Sequence[PlannedRun], scale: str, results: str, device: 
                 p = futures[f]
                 try:
                     minutes = f.result()
-                except BrokenProcessPool as e:
-                    if _ended_by_ctrl_c(processes):  # Ctrl-C ended a worker before it reached us
-                        raise KeyboardInterrupt from None
-                    raise RuntimeError(f"run {p.name} seed {p.seed} failed: {type(e).__name__}: {e}") from e
                 except BaseException as e:
+                    if isinstance(e, BrokenProcessPool) and _ended_by_ctrl_c(processes):  # Ctrl-C reached a worker
+                        raise KeyboardInterrupt from None  # before the launcher
                     raise RuntimeError(f"run {p.name} seed {p.seed} failed: {type(e).__name__}: {e}") from e
                 yield p, minutes
     except BaseException:  # a failed run, Ctrl-C: the other runs stop now (each resumes from its last checkpoint)

@@ -132,10 +132,10 @@ class RunSettings:
                                  "set decoupled_loss=true")
 
     def policy_eval_due(self, step: int) -> bool:
-        """Whether ``step`` runs the current policy's own rollout (with ``staleness`` > 0): every step of the last
-        ``policy_eval_tail`` (all of them when unset), and the held-out evaluations' steps before them."""
+        """Whether ``step`` runs the current policy's own rollout: never on-policy (``staleness`` 0); else every step
+        of the last ``policy_eval_tail`` (all of them when unset), and the held-out evaluations' steps before them."""
         tail = self.policy_eval_tail
-        return tail is None or step > self.steps - tail or step % self.eval_every == 0
+        return self.staleness > 0 and (tail is None or step > self.steps - tail or step % self.eval_every == 0)
 
     @property
     def samples_per_step(self) -> int:
@@ -405,7 +405,7 @@ def estimated_minutes(cfg: Any, steps: int | None = None) -> float:
     from rlkit.tiny.sft import estimated_minutes as sft_minutes
 
     size = sft_minutes(replace(cfg.sft, steps=1, batch_size=32)) / sft_minutes(SFTConfig(steps=1, batch_size=32))
-    own = sum(map(cfg.policy_eval_due, range(1, cfg.steps + 1))) / cfg.steps if cfg.staleness > 0 else 0
+    own = sum(map(cfg.policy_eval_due, range(1, cfg.steps + 1))) / cfg.steps
     per_step = 3.5 * cfg.samples_per_step / 128 * size * (1 + own)
     return (cfg.steps if steps is None else steps) * per_step / 60
 

@@ -377,7 +377,7 @@ def rl_step(run: Run, state: RunState) -> dict[str, float]:
     scored = score_rollout(ro, problems)
     metrics["timing_s/gen"] = time.perf_counter() - t0
     metrics["rollout/response_tokens"] = ro.lengths.sum().item()  # all sampled, before any filtering
-    if cfg.staleness > 0 and cfg.policy_eval_due(step):  # stale sampler: how the policy being trained does itself
+    if cfg.policy_eval_due(step):  # stale sampler: how the policy being trained does itself
         metrics.update(_policy_eval(run, problems, temperature_fn, step))
 
     # ---- 3. reward: correctness; the method may keep only some groups and reshape the rewards (hooks)
