@@ -1,5 +1,5 @@
-"""rlkit: the math of GRPO, GSPO, ASPO, AEPO, SPO and HAPO as plain torch functions, with a tiny trainer,
-notebooks and a verl plugin. See README.md."""
+"""rlkit: the math of GRPO and the policy-optimization methods that change it as plain torch functions
+(``rlkit methods`` lists them), with a tiny trainer, notebooks and a verl plugin. See README.md."""
 
 from rlkit import numerics as _numerics
 

@@ -122,7 +122,7 @@ def test_the_rule_finds_a_typed_list_and_skips_generated_ones():
 
 def test_a_new_method_joins_every_generated_list(monkeypatch):
     """A method registered with a spec (ZETA here) appears in the table of contents, the intro's and the papers
-    page's tables without an edit to them."""
+    page's tables and the README's without an edit to them."""
     specs = list(book_pages.method_specs())
     last = Path(specs[-1].notebook).stem  # the last method page today
     zeta = Spec(name="zeta", notebook="notebooks/99_zeta.md", title="ZETA: a method added later", method="zeta",
@@ -131,13 +131,13 @@ def test_a_new_method_joins_every_generated_list(monkeypatch):
     registry.register_method(registry.Method("zeta", registry.get_method("grpo").config, advantage="grpo",
                                              policy_loss="ppo"))
     try:
-        pages = {name: book_pages.update_book_page((paths.book_dir() / name).read_text())
-                 for name in ("_toc.yml", "intro.md", "papers.md")}
+        pages = {path.name: book_pages.update_book_page(path.read_text()) for path in book_pages.generated_pages()}
     finally:
         registry.unregister("zeta")
     assert f"      - file: notebooks/{last}\n      - file: notebooks/99_zeta\n      # end\n" in pages["_toc.yml"]
     assert "| {doc}`ZETA <notebooks/99_zeta>` | a method added later |\n<!-- end -->" in pages["intro.md"]
     assert "{cite:t}`zeta2026`" in pages["papers.md"]
+    assert "| **ZETA** | `rlkit/methods/zeta.py` | a method added later |\n<!-- end -->" in pages["README.md"]
 
 
 def test_the_readme_names_the_six_files_and_the_command():

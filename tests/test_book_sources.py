@@ -653,6 +653,16 @@ def test_the_books_generated_lists_are_up_to_date(name):
     assert len(book_pages._TOC.findall(text)) + len(book_pages._BLOCK.findall(text)) > 0, f"{name}: no generated list"
 
 
+def test_the_readmes_table_of_the_methods_is_up_to_date():
+    from rlkit.lab import book_pages
+
+    readme = REPO / "README.md"
+    assert readme in book_pages.generated_pages()
+    text = readme.read_text()
+    assert "<!-- rlkit methods -->" in text.split("\n## ")[0], "README: the table of the methods is not at the top"
+    assert book_pages.update_book_page(text) == text, "README.md is stale: python -m rlkit.lab.book_pages"
+
+
 def test_the_cpu_launches_table_has_a_row_per_method_from_the_measurements(tmp_path):
     import json
 

@@ -10,7 +10,8 @@ methods it takes (:func:`cpu_command`), ``<!-- rlkit cpu launches -->`` every me
 (:func:`launches_table`); ``<!-- rlkit twins -->`` the methods that have a verl twin on the *Two
 engines* page and those that have none yet (:func:`twins_block`, from :func:`rlkit.lab.two_engines.twins`). On
 ``book/intro.md``, ``<!-- rlkit method pages -->`` is the table of the method pages (:func:`method_pages_table`);
-on ``book/papers.md``, ``<!-- rlkit papers -->`` the table of papers (:func:`papers_table`); ``book/_toc.yml``
+on ``book/papers.md``, ``<!-- rlkit papers -->`` the table of papers (:func:`papers_table`); on the project's
+``README.md``, ``<!-- rlkit methods -->`` the table of the methods and their modules (:func:`methods_table`); ``book/_toc.yml``
 lists the method pages between ``# rlkit method pages`` and ``# end``, and the topic pages between ``# rlkit topic
 pages`` and ``# end`` (:func:`toc_block`).
 
@@ -18,7 +19,8 @@ The method pages are the specs that train a method on its own page (:func:`metho
 spec's title; the verl runs are the registry's methods that have a verl preset, in the figures' order
 (:func:`rlkit.lab.plots.methods`). :func:`update_book_page` re-renders every block of a page from today's specs,
 presets (:mod:`rlkit.verl.presets`), plan (:func:`rlkit.verl.launch.plan`) and twins, :func:`update_book` every
-page of the book (``python -m rlkit.lab.book_pages``); tests fail when a committed page differs from it.
+such page of the book and the README (``python -m rlkit.lab.book_pages``); tests fail when a committed page
+differs from it.
 Nothing here imports verl.
 """
 
@@ -80,7 +82,7 @@ def render_command(method: str, dataset: str, model: str | None = None, *, gpus:
     return " ".join(shlex.quote(w) for w in launch) + "\n" + p.shell(multiline=True)
 
 
-_BLOCK = re.compile(r"<!-- rlkit (presets|twins|cpu command|cpu launches|method pages|papers|launch (\w+) (\w+)) -->\n.*?"
+_BLOCK = re.compile(r"<!-- rlkit (presets|twins|cpu command|cpu launches|method pages|methods|papers|launch (\w+) (\w+)) -->\n.*?"
                     r"<!-- end -->", re.S)
 _RUNS = re.compile(r"<!-- rlkit runs (\w+) -->\n.*?<!-- end runs -->", re.S)
 _TOC = re.compile(r"^( *)# rlkit (method|topic) pages\n.*?^ *# end\n", re.S | re.M)
@@ -120,6 +122,14 @@ def method_pages_table(specs_dir: Path | None = None) -> str:
         [f"{{doc}}`{display_name(s)} <{_page(s)}>`", s.title.partition(":")[2].strip()]
         for s in method_specs(specs_dir)]
     return "<!-- rlkit method pages -->\n" + "\n".join(_markdown(rows)) + "\n<!-- end -->"
+
+
+def methods_table(specs_dir: Path | None = None) -> str:
+    """The README's table of the methods: each by its name, its module and what its page shows."""
+    rows = [["method", "module", "what its page shows"]] + [
+        [f"**{display_name(s)}**", f"`rlkit/methods/{s.method}.py`", s.title.partition(":")[2].strip()]
+        for s in method_specs(specs_dir)]
+    return "<!-- rlkit methods -->\n" + "\n".join(_markdown(rows)) + "\n<!-- end -->"
 
 
 def papers_table(specs_dir: Path | None = None) -> str:
@@ -280,7 +290,8 @@ def update_book_page(text: str) -> str:
     def render(match: re.Match) -> str:
         fixed = {"presets": presets_table, "twins": twins_block, "cpu command": cpu_command,
                  "cpu launches": launches_table,
-                 "method pages": method_pages_table, "papers": papers_table}.get(match.group(1))
+                 "method pages": method_pages_table, "methods": methods_table,
+                 "papers": papers_table}.get(match.group(1))
         return fixed() if fixed else book_block(match.group(2), match.group(3))
 
     text = _TOC.sub(lambda m: toc_block(m.group(1), kind=m.group(2)), text)
@@ -291,12 +302,16 @@ BOOK_PAGES = ("_toc.yml", "intro.md", "papers.md", "full_scale_runs.md")
 """The book's hand-written files that hold generated blocks."""
 
 
+def generated_pages(book: Path | None = None) -> list[Path]:
+    """Every hand-written file that holds generated blocks: :data:`BOOK_PAGES` in ``book`` (default: the project's)
+    and the project's ``README.md``."""
+    return [*(Path(book or paths.book_dir()) / name for name in BOOK_PAGES), paths.project_root() / "README.md"]
+
+
 def update_book(book: Path | None = None) -> list[Path]:
-    """Re-render the generated blocks of every page of :data:`BOOK_PAGES` in ``book`` (default: the project's);
-    returns the files that changed."""
+    """Re-render the generated blocks of every file of :func:`generated_pages`; returns the files that changed."""
     changed = []
-    for name in BOOK_PAGES:
-        path = Path(book or paths.book_dir()) / name
+    for path in generated_pages(book):
         text = path.read_text()
         if (new := update_book_page(text)) != text:
             path.write_text(new)
