@@ -122,7 +122,6 @@ METHOD_HOMES = ("rlkit/methods/", "rlkit/verl/presets.py", "rlkit/lab/book_pages
 """Where methods are named by design: their modules, the verl presets, the book's generated text."""
 
 MENTIONS_EXEMPT = {
-    "rlkit/__init__.py": "prose: the package docstring lists the methods",
     "rlkit/cli.py": "prose and the help of `rlkit data`'s SPO commands; the shipped start's manifest key "
                     "spo_offline; build_config('grpo') as a stand-in for the method-independent SFT config",
     "rlkit/core/aggregation.py": "prose: the docstring says which methods use which aggregation",
