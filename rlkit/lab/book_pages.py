@@ -11,9 +11,9 @@ methods it takes (:func:`cpu_command`), ``<!-- rlkit cpu launches -->`` every me
 engines* page and those that have none yet (:func:`twins_block`, from :func:`rlkit.lab.two_engines.twins`). On
 ``book/intro.md``, ``<!-- rlkit method pages -->`` is the table of the method pages (:func:`method_pages_table`);
 on ``book/papers.md``, ``<!-- rlkit papers -->`` the table of papers (:func:`papers_table`); on the project's
-``README.md``, ``<!-- rlkit methods -->`` the table of the methods and their modules (:func:`methods_table`); ``book/_toc.yml``
-lists the method pages between ``# rlkit method pages`` and ``# end``, and the topic pages between ``# rlkit topic
-pages`` and ``# end`` (:func:`toc_block`).
+``README.md``, ``<!-- rlkit methods -->`` the table of the methods and their modules (:func:`methods_table`);
+``book/_toc.yml`` lists the method pages between ``# rlkit method pages`` and ``# end``, and the topic pages
+between ``# rlkit topic pages`` and ``# end`` (:func:`toc_block`).
 
 The method pages are the specs that train a method on its own page (:func:`method_specs`), in notebook order, each named by its
 spec's title; the verl runs are the registry's methods that have a verl preset, in the figures' order
@@ -82,8 +82,8 @@ def render_command(method: str, dataset: str, model: str | None = None, *, gpus:
     return " ".join(shlex.quote(w) for w in launch) + "\n" + p.shell(multiline=True)
 
 
-_BLOCK = re.compile(r"<!-- rlkit (presets|twins|cpu command|cpu launches|method pages|methods|papers|launch (\w+) (\w+)) -->\n.*?"
-                    r"<!-- end -->", re.S)
+_BLOCK = re.compile(r"<!-- rlkit (presets|twins|cpu command|cpu launches|method pages|methods|papers|"
+                    r"launch (\w+) (\w+)) -->\n.*?<!-- end -->", re.S)
 _RUNS = re.compile(r"<!-- rlkit runs (\w+) -->\n.*?<!-- end runs -->", re.S)
 _TOC = re.compile(r"^( *)# rlkit (method|topic) pages\n.*?^ *# end\n", re.S | re.M)
 GENERATED = (_RUNS, _BLOCK, _TOC)
@@ -303,13 +303,14 @@ BOOK_PAGES = ("_toc.yml", "intro.md", "papers.md", "full_scale_runs.md")
 
 
 def generated_pages(book: Path | None = None) -> list[Path]:
-    """Every hand-written file that holds generated blocks: :data:`BOOK_PAGES` in ``book`` (default: the project's)
-    and the project's ``README.md``."""
-    return [*(Path(book or paths.book_dir()) / name for name in BOOK_PAGES), paths.project_root() / "README.md"]
+    """Every hand-written file that holds generated blocks: :data:`BOOK_PAGES` in ``book`` (default: the
+    project's) and the project's ``README.md``."""
+    pages = [Path(book or paths.book_dir()) / name for name in BOOK_PAGES]
+    return [*pages, paths.project_root() / "README.md"]
 
 
 def update_book(book: Path | None = None) -> list[Path]:
-    """Re-render the generated blocks of every file of :func:`generated_pages`; returns the files that changed."""
+    """Re-render the generated blocks of every file of :func:`generated_pages`; returns those that changed."""
     changed = []
     for path in generated_pages(book):
         text = path.read_text()
