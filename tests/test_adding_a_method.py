@@ -131,7 +131,8 @@ def test_a_new_method_joins_every_generated_list(monkeypatch):
     registry.register_method(registry.Method("zeta", registry.get_method("grpo").config, advantage="grpo",
                                              policy_loss="ppo"))
     try:
-        pages = {path.name: book_pages.update_book_page(path.read_text()) for path in book_pages.generated_pages()}
+        pages = {path.name: book_pages.update_book_page(path.read_text())
+                 for path in book_pages.generated_pages()}
     finally:
         registry.unregister("zeta")
     assert f"      - file: notebooks/{last}\n      - file: notebooks/99_zeta\n      # end\n" in pages["_toc.yml"]

@@ -659,7 +659,7 @@ def test_the_readmes_table_of_the_methods_is_up_to_date():
     readme = REPO / "README.md"
     assert readme in book_pages.generated_pages()
     text = readme.read_text()
-    assert "<!-- rlkit methods -->" in text.split("\n## ")[0], "README: the table of the methods is not at the top"
+    assert "<!-- rlkit methods -->" in text.split("\n## ")[0], "README: the methods' table is not at its top"
     assert book_pages.update_book_page(text) == text, "README.md is stale: python -m rlkit.lab.book_pages"
 
 
