@@ -105,6 +105,11 @@ def display_name(spec: Spec) -> str:
     return spec.title.partition(":")[0].strip() or spec.method.upper()
 
 
+def page_summary(spec: Spec) -> str:
+    """What the method's page shows: its spec's title after the colon."""
+    return spec.title.partition(":")[2].strip()
+
+
 def _page(spec: Spec) -> str:
     """The book's name of a spec's page (``notebooks/01_grpo``: :mod:`rlkit.lab.book` stages it there)."""
     return "notebooks/" + Path(spec.notebook).stem
@@ -119,7 +124,7 @@ def _markdown(rows: list[list]) -> list[str]:
 def method_pages_table(specs_dir: Path | None = None) -> str:
     """The intro's table of the method pages: each linked by its method's name, with the rest of its title."""
     rows = [["method", "what its page shows"]] + [
-        [f"{{doc}}`{display_name(s)} <{_page(s)}>`", s.title.partition(":")[2].strip()]
+        [f"{{doc}}`{display_name(s)} <{_page(s)}>`", page_summary(s)]
         for s in method_specs(specs_dir)]
     return "<!-- rlkit method pages -->\n" + "\n".join(_markdown(rows)) + "\n<!-- end -->"
 
@@ -127,7 +132,7 @@ def method_pages_table(specs_dir: Path | None = None) -> str:
 def methods_table(specs_dir: Path | None = None) -> str:
     """The README's table of the methods: each by its name, its module and what its page shows."""
     rows = [["method", "module", "what its page shows"]] + [
-        [f"**{display_name(s)}**", f"`rlkit/methods/{s.method}.py`", s.title.partition(":")[2].strip()]
+        [f"**{display_name(s)}**", f"`rlkit/methods/{s.method}.py`", page_summary(s)]
         for s in method_specs(specs_dir)]
     return "<!-- rlkit methods -->\n" + "\n".join(_markdown(rows)) + "\n<!-- end -->"
 
