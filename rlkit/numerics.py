@@ -1,4 +1,4 @@
-"""Which float kernels this machine runs, pinned where the libraries allow, and a fingerprint to compare machines.
+"""Which float kernels this machine runs, pinned where the libraries allow, and the weights hash.
 
 Two x86 CPUs can run the same code, seeds and torch build and still compute different last bits: PyTorch's own
 kernels are compiled once per instruction set and chosen at run time (``torch.backends.cpu.get_cpu_capability()``:
@@ -20,15 +20,13 @@ engine's SFT and RL steps amplify such differences until runs part (reproduction
 ``RLKIT_NUMERICS=native`` leaves both libraries to choose (the fastest kernels, results tied to the CPU). A
 variable the user has set already wins over this module's default.
 
-:func:`fingerprint` hashes the weights after a few SFT steps of the cpu-scale model from a fixed start: equal
-hashes on two machines mean the same float path for the tiny engine's training step, so their runs can be
-bit-identical; different hashes mean they will part after a few steps, and only agree statistically. ``rlkit env``
-prints it, and every run's ``env.json`` records it.
+The tiny engine's fingerprint (:func:`rlkit.tiny.sft.fingerprint`) hashes the weights after a few SFT steps
+of the cpu-scale model from a fixed start: equal hashes on two machines mean the same float path for its training
+step, so their runs can be bit-identical; different ones mean they part after a few steps.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
 import platform
@@ -41,9 +39,6 @@ MODES: dict[str, dict[str, str]] = {
     "native": {},
 }
 """``RLKIT_NUMERICS`` → the environment it sets before torch loads (default ``pinned``)."""
-
-FINGERPRINT_STEPS = 4
-"""SFT steps the fingerprint takes (about a second on one core)."""
 
 
 def mode() -> str:
@@ -148,37 +143,11 @@ def weights_sha256(state_dict: dict) -> str:
     return h.hexdigest()
 
 
-@functools.lru_cache(maxsize=None)
-def fingerprint(steps: int = FINGERPRINT_STEPS) -> str:
-    """A short hash of the cpu-scale model's weights after ``steps`` SFT steps from a fixed initialisation and
-    batch stream, on one thread: equal on two machines when their float kernels agree for the tiny engine."""
-    from dataclasses import asdict
+def __getattr__(name: str) -> Any:
+    """``fingerprint``, ``describe`` and ``FINGERPRINT_STEPS`` live beside the engine they fingerprint
+    (:mod:`rlkit.tiny.machine`); forwarded until rlkit/cli.py and rlkit/lab/reproduce.py import them there."""
+    if name in ("fingerprint", "describe", "FINGERPRINT_STEPS"):
+        from rlkit.tiny import machine  # a cycle pyproject's no-cycles contract names until then
 
-    import torch
-
-    from rlkit.tasks import arithmetic
-    from rlkit.tiny.model import ModelConfig, TinyDecoder
-    from rlkit.tiny.sft import SFTConfig, sft_step
-    from rlkit.tiny.task import build_tokenizer
-
-    threads = torch.get_num_threads()
-    rng = torch.random.get_rng_state()
-    torch.set_num_threads(1)
-    try:
-        cfg, tokenizer = SFTConfig(), build_tokenizer()
-        torch.manual_seed(0)
-        model = TinyDecoder(ModelConfig(vocab_size=tokenizer.vocab_size, d_model=cfg.d_model, n_layers=cfg.n_layers,
-                                        n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, max_len=cfg.max_len))
-        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
-        stream = arithmetic.iter_split("train", 0, **asdict(cfg.task))
-        for step in range(steps):
-            sft_step(model, opt, tokenizer, [next(stream) for _ in range(cfg.batch_size)], step, cfg, "cpu")
-        return weights_sha256(model.state_dict())[:12]
-    finally:
-        torch.set_num_threads(threads)
-        torch.random.set_rng_state(rng)
-
-
-def describe() -> dict[str, Any]:
-    """This machine for ``env.json`` and ``rlkit env``: CPU model and flags, kernels, fingerprint."""
-    return {"cpu_model": cpu_model(), "cpu_flags": cpu_flags(), "kernels": kernels(), "fingerprint": fingerprint()}
+        return getattr(machine, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,4 +1,5 @@
-"""Pinned float kernels, the machine fingerprint and the weights hash (rlkit/numerics.py), and ``rlkit env``."""
+"""Pinned float kernels and the weights hash (rlkit/numerics.py), the tiny engine's fingerprint (rlkit/tiny/sft.py),
+and ``rlkit env``."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlkit import numerics
+from rlkit.tiny import sft
 from rlkit.tiny.model import ModelConfig, TinyDecoder
 
 
@@ -53,7 +55,7 @@ def test_an_unknown_mode_is_refused_with_the_valid_ones(monkeypatch):
 
 
 def test_the_fingerprint_is_the_same_in_two_processes_and_moves_with_the_kernels():
-    code = "from rlkit import numerics; print(numerics.fingerprint())"
+    code = "import rlkit; from rlkit.tiny import sft; print(sft.fingerprint())"
     first, second = _python(code), _python(code)
     assert first == second and len(first) == 12
     assert _python(code, RLKIT_NUMERICS="compatible") != first  # MKL's SSE2 branch rounds differently
@@ -64,8 +66,8 @@ def test_the_fingerprint_leaves_the_callers_threads_and_random_state_alone():
     torch.manual_seed(3)
     expected = torch.rand(3)
     torch.manual_seed(3)
-    numerics.fingerprint.cache_clear()
-    numerics.fingerprint(steps=1)
+    sft.fingerprint.cache_clear()
+    sft.fingerprint(steps=1)
     assert torch.get_num_threads() == 1
     assert torch.equal(torch.rand(3), expected)
 

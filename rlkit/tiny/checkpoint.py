@@ -14,9 +14,9 @@ from typing import Any
 import torch
 
 import rlkit
-from rlkit import numerics
 from rlkit.errors import CannotResume
 from rlkit.files import atomic_write
+from rlkit.tiny import machine as this_machine
 from rlkit.tiny.config import RLConfig
 
 Tensor = torch.Tensor
@@ -84,7 +84,7 @@ def restore_checkpoint(path: Path | dict, model, opt, state: RunState) -> None:
 
 def environment(cfg: RLConfig, device: str, sft: dict | None = None) -> dict[str, Any]:
     """``env.json``: versions, seed, hardware, the float kernels in use with the machine's fingerprint
-    (:mod:`rlkit.numerics`) and the SFT start (``sft``: :func:`~rlkit.tiny.sft.warm_start`'s info), so a result
+    (:mod:`rlkit.tiny.machine`) and the SFT start (``sft``: :func:`~rlkit.tiny.sft.warm_start`'s info), so a result
     can be traced to what produced it and compared with another machine's."""
     here = Path(rlkit.__file__).parent
     try:
@@ -95,7 +95,7 @@ def environment(cfg: RLConfig, device: str, sft: dict | None = None) -> dict[str
                                                       timeout=5).returncode == 1
     except (OSError, subprocess.SubprocessError):
         commit, dirty = None, None
-    machine = numerics.describe()
+    machine = this_machine.describe()
     return {
         "rlkit": rlkit.__version__, "commit": commit, "dirty": dirty, "python": platform.python_version(),
         "torch": torch.__version__, "platform": platform.platform(), "processor": machine["cpu_model"],

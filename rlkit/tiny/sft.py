@@ -13,6 +13,7 @@ the full schedule ends on a plateau, so the start does not hinge on where traini
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -25,7 +26,7 @@ import torch
 from tqdm.auto import tqdm
 
 from rlkit.environ import cache_origin, cache_root, check_dir, flag, writable_dir
-from rlkit.numerics import cpu_model, fingerprint, weights_sha256
+from rlkit.numerics import cpu_model, weights_sha256
 from rlkit.tasks import arithmetic
 from rlkit.tiny.model import ARCHITECTURE, ModelConfig, TinyDecoder
 from rlkit.tiny.task import accuracy, build_tokenizer, evaluate, max_response_tokens, sft_batch
@@ -307,3 +308,31 @@ def _one_seed(cfg: SFTConfig, problems: int, cache_dir: str, curve: tuple[int, .
                        form=cfg.form)
     return {"seed": cfg.seed, f"acc_{problems}": accuracy(correct), "acc": info["val/acc"], "loss": info["loss"],
             "curve": info.get("curve", {}), "minutes": info.get("minutes"), "path": str(path)}
+
+
+FINGERPRINT_STEPS = 4
+"""SFT steps the fingerprint takes (about a second on one core)."""
+
+
+@functools.lru_cache(maxsize=None)
+def fingerprint(steps: int = FINGERPRINT_STEPS) -> str:
+    """A short hash of the cpu-scale model's weights after ``steps`` SFT steps from a fixed initialisation and
+    batch stream, on one thread: equal on two machines when their float kernels agree for this engine
+    (:mod:`rlkit.numerics`); ``rlkit env`` prints it, every run's ``env.json`` records it."""
+    threads = torch.get_num_threads()
+    rng = torch.random.get_rng_state()
+    torch.set_num_threads(1)
+    try:
+        cfg, tokenizer = SFTConfig(), build_tokenizer()
+        torch.manual_seed(0)
+        model = TinyDecoder(ModelConfig(vocab_size=tokenizer.vocab_size, d_model=cfg.d_model,
+                                        n_layers=cfg.n_layers, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads,
+                                        max_len=cfg.max_len))
+        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+        stream = arithmetic.iter_split("train", 0, **asdict(cfg.task))
+        for step in range(steps):
+            sft_step(model, opt, tokenizer, [next(stream) for _ in range(cfg.batch_size)], step, cfg, "cpu")
+        return weights_sha256(model.state_dict())[:12]
+    finally:
+        torch.set_num_threads(threads)
+        torch.random.set_rng_state(rng)
