@@ -244,10 +244,11 @@ def _plot(args: argparse.Namespace) -> int:
 
     matplotlib.use("Agg")
     from rlkit.lab import plots
+    from rlkit.lab.runs import load_runs
 
     try:
         out = plots.image_path(args.out)  # a bad --out is named before any run is read
-        runs = plots.load_runs(args.runs)
+        runs = load_runs(args.runs)
         fig = plots.curves(runs, args.metric, x=args.x)
     except (FileNotFoundError, KeyError, ValueError) as e:
         raise UsageError(e.args[0] if e.args else str(e)) from None

@@ -137,7 +137,7 @@ def test_every_results_figure_is_followed_by_words_and_every_fallen_run_is_named
     after its figure, and every run group of a page's method that ended below its start in most seeds is named as
     such in that page's output."""
     from rlkit.lab.notebook import endings
-    from rlkit.lab.plots import load_run
+    from rlkit.lab.runs import load_run
 
     root, done = smoke
     for path in done["notebooks"]:

@@ -422,7 +422,7 @@ def test_the_two_engines_words_say_what_each_figure_shows():
 
 def _run(tmp_path: Path, name: str, seed: int, start: float, end: float, zero: float = 0.2):
     """A run directory ``name/seed<seed>`` whose held-out accuracy goes from ``start`` to ``end``."""
-    from rlkit.lab.plots import load_run
+    from rlkit.lab.runs import load_run
 
     run = tmp_path / name / f"seed{seed}"
     run.mkdir(parents=True)
@@ -473,7 +473,7 @@ def test_the_published_stress_collapses_are_named():
     """On the published runs: CISPO's stress runs collapse and the words say so (issue 36's example)."""
     from rlkit.lab.notebook import words
     from rlkit.lab.paths import published_dir
-    from rlkit.lab.plots import load_run
+    from rlkit.lab.runs import load_run
 
     root = published_dir()
     if not (root / "cispo-stress").is_dir():

@@ -15,11 +15,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlkit.lab import claims, plots
+from rlkit.lab import claims
 from rlkit.lab.claims import (
     DROPPED, HOLDS, IDLE, INCONCLUSIVE, NO_EFFECT, OPPOSITE, SMALLER, UNTESTABLE, Claim, SeedRule, judge, judge_spec,
     next_round, run_name, seeds_problems_interval, seeds_to_decide, t_interval, verdict_of,
 )
+from rlkit.lab.runs import load_run
 from rlkit.metrics import MetricsWriter
 from rlkit.lab.reproduce import Spec, load_specs
 from test_reproduce import fake_run
@@ -29,7 +30,7 @@ ACTIVE = {"metric": "act", "at_least": 0.5}
 
 def runs_of(root, name, per_seed, act=1.0):
     """Runs of ``name``: seed k has metric ``m`` = per_seed[k] at steps 1..3 (1.0 at step 0), activity ``act``."""
-    return [plots.load_run(fake_run(root, name, s, {"m": [1.0] + [v] * 3, "act": [act] * 4}))
+    return [load_run(fake_run(root, name, s, {"m": [1.0] + [v] * 3, "act": [act] * 4}))
             for s, v in enumerate(per_seed)]
 
 
@@ -188,7 +189,7 @@ def test_accuracy_claims_pair_seeds_and_problems(tmp_path, ours_acc, base_acc, e
             correct = np.where(noise, rng.random(n) < acc, shared < acc).astype(int).tolist()
             d = fake_run(tmp_path, name, seed, {"val/acc_final": [None, float(np.mean(correct))], "act": [1, 1]})
             write_eval(d, correct)
-            out.append(plots.load_run(d))
+            out.append(load_run(d))
     row = judge(Claim("c", "p", metric="val/acc_final", expect=expect, tolerance=tolerance, window=1,
                       activity=ACTIVE), ours, base)
     assert row["verdict"] == verdict, row
@@ -196,9 +197,9 @@ def test_accuracy_claims_pair_seeds_and_problems(tmp_path, ours_acc, base_acc, e
 
 
 def test_findings_say_direction_and_size_in_points(tmp_path):
-    ours = [plots.load_run(fake_run(tmp_path, "x", s, {"val/acc_final": [None, v], "act": [1, 1]}))
+    ours = [load_run(fake_run(tmp_path, "x", s, {"val/acc_final": [None, v], "act": [1, 1]}))
             for s, v in enumerate([0.50, 0.52, 0.48])]
-    base = [plots.load_run(fake_run(tmp_path, "grpo", s, {"val/acc_final": [None, v], "act": [1, 1]}))
+    base = [load_run(fake_run(tmp_path, "grpo", s, {"val/acc_final": [None, v], "act": [1, 1]}))
             for s, v in enumerate([0.59, 0.60, 0.58])]
     row = judge(Claim("c", "p", metric="val/acc_final", expect="not_lower", tolerance=0.03, window=1,
                       activity=ACTIVE, run="x"), ours, base)
@@ -208,7 +209,7 @@ def test_findings_say_direction_and_size_in_points(tmp_path):
 
 
 def test_rise_over_another_metrics_start(tmp_path):
-    runs = [plots.load_run(fake_run(tmp_path, "grpo", s, {"val/acc": [0.1, 0.3], "val/acc_final": [None, v],
+    runs = [load_run(fake_run(tmp_path, "grpo", s, {"val/acc": [0.1, 0.3], "val/acc_final": [None, v],
                                                          "act": [0.5, 0.5]})) for s, v in enumerate([0.5, 0.52, 0.48])]
     c = Claim("c", "p", metric="val/acc_final", baseline_metric="val/acc", expect="rise", tolerance=0.1, window=1,
               activity={"metric": "act", "at_most": 0.95})
@@ -232,7 +233,7 @@ def test_untestable_dropped_and_bad_claims(tmp_path):
         Claim("c", "p", metric="m", expect="lower")
     with pytest.raises(ValueError, match="exactly one"):
         Claim("c", "p", metric="m", expect="lower", activity={"metric": "a"})
-    ours = [plots.load_run(fake_run(tmp_path, "x", 7, {"m": [1, 2], "act": [1, 1]}))]
+    ours = [load_run(fake_run(tmp_path, "x", 7, {"m": [1, 2], "act": [1, 1]}))]
     with pytest.raises(ValueError, match="same seed"):
         judge(claim("lower"), ours, runs_of(tmp_path, "grpo", [1]))
     with pytest.raises(KeyError, match="never logged"):
@@ -307,12 +308,12 @@ def test_every_judged_claim_can_fail(tmp_path, spec, c, case):
             out[c.baseline_metric] = [base + noise[k] / 2] * 4
         return out
 
-    runs = [plots.load_run(fake_run(tmp_path, name, k, series(ours, k, own_baseline=bool(c.baseline_metric)
+    runs = [load_run(fake_run(tmp_path, name, k, series(ours, k, own_baseline=bool(c.baseline_metric)
                                                                      and c.expect != "rise")))
             for k in range(3)]
-    baseline = [plots.load_run(fake_run(tmp_path, run_name(c.baseline, c.regime), k,
+    baseline = [load_run(fake_run(tmp_path, run_name(c.baseline, c.regime), k,
                                         {c.metric: [base - noise[k]] * 4})) for k in range(3)]
-    nulls = {n: [plots.load_run(fake_run(tmp_path, run_name(n, c.regime), k, {c.metric: [base + noise[2 - k]] * 4}))
+    nulls = {n: [load_run(fake_run(tmp_path, run_name(n, c.regime), k, {c.metric: [base + noise[2 - k]] * 4}))
                  for k in range(3)] for n in c.without}
     row = judge(c, runs, baseline, nulls, spec=spec)
     expected = {"true": [HOLDS], "false": list(claims.FAILS), "idle": [IDLE]}[case]
@@ -425,7 +426,7 @@ def test_forest_labels_are_distinct_where_claims_share_their_first_words():
 
 def collapsing_run(root, name, seed, act=0.05):
     """A run whose held-out accuracy falls from 0.04 to 0 while 97% of its samples carry no gradient."""
-    return plots.load_run(fake_run(root, name, seed, {
+    return load_run(fake_run(root, name, seed, {
         "val/acc": [0.04, None, None, 0.0], "val/acc_final": [None, None, None, 0.0], "m": [1.0, 0.2, 0.2, 0.2],
         "adv/zero_frac": [None, 0.96, 0.97, 0.98], "actor/ppo_kl": [None, 2.0, 2.1, 2.2], "act": [act] * 4}))
 

@@ -330,7 +330,7 @@ def test_claims_over_a_damaged_run_are_not_judged_nor_counted_as_agreement(folde
 
 
 def test_readers_of_run_files_name_the_damaged_file(tmp_path):
-    from rlkit.lab.plots import load_run
+    from rlkit.lab.runs import load_run
     from rlkit.metrics import read_metrics
 
     run = fake_run(tmp_path / "run", 0.5)

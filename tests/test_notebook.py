@@ -12,6 +12,7 @@ import pytest
 from rlkit.lab import claims, notebook, plots
 from rlkit.lab.claims import INCONCLUSIVE, Claim
 from rlkit.lab.reproduce import Spec
+from rlkit.lab.runs import load_run
 from test_reproduce import fake_run
 
 matplotlib.use("Agg")
@@ -89,7 +90,7 @@ def drawn(tmp_path, monkeypatch):
         if not (run / "metrics.jsonl").exists():
             trained.append((run.parent.name, seed))
             return None
-        return plots.load_run(run)
+        return load_run(run)
 
     monkeypatch.setattr(notebook, "ensure_run", fake_ensure_run)
     return trained

@@ -13,6 +13,7 @@ from conftest import default_sigint
 from rlkit.lab import plots
 from rlkit.metrics import MetricsWriter, read_metrics
 from rlkit.lab.reproduce import Spec, ensure_run, load_specs, run_complete
+from rlkit.lab.runs import load_run, load_runs
 
 matplotlib.use("Agg")
 
@@ -183,7 +184,7 @@ def test_curves_draw_every_method_with_a_caption(tmp_path):
         for s in (0, 1):
             fake_run(tmp_path, m, s, {"val/acc": [0.1, None, 0.3], "timing_s/step": [None, 2.0, 2.0],
                                       "rollout/response_tokens": [None, 100, 120]})
-    runs = plots.load_runs([tmp_path])
+    runs = load_runs([tmp_path])
     assert [r.method for r in runs].count("aspo") == 2
     fig = plots.curves(runs, ["val/acc"], x="minutes")
     ax = fig.axes[0]
@@ -199,20 +200,20 @@ def test_variants_of_one_method_are_told_apart_by_line_style_and_marker(tmp_path
         run = fake_run(tmp_path, name, 0, {"val/acc": [0.1, 0.2]})
         config = json.loads((run / "config.json").read_text())
         (run / "config.json").write_text(json.dumps({**config, "method": name.split("-")[0]}))
-    fig = plots.curves(plots.load_runs([tmp_path]), ["val/acc"])
+    fig = plots.curves(load_runs([tmp_path]), ["val/acc"])
     lines = {line.get_label().split(" (")[0]: line for line in fig.axes[0].get_lines()}
     assert lines["hapo"].get_linestyle() == "-" and lines["hapo"].get_color() == plots.COLORS["hapo"]
     looks = {(lines[n].get_linestyle(), lines[n].get_marker()) for n in ("hapo", "hapo-only-a", "hapo-only-b")}
     assert len(looks) == 3, "two lines of one colour look the same"
     assert lines["grpo-stress"].get_linestyle() == "--"  # a method's only variant: dashed, as before
-    own = plots.curves(plots.load_runs([tmp_path]), ["val/acc"], colors={"hapo-only-a": "#0072B2"})
+    own = plots.curves(load_runs([tmp_path]), ["val/acc"], colors={"hapo-only-a": "#0072B2"})
     colours = {line.get_label().split(" (")[0]: line.get_color() for line in own.axes[0].get_lines()}
     assert colours["hapo-only-a"] == "#0072B2" and colours["hapo-only-b"] == plots.COLORS["hapo"]  # a topic page's
 
 
 def test_panels_do_not_turn_noise_into_trends(tmp_path):
     fake_run(tmp_path, "grpo", 0, {"val/acc": [0.3, 0.35], "m": [0.1988, 0.2000]})
-    fig = plots.curves(plots.load_runs([tmp_path]), ["val/acc", "m"])
+    fig = plots.curves(load_runs([tmp_path]), ["val/acc", "m"])
     share, other = fig.axes[:2]
     assert share.get_ylim() == (0.0, 1.0)  # a share spans 0..1
     low, high = other.get_ylim()
@@ -226,7 +227,7 @@ def test_an_ablation_dot_plot_has_a_row_per_run_and_a_dot_per_seed(tmp_path):
             run = fake_run(tmp_path, name, seed, {"val/acc_final": [None, value]})
             config = json.loads((run / "config.json").read_text())
             (run / "config.json").write_text(json.dumps({**config, "method": name.split("-")[0]}))
-    groups = plots.by_method(plots.load_runs([tmp_path]))
+    groups = plots.by_method(load_runs([tmp_path]))
     fig = plots.final_dots(groups)
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_yticklabels()] == list(reversed(list(groups)))
@@ -238,7 +239,7 @@ def test_an_ablation_dot_plot_has_a_row_per_run_and_a_dot_per_seed(tmp_path):
 def test_a_published_run_without_its_checkpoint_says_why_and_what_to_run(tmp_path):
     from rlkit.lab.notebook import final_state
 
-    run = plots.load_run(fake_run(tmp_path, "spo", 0, {"val/acc": [0.1, 0.2]}))
+    run = load_run(fake_run(tmp_path, "spo", 0, {"val/acc": [0.1, 0.2]}))
     with pytest.raises(FileNotFoundError, match="checkpoints are not committed.*rlkit reproduce --only"):
         final_state(run)
     torch.save({"tracker": {"alpha": 1.0}}, run.path / "checkpoint.pt")
@@ -246,20 +247,20 @@ def test_a_published_run_without_its_checkpoint_says_why_and_what_to_run(tmp_pat
 
 
 def test_seed_band_spans_the_seeds(tmp_path):
-    a = plots.load_run(fake_run(tmp_path, "x", 0, {"m": [0.0, 1.0]}))
-    b = plots.load_run(fake_run(tmp_path, "x", 1, {"m": [0.0, 3.0]}))
+    a = load_run(fake_run(tmp_path, "x", 0, {"m": [0.0, 1.0]}))
+    b = load_run(fake_run(tmp_path, "x", 1, {"m": [0.0, 3.0]}))
     band = plots.seed_band([a, b], "m")
     assert list(band["mean"]) == [0.0, 2.0] and list(band["low"]) == [0.0, 1.0] and list(band["high"]) == [0.0, 3.0]
 
 
 def test_plot_errors_are_clear(tmp_path):
-    run = plots.load_run(fake_run(tmp_path, "x", 0, {"m": [1.0]}))
+    run = load_run(fake_run(tmp_path, "x", 0, {"m": [1.0]}))
     with pytest.raises(KeyError, match="no metric 'n'"):
         run.series("n")
     with pytest.raises(ValueError, match="x axis"):
         run.series("m", x="epochs")
     with pytest.raises(FileNotFoundError, match="no metrics.jsonl"):
-        plots.load_runs([tmp_path / "empty"])
+        load_runs([tmp_path / "empty"])
 
 
 def test_caption_gives_each_method_its_batch_shape(tmp_path):
@@ -268,7 +269,7 @@ def test_caption_gives_each_method_its_batch_shape(tmp_path):
         run = fake_run(tmp_path, method, 0, {"val/acc": [0.1, 0.2]})
         (run / "config.json").write_text(json.dumps({"method": method, "seed": 0, "steps": 1, "scale": "cpu",
                                                      "prompts_per_step": p, "group_size": g, "sft": {}}))
-        runs.append(plots.load_run(run))
+        runs.append(load_run(run))
     caption = plots.describe(runs)
     assert "samples/step grpo 16×8, spo 128×1" in caption and "scale cpu" in caption
     assert "16×8 samples/step" in plots.describe(runs[:1])
@@ -278,7 +279,7 @@ def test_caption_of_a_verl_run(tmp_path):
     run = fake_run(tmp_path, "gspo", 0, {"val/acc": [0.1, 0.2]})
     (run / "config.json").write_text(json.dumps({"method": "gspo", "dataset": "gsm8k", "scale": "verl-gsm8k",
                                                  "model": "Qwen/Qwen2.5-0.5B-Instruct", "gpus": 8, "nodes": 1}))
-    caption = plots.describe([plots.load_run(run)])
+    caption = plots.describe([load_run(run)])
     assert caption.startswith("verl · Qwen/Qwen2.5-0.5B-Instruct · gsm8k · 8 GPU(s) × 1 node(s)")
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from rlkit.lab import reproduce
 from rlkit.lab.reproduce import load_specs, seed_rounds
+from rlkit.lab.runs import available_seeds
 from test_reproduce import fake_run
 
 SPECS = {
@@ -77,10 +78,10 @@ def test_at_most_the_rounds_asked_and_a_run_left_part_way_is_not_judged(project,
     specs = [s for s in load_specs(specs_dir) if s.name == "aspo"]
     assert seed_rounds(specs, results, specs_dir=specs_dir, progress=False, max_rounds=0) == {}
     assert list(seed_rounds(specs, results, specs_dir=specs_dir, progress=False, max_rounds=1)) == ["seed round 1"]
-    assert claims.available_seeds(results, "aspo-eq1") == list(range(6))
+    assert available_seeds(results, "aspo-eq1") == list(range(6))
     metrics = results / "aspo-eq1" / "seed5" / "metrics.jsonl"
     metrics.write_text(metrics.read_text().splitlines()[0] + "\n")  # step 0 only: a run stopped part-way
-    assert claims.available_seeds(results, "aspo-eq1") == list(range(5))
+    assert available_seeds(results, "aspo-eq1") == list(range(5))
     assert claims.judge_spec(specs[0], results)[1]["seeds"] == [0, 1, 2]  # the last look both runs reached
 
 

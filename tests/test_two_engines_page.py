@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from rlkit.lab import two_engines
-from rlkit.lab.plots import Run
+from rlkit.lab.runs import Run
 
 
 def run(columns: dict[str, list[float]], steps=None, **config) -> Run:

@@ -71,7 +71,7 @@ import pandas as pd
 from scipy import stats
 
 from rlkit.metrics import read_metrics
-from rlkit.lab.plots import SHARES, Run, load_run
+from rlkit.lab.runs import SHARES, Run, available_seeds, final_correct, load_run
 from rlkit.tiny.config import REGIMES
 
 EXPECT = ("lower", "higher", "not_lower", "equal", "rise", "at_least")
@@ -295,14 +295,6 @@ def activity_value(run: Run, activity: Activity) -> float:
         return float("nan")
     values = run.frame[activity.metric].dropna()
     return float(values.mean()) if not values.empty else float("nan")
-
-
-def final_correct(run: Run) -> np.ndarray | None:
-    """Per held-out problem, 1/0 at the last greedy evaluation (``eval.jsonl``: ``{"step": N, "data": {"correct":
-    [...]}}`` lines, written like the metrics), or None if the run did not save them."""
-    path = Path(run.path) / "eval.jsonl"
-    records = read_metrics(path) if path.exists() else []
-    return np.asarray(records[-1]["data"]["correct"], dtype=float) if records else None
 
 
 # ------------------------------------------------------------------------------------------------ intervals
@@ -529,28 +521,6 @@ def _rule(claim: Claim) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ seeds: the rounds
-
-
-def available_seeds(results: str | Path, name: str, cap: int | None = None) -> list[int]:
-    """Seeds 0, 1, … of run ``name`` under ``results`` that finished (:func:`finished`), contiguous from 0 (at most
-    ``cap``): a run a stopped reproduction left part-way is not judged."""
-    out = []
-    while finished(Path(results) / name / f"seed{len(out)}") and (cap is None or len(out) < cap):
-        out.append(len(out))
-    return out
-
-
-def finished(run_dir: Path) -> bool:
-    """Whether ``run_dir`` holds a run whose metrics reach its last step (``steps`` of its config.json)."""
-    config, metrics = run_dir / "config.json", run_dir / "metrics.jsonl"
-    if not (config.exists() and metrics.exists()):
-        return False
-    try:
-        steps = json.loads(config.read_text())["steps"]
-        records = read_metrics(metrics)
-    except (ValueError, KeyError, TypeError):
-        return False
-    return bool(records) and records[-1]["step"] >= steps
 
 
 def compared_runs(claim: Claim, spec: Any) -> list[str]:

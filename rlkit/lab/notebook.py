@@ -19,7 +19,7 @@ from typing import Any
 
 from rlkit.lab import claims, paths, plots
 from rlkit.lab.claims import run_name
-from rlkit.lab.plots import Run
+from rlkit.lab.runs import Run, available_seeds
 from rlkit.lab.reproduce import ensure_run, get_spec
 
 
@@ -184,10 +184,11 @@ def results_dir(results: str | Path | None) -> Path:
 def seeds_of(name: str, seeds: int | None, results: str | Path | None, start: int) -> list[int]:
     """The seeds a page takes of run group ``name`` (``<results>/<name>/seed<k>``): 0..``seeds``−1 for an integer
     (as ``rlkit reproduce --seeds N``); None: every seed present, 0, 1, … as the sequential rule's rounds left them
-    (:func:`rlkit.lab.claims.available_seeds`), and at least 0..``start``−1 (the spec's seeds, trained if missing)."""
+    (:func:`rlkit.lab.runs.available_seeds`), and at least 0..``start``−1 (the spec's seeds, trained if
+    missing)."""
     if seeds is not None:
         return list(range(seeds))
-    return list(range(max(len(claims.available_seeds(results_dir(results), name)), start)))
+    return list(range(max(len(available_seeds(results_dir(results), name)), start)))
 
 
 def seeds_text(counts: Sequence[int]) -> str:

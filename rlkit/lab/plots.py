@@ -1,7 +1,6 @@
 """Learning curves and comparison figures from any run directory — tiny engine or verl — and their captions.
 
-A run directory holds ``metrics.jsonl`` (verl's ``file`` logger format, :mod:`rlkit.metrics`) and, for tiny runs,
-``config.json`` and ``env.json``. :func:`load_runs` reads any number of them; :func:`curves` draws chosen metrics
+:func:`rlkit.lab.runs.load_runs` reads any number of run directories; :func:`curves` draws chosen metrics
 against steps, generated tokens or wall time, one line per method (the mean over its seeds, with a band from the
 lowest to the highest seed when there are several); :func:`describe` is the caption every figure carries: scale,
 model, data and seeds, so a figure can never pass for a paper's.
@@ -11,24 +10,16 @@ model, data and seeds, so a figure can never pass for a paper's.
 
 from __future__ import annotations
 
-import json
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from rlkit.files import read_json
-from rlkit.metrics import metrics_frame
+from rlkit.lab.runs import SHARES, X_AXES, Run
 
-X_AXES = {
-    "step": "RL step",
-    "tokens": "response tokens sampled (thousands)",
-    "minutes": "wall time of the RL stage (minutes)",
-}
 ORDER = ("grpo", "gspo", "aspo", "aepo", "spo", "hapo")
 """The methods every figure and table shows first, in this order: GRPO, the baseline, then the book's chapters
 (notebooks 01–06); every other registered method follows by name (:func:`methods`)."""
@@ -57,99 +48,6 @@ def method_color(method: str) -> str:
     others = [m for m in methods() if m not in COLORS]
     k = others.index(method) if method in others else zlib.crc32(method.encode())
     return PALETTE[k % len(PALETTE)]
-
-
-@dataclass
-class Run:
-    """One run: its metrics (a DataFrame indexed by step) and, when present, its config and environment."""
-
-    path: Path
-    frame: pd.DataFrame
-    config: dict[str, Any] = field(default_factory=dict)
-    env: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def method(self) -> str:
-        """The method (tiny runs: from config.json; otherwise the directory's name, or its parent's for seed<k>)."""
-        if "method" in self.config:
-            return str(self.config["method"])
-        name = self.path.name
-        return self.path.parent.name if name.startswith("seed") else name
-
-    @property
-    def label(self) -> str:
-        """What legends call the run: its directory's name when that names a variant of the method (``grpo-stress``,
-        ``aspo-eq1``), else the method."""
-        name = self.path.parent.name if self.path.name.startswith("seed") else self.path.name
-        return name if name.startswith(self.method) else self.method
-
-    @property
-    def seed(self) -> int | None:
-        return self.config.get("seed", self.env.get("seed"))
-
-    @property
-    def minutes(self) -> float:
-        """Wall time of the RL stage: every step plus the method's own set-up (SPO's offline pass)."""
-        return float(self._cumulative("timing_s/step", "timing_s/init").iloc[-1]) / 60
-
-    @property
-    def response_tokens(self) -> float:
-        """Response tokens sampled over the run (tool output included)."""
-        return float(self._cumulative("rollout/response_tokens").iloc[-1])
-
-    def series(self, metric: str, x: str = "step") -> pd.Series:
-        """``metric`` at the steps that logged it, indexed by the chosen x axis (see :data:`X_AXES`)."""
-        if x not in X_AXES:
-            raise ValueError(f"unknown x axis {x!r}; valid: {', '.join(X_AXES)}")
-        if metric not in self.frame:
-            raise KeyError(f"{self.path}: no metric {metric!r}; logged: {', '.join(sorted(self.frame.columns))}")
-        values = self.frame[metric]
-        if x == "step":
-            axis = self.frame.index.to_series()
-        elif x == "tokens":
-            axis = self._cumulative("rollout/response_tokens") / 1e3
-        else:  # the method's own set-up (SPO's offline pass, logged at step 0) counts as time spent
-            axis = self._cumulative("timing_s/step", "timing_s/init") / 60
-        keep = values.notna()
-        return pd.Series(values[keep].to_numpy(), index=axis[keep].to_numpy(), name=metric)
-
-    def _cumulative(self, metric: str, *optional: str) -> pd.Series:
-        if metric not in self.frame:
-            raise KeyError(f"{self.path}: no metric {metric!r}, needed for this x axis")
-        total = self.frame[metric].fillna(0.0)
-        for extra in optional:
-            if extra in self.frame:
-                total = total + self.frame[extra].fillna(0.0)
-        return total.cumsum()
-
-
-def load_run(path: str | Path) -> Run:
-    """The run in directory ``path`` (or whose ``metrics.jsonl`` is ``path``); a damaged ``metrics.jsonl``,
-    ``config.json`` or ``env.json`` is :class:`~rlkit.errors.DamagedFile` naming it (a missing config or
-    environment is read as empty)."""
-    path = Path(path)
-    if path.is_file():
-        path = path.parent
-    metrics = path / "metrics.jsonl"
-    if not metrics.exists():
-        raise FileNotFoundError(f"{path}: no metrics.jsonl (is it a run directory?)")
-    extra = {name: read_json(path / f"{name}.json") if (path / f"{name}.json").exists() else {}
-             for name in ("config", "env")}
-    return Run(path=path, frame=metrics_frame(metrics), **extra)
-
-
-def load_runs(paths: Iterable[str | Path]) -> list[Run]:
-    """Every run in ``paths``; a directory without ``metrics.jsonl`` contributes the runs below it."""
-    runs = []
-    for p in map(Path, paths):
-        if (p / "metrics.jsonl").exists() or p.is_file():
-            runs.append(load_run(p))
-        else:
-            found = sorted(p.glob("**/metrics.jsonl"))
-            if not found:
-                raise FileNotFoundError(f"{p}: no metrics.jsonl in or below it")
-            runs.extend(load_run(f) for f in found)
-    return runs
 
 
 def by_method(runs: Sequence[Run]) -> dict[str, list[Run]]:
@@ -280,8 +178,8 @@ def curves(
     """One panel per metric (at most ``ncols`` per row), one line per method (mean over seeds, min–max band),
     one legend outside the data and the runs' caption (:func:`describe`) underneath; returns the Figure.
 
-    ``x`` is one axis for every panel or one per metric (see :data:`X_AXES`). ``colors``: ``{group label: colour}``
-    for a page whose groups are runs of one method (a topic page), in place of the method's colour."""
+    ``x`` is one axis for every panel or one per metric (see :data:`rlkit.lab.runs.X_AXES`). ``colors``: ``{group
+    label: colour}`` for a page whose groups are runs of one method (a topic page), in place of the method's colour."""
     if not runs:
         raise ValueError("no runs to plot")
     metrics = list(metrics)
@@ -319,9 +217,6 @@ def curves(
     return fig
 
 
-SHARES = ("val/acc", "val/acc_final", "sft/val_acc", "critic/score/mean", "policy/score/mean",
-          "critic/rewards/mean", "adv/zero_frac", "aspo/code_ratio", "aspo/correct_code_ratio")
-"""Metrics that are shares of responses or problems: their panels span 0 to 1, whatever the runs reached."""
 MIN_SPAN = 0.02
 """An auto-scaled panel spans at least this share of its values' size: noise in the 4th digit stays flat."""
 

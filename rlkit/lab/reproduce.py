@@ -26,7 +26,7 @@ from typing import Any
 from rlkit import registry
 from rlkit.lab import claims, paths
 from rlkit.lab.claims import Claim, run_name
-from rlkit.lab.plots import Run, load_run
+from rlkit.lab.runs import Run, finished, load_run
 from rlkit.tiny.config import REGIMES, build_config, default_config
 
 
@@ -201,7 +201,7 @@ def get_spec(name: str, specs_dir: str | Path | None = None) -> Spec:
 def run_complete(run_dir: Path) -> bool:
     """True when ``run_dir`` holds a finished tiny run (its metrics reach the configured last step; a damaged
     one is not: resuming it names the damage)."""
-    return claims.finished(Path(run_dir))
+    return finished(Path(run_dir))
 
 
 def ensure_run(

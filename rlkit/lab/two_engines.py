@@ -30,7 +30,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from rlkit.lab.plots import Run, method_color, methods
+from rlkit.lab.plots import method_color, methods
+from rlkit.lab.runs import Run
 
 
 def published_twins_dir() -> Path:

@@ -1,0 +1,157 @@
+"""The run files as the lab reads them: a run directory's metrics, config and environment; which seeds ended.
+
+A run directory holds ``metrics.jsonl`` (verl's ``file`` logger format, :mod:`rlkit.metrics`) and, for tiny
+runs, ``config.json``, ``env.json`` and the final evaluation's per-problem results (``eval.jsonl``).
+:func:`load_runs` reads any number of them into :class:`Run`; :func:`available_seeds` says which seeds of a
+run finished.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from rlkit.files import read_json
+from rlkit.metrics import metrics_frame, read_metrics
+
+X_AXES = {
+    "step": "RL step",
+    "tokens": "response tokens sampled (thousands)",
+    "minutes": "wall time of the RL stage (minutes)",
+}
+"""The x axes a run's series can be read against (:meth:`Run.series`), with their labels."""
+SHARES = ("val/acc", "val/acc_final", "sft/val_acc", "critic/score/mean", "policy/score/mean",
+          "critic/rewards/mean", "adv/zero_frac", "aspo/code_ratio", "aspo/correct_code_ratio")
+"""Metrics that are shares of responses or problems: their figures' panels span 0 to 1, whatever the runs
+reached, and the findings write their differences in points."""
+
+
+@dataclass
+class Run:
+    """One run: its metrics (a DataFrame indexed by step) and, when present, its config and environment."""
+
+    path: Path
+    frame: pd.DataFrame
+    config: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def method(self) -> str:
+        """The method (tiny runs: from config.json; otherwise the directory's name, or its parent's for
+        seed<k>)."""
+        if "method" in self.config:
+            return str(self.config["method"])
+        name = self.path.name
+        return self.path.parent.name if name.startswith("seed") else name
+
+    @property
+    def label(self) -> str:
+        """What legends call the run: its directory's name when that names a variant of the method
+        (``grpo-stress``, ``aspo-eq1``), else the method."""
+        name = self.path.parent.name if self.path.name.startswith("seed") else self.path.name
+        return name if name.startswith(self.method) else self.method
+
+    @property
+    def seed(self) -> int | None:
+        return self.config.get("seed", self.env.get("seed"))
+
+    @property
+    def minutes(self) -> float:
+        """Wall time of the RL stage: every step plus the method's own set-up (SPO's offline pass)."""
+        return float(self._cumulative("timing_s/step", "timing_s/init").iloc[-1]) / 60
+
+    @property
+    def response_tokens(self) -> float:
+        """Response tokens sampled over the run (tool output included)."""
+        return float(self._cumulative("rollout/response_tokens").iloc[-1])
+
+    def series(self, metric: str, x: str = "step") -> pd.Series:
+        """``metric`` at the steps that logged it, indexed by the chosen x axis (see :data:`X_AXES`)."""
+        if x not in X_AXES:
+            raise ValueError(f"unknown x axis {x!r}; valid: {', '.join(X_AXES)}")
+        if metric not in self.frame:
+            logged = ", ".join(sorted(self.frame.columns))
+            raise KeyError(f"{self.path}: no metric {metric!r}; logged: {logged}")
+        values = self.frame[metric]
+        if x == "step":
+            axis = self.frame.index.to_series()
+        elif x == "tokens":
+            axis = self._cumulative("rollout/response_tokens") / 1e3
+        else:  # the method's own set-up (its offline pass, logged at step 0) counts as time spent
+            axis = self._cumulative("timing_s/step", "timing_s/init") / 60
+        keep = values.notna()
+        return pd.Series(values[keep].to_numpy(), index=axis[keep].to_numpy(), name=metric)
+
+    def _cumulative(self, metric: str, *optional: str) -> pd.Series:
+        if metric not in self.frame:
+            raise KeyError(f"{self.path}: no metric {metric!r}, needed for this x axis")
+        total = self.frame[metric].fillna(0.0)
+        for extra in optional:
+            if extra in self.frame:
+                total = total + self.frame[extra].fillna(0.0)
+        return total.cumsum()
+
+
+def load_run(path: str | Path) -> Run:
+    """The run in directory ``path`` (or whose ``metrics.jsonl`` is ``path``); a damaged ``metrics.jsonl``,
+    ``config.json`` or ``env.json`` is :class:`~rlkit.errors.DamagedFile` naming it (a missing config or
+    environment is read as empty)."""
+    path = Path(path)
+    if path.is_file():
+        path = path.parent
+    metrics = path / "metrics.jsonl"
+    if not metrics.exists():
+        raise FileNotFoundError(f"{path}: no metrics.jsonl (is it a run directory?)")
+    extra = {name: read_json(path / f"{name}.json") if (path / f"{name}.json").exists() else {}
+             for name in ("config", "env")}
+    return Run(path=path, frame=metrics_frame(metrics), **extra)
+
+
+def load_runs(paths: Iterable[str | Path]) -> list[Run]:
+    """Every run in ``paths``; a directory without ``metrics.jsonl`` contributes the runs below it."""
+    runs = []
+    for p in map(Path, paths):
+        if (p / "metrics.jsonl").exists() or p.is_file():
+            runs.append(load_run(p))
+        else:
+            found = sorted(p.glob("**/metrics.jsonl"))
+            if not found:
+                raise FileNotFoundError(f"{p}: no metrics.jsonl in or below it")
+            runs.extend(load_run(f) for f in found)
+    return runs
+
+
+def final_correct(run: Run) -> np.ndarray | None:
+    """Per held-out problem, 1/0 at the last greedy evaluation (``eval.jsonl``: ``{"step": N, "data":
+    {"correct": [...]}}`` lines, written like the metrics), or None if the run did not save them."""
+    path = Path(run.path) / "eval.jsonl"
+    records = read_metrics(path) if path.exists() else []
+    return np.asarray(records[-1]["data"]["correct"], dtype=float) if records else None
+
+
+def available_seeds(results: str | Path, name: str, cap: int | None = None) -> list[int]:
+    """Seeds 0, 1, … of run ``name`` under ``results`` that finished (:func:`finished`), contiguous from 0 (at
+    most ``cap``): a run a stopped reproduction left part-way is not judged."""
+    out = []
+    while finished(Path(results) / name / f"seed{len(out)}") and (cap is None or len(out) < cap):
+        out.append(len(out))
+    return out
+
+
+def finished(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a run whose metrics reach its last step (``steps`` of its config.json)."""
+    config, metrics = run_dir / "config.json", run_dir / "metrics.jsonl"
+    if not (config.exists() and metrics.exists()):
+        return False
+    try:
+        steps = json.loads(config.read_text())["steps"]
+        records = read_metrics(metrics)
+    except (ValueError, KeyError, TypeError):
+        return False
+    return bool(records) and records[-1]["step"] >= steps
