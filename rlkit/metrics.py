@@ -21,6 +21,7 @@ from typing import Any
 import pandas as pd
 
 from rlkit.errors import DamagedFile
+from rlkit.files import atomic_write
 
 
 def _clean(value: Any) -> Any:
@@ -87,8 +88,6 @@ class MetricsWriter:
             return cls(path, path.open("w", encoding="utf-8"))
         with path.open(encoding="utf-8") as f:
             kept = [r for r in _parse(f.read().split("\n"), path) if r["step"] <= resume_after]
-        from rlkit.files import atomic_write
-
         with atomic_write(path) as f:
             f.writelines(_dumps(r["step"], r["data"]) for r in kept)
         return cls(path, path.open("a", encoding="utf-8"))

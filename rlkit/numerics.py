@@ -33,6 +33,8 @@ import platform
 import sys
 from typing import Any
 
+from rlkit.errors import BadEnvironment  # a ValueError too
+
 MODES: dict[str, dict[str, str]] = {
     "pinned": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"},
     "compatible": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE"},
@@ -45,8 +47,6 @@ def mode() -> str:
     """The numerics mode asked for: ``$RLKIT_NUMERICS`` (``pinned`` when unset)."""
     value = os.environ.get("RLKIT_NUMERICS", "pinned").strip().lower() or "pinned"
     if value not in MODES:
-        from rlkit.errors import BadEnvironment  # a ValueError too
-
         raise BadEnvironment(f"RLKIT_NUMERICS={value}: valid values are {', '.join(MODES)} (or unset it)")
     return value
 

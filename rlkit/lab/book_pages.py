@@ -34,6 +34,7 @@ from pathlib import Path
 from rlkit.lab import paths, two_engines
 from rlkit.lab.plots import methods
 from rlkit.lab.reproduce import Spec, load_specs
+from rlkit.registry import get_method
 from rlkit.verl.launch import plan
 from rlkit.verl.presets import CPU_STEPS, PRESETS, dataset_spec, method_preset
 
@@ -139,8 +140,6 @@ def methods_table(specs_dir: Path | None = None) -> str:
 
 def papers_table(specs_dir: Path | None = None) -> str:
     """The papers page's table: each method's page, the paper its spec cites, and its rlkit module."""
-    from rlkit.registry import get_method
-
     rows = [["method", "paper", "rlkit's module"]] + [
         [f"{{doc}}`{display_name(s)} <{_page(s)}>`", f"{{cite:t}}`{s.paper}`",
          f"`{get_method(s.method).config.__module__}`"] for s in method_specs(specs_dir)]

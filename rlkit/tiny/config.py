@@ -11,12 +11,17 @@ from __future__ import annotations
 import json
 import types
 import typing
-from dataclasses import asdict, dataclass, field, fields, is_dataclass, make_dataclass
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, make_dataclass, replace
 from typing import Any
 
 from rlkit import registry
+from rlkit.core.rollout_correction import MODES
 from rlkit.errors import InvalidSetting, UnknownSetting
+from rlkit.tasks import arithmetic
+from rlkit.tiny.mismatch import DTYPES
 from rlkit.tiny.sft import SFTConfig
+from rlkit.tiny.sft import estimated_minutes as sft_minutes
+from rlkit.tiny.task import max_response_tokens
 
 METHODS = tuple(registry.list_methods()["method"])
 """The registered methods, each with a section in :class:`RLConfig` (``rlkit train --method``)."""
@@ -144,8 +149,6 @@ class RunSettings:
     @property
     def max_new(self) -> int:
         """The response budget in tokens: ``max_new_tokens``, or the longest gold solution of the task."""
-        from rlkit.tiny.task import max_response_tokens
-
         return self.max_new_tokens or max_response_tokens(self.sft.task, self.sft.form)
 
     @property
@@ -155,8 +158,6 @@ class RunSettings:
 
     def pool(self) -> list:
         """The fixed pool of ``pool_size`` training prompts every method draws from (the SFT task's, its seed)."""
-        from rlkit.tasks import arithmetic
-
         return arithmetic.make_pool(self.pool_size, seed=self.sft.seed, **asdict(self.sft.task))
 
     @property
@@ -303,11 +304,6 @@ def _parse_scalar(text: str) -> Any:
 # ------------------------------------------------------------------------------------------------ checks
 def _choices() -> dict[str, tuple]:
     """Dotted key → the values it may take (a method's choices are its ``Config``'s: :func:`check_methods`)."""
-    from rlkit.tasks import arithmetic
-
-    from rlkit.core.rollout_correction import MODES
-    from rlkit.tiny.mismatch import DTYPES
-
     return {"sft.form": arithmetic.FORMS, "scale": tuple(SCALES), "rollout_dtype": DTYPES,
             "rollout_correction": (None, *MODES), "old_logp_source": (None, "sampler", "trainer")}
 
@@ -400,10 +396,6 @@ def estimated_minutes(cfg: Any, steps: int | None = None) -> float:
     (:func:`rlkit.tiny.sft.estimated_minutes`'s fit), up to twice with a stale sampler (the policy's own rollout
     too, at the steps :meth:`RunSettings.policy_eval_due` gives). Evaluations are not counted; another CPU may take
     half or twice as long."""
-    from dataclasses import replace
-
-    from rlkit.tiny.sft import estimated_minutes as sft_minutes
-
     size = sft_minutes(replace(cfg.sft, steps=1, batch_size=32)) / sft_minutes(SFTConfig(steps=1, batch_size=32))
     own = sum(map(cfg.policy_eval_due, range(1, cfg.steps + 1))) / cfg.steps
     per_step = 3.5 * cfg.samples_per_step / 128 * size * (1 + own)
@@ -413,8 +405,6 @@ def estimated_minutes(cfg: Any, steps: int | None = None) -> float:
 def longest_prompt_tokens() -> int:
     """Tokens of the longest prompt the task writes: ``<bos>``, a question of at most
     :data:`~rlkit.tasks.arithmetic.MAX_QUESTION_CHARS` characters (one token each) and the separator."""
-    from rlkit.tasks import arithmetic
-
     return 1 + arithmetic.MAX_QUESTION_CHARS + len(arithmetic.SEPARATOR)
 
 
@@ -423,8 +413,6 @@ def check_model(cfg: Any) -> None:
     (``sft.n_heads`` splitting ``sft.d_model`` into heads of even width, as RoPE rotates pairs; ``sft.n_kv_heads``
     dividing ``sft.n_heads``) and its context ``sft.max_len``, which must hold the longest prompt with the longest
     gold solution (SFT) and with the response budget ``max_new_tokens`` (RL)."""
-    from rlkit.tiny.task import max_response_tokens
-
     sft = cfg.sft
     if sft.d_model % sft.n_heads or (sft.d_model // sft.n_heads) % 2:
         heads = [h for h in range(1, min(sft.d_model, 256) + 1) if sft.d_model % h == 0 and (sft.d_model // h) % 2 == 0]

@@ -50,7 +50,7 @@ from rlkit.tiny.config import METHODS, REGIMES, RLConfig, build_config, flat_set
 from rlkit.tiny.config import estimated_minutes
 from rlkit.tiny.mismatch import MismatchedSampler, measures_mismatch, mismatched, old_logp_source
 from rlkit.tiny.model import token_logprobs
-from rlkit.tiny.sft import roughly, start_source, warm_start
+from rlkit.tiny.sft import SHIPPED_DIR, default_cache_dir, roughly, start_source, warm_start
 from rlkit.tiny.task import (
     accuracy, evaluate, response_logprobs, rollout, score_rollout, select_rows,
 )
@@ -592,8 +592,6 @@ def offline_scores(run: Run, gen: torch.Generator, n: int, *, sft: dict | None =
     ablations on one seed, or a user's run on any CPU from a shipped start) continue bit for bit as if they had
     sampled the pass themselves.
     """
-    from rlkit.tiny.sft import SHIPPED_DIR, default_cache_dir
-
     if n == 0:
         return {}
     path = None

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rlkit.tasks.protocol import TOOL_TAGS
 from rlkit.verl import TRAINER, cpu
 from rlkit.verl.from_tiny import VLLM_HEAD_SIZES
 from rlkit.verl.presets import LaunchError
@@ -261,8 +262,6 @@ def check_tools(cfg, tool_config: str | None) -> None:
 def check_tool_tags(model: str) -> None:
     """The calculator protocol needs the tool tags as single tokens of the model's tokenizer."""
     from transformers import AutoTokenizer
-
-    from rlkit.tasks.protocol import TOOL_TAGS
 
     try:
         with quiet():

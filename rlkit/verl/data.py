@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from rlkit.errors import BadSource, InvalidSetting
+from rlkit.files import DATA, atomic_write, claim_dir, record_files
 from rlkit.tasks import arithmetic, dapo_math, gsm8k
 
 GSM8K_SOURCE = "openai/gsm8k"
@@ -123,8 +124,6 @@ def write_rows(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> Pa
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from rlkit.files import atomic_write
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     table = pa.Table.from_pylist(list(rows), schema=row_schema())
@@ -179,8 +178,6 @@ def at_least_one(**counts: int) -> None:
 
 def claim_data_dir(out: str | os.PathLike, *, force: bool = False) -> Path:
     """``out`` made a data folder rlkit may write (:func:`rlkit.files.claim_dir`)."""
-    from rlkit.files import DATA, claim_dir
-
     claim_dir(out, DATA, force=force, writes=DATA_FILES)
     return Path(out)
 
@@ -329,8 +326,6 @@ def split_subsets(path: str | os.PathLike, out_dir: str | os.PathLike, n_subsets
     ``out_dir`` rlkit did not write or of another kind than a data folder (:func:`rlkit.files.claim_dir`). The parts
     of an earlier split into more parts that rlkit wrote there are removed, so the folder holds one split."""
     import pyarrow.parquet as pq
-
-    from rlkit.files import DATA, claim_dir, record_files
 
     at_least_one(subsets=n_subsets)
     table = read_table(path)

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlkit.environ import cache_root
 from rlkit.errors import UsageError
 from rlkit.verl import TRAINER
 from rlkit.verl.data import DAPO_TRAIN_FILE, DAPO_VAL_FILE
@@ -460,8 +461,6 @@ def cpu_batch(method: str) -> Batch:
 
 def cache_dir() -> Path:
     """``$RLKIT_CACHE`` (default ``~/.cache/rlkit``; :func:`rlkit.environ.cache_root`)."""
-    from rlkit.environ import cache_root
-
     return cache_root()
 
 
