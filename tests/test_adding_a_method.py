@@ -31,7 +31,6 @@ PUBLISHED = ("reproductions/results", "reproductions/LOG.md")
 KNOWN = {
     "rlkit/methods/__init__.py": "imports the methods before rlkit.methods.fast; the registry imports any method "
                                  "module it does not name (tests/test_registry.py)",
-    "rlkit/lab/plots.py": "COLORS, the published figures' colours; a method it does not name gets one of PALETTE",
     "tests/test_verl_cpu_runs.py": "left: OWN_METRICS, what each method's verl CPU run must log (a method without an "
                                    "entry is not run there)",
     "book/full_scale_runs.md": "left: the presets' notes ('Where a value is not in the paper'), one per method; "

@@ -77,16 +77,23 @@ def test_cli_reproduce_without_a_project_exits_2_with_one_line(nowhere, capsys):
 
 def test_a_method_registered_later_is_shown_last_in_a_colour_of_its_own(monkeypatch):
     from rlkit import registry
+    from rlkit.lab.book_pages import method_specs
 
     real = registry.list_methods()
-    later = sorted([*real["method"], "zeta", "cispo"])
+    later = sorted([*real["method"], "zeta"])
     monkeypatch.setattr(registry, "list_methods", lambda: {**real, "method": later})
     shown = plots.methods()
-    assert shown[:len(plots.ORDER)] == list(plots.ORDER)
-    assert shown[len(plots.ORDER):] == sorted(set(shown) - set(plots.ORDER)) and {"zeta", "cispo"} <= set(shown)
+    assert shown == [*(s.method for s in method_specs()), "zeta"]  # the book's order, GRPO's page first
     colors = [plots.method_color(m) for m in shown]
     assert len(set(colors)) == len(colors), "two methods share a colour"
-    assert plots.method_color("not-a-method") in plots.PALETTE  # a run folder's name: a palette colour, not an error
+    # a run folder's name: a palette colour no method has, not an error
+    assert plots.method_color("not-a-method") in set(plots.PALETTE) - set(colors)
     assert two_engines.quantities("cispo") == two_engines.QUANTITIES  # no own metric: the shared ones
     with pytest.raises(KeyError, match="valid: grpo, gspo"):
         two_engines.quantities("nope")
+
+    def no_project():
+        raise paths.ProjectNotFound("no project")
+
+    monkeypatch.setattr(paths, "specs_dir", no_project)
+    assert plots.methods() == sorted(shown)  # outside a checkout: by name

@@ -131,7 +131,6 @@ MENTIONS_EXEMPT = {
     "rlkit/hooks.py": "prose: the docstring's examples of each hook are the methods that use it",
     "rlkit/lab/claims.py": "the reproduction app: papers' claims, per method",
     "rlkit/lab/notebook.py": "the reproduction app: the settings the method pages quote (DAPO's presets)",
-    "rlkit/lab/plots.py": "the reproduction app: figures and captions per method",
     "rlkit/lab/reproduce.py": "the reproduction app's prose; the shipped start's manifest key spo_offline; "
                               "build_config('grpo') as a stand-in for the method-independent SFT config",
     "rlkit/lab/two_engines.py": "the reproduction app: each method's metrics in both engines",
@@ -158,7 +157,6 @@ SPECIAL_CASES_EXEMPT = {
     ("rlkit/lab/notebook.py", "build_config('dapo', scale).dapo"): "book glue: DAPO's overlong buffer, quoted",
     ("rlkit/lab/notebook.py", "PRESETS['dapo']"): "book glue: DAPO's full-scale preset, quoted",
     ("rlkit/lab/notebook.py", "PRESETS['dapo'].dapo"): "book glue: DAPO's full-scale preset, quoted",
-    ("rlkit/lab/plots.py", "{'grpo': '#"): "the reproduction app: each method's colour in the figures (COLORS)",
     ("rlkit/lab/two_engines.py", "{'gspo': Quantity("): "the reproduction app: each method's own metric on the "
                                                           "Two engines page (OWN)",
 }

@@ -202,13 +202,14 @@ def test_variants_of_one_method_are_told_apart_by_line_style_and_marker(tmp_path
         (run / "config.json").write_text(json.dumps({**config, "method": name.split("-")[0]}))
     fig = plots.curves(load_runs([tmp_path]), ["val/acc"])
     lines = {line.get_label().split(" (")[0]: line for line in fig.axes[0].get_lines()}
-    assert lines["hapo"].get_linestyle() == "-" and lines["hapo"].get_color() == plots.COLORS["hapo"]
+    assert lines["hapo"].get_linestyle() == "-" and lines["hapo"].get_color() == plots.method_color("hapo")
     looks = {(lines[n].get_linestyle(), lines[n].get_marker()) for n in ("hapo", "hapo-only-a", "hapo-only-b")}
     assert len(looks) == 3, "two lines of one colour look the same"
     assert lines["grpo-stress"].get_linestyle() == "--"  # a method's only variant: dashed, as before
     own = plots.curves(load_runs([tmp_path]), ["val/acc"], colors={"hapo-only-a": "#0072B2"})
     colours = {line.get_label().split(" (")[0]: line.get_color() for line in own.axes[0].get_lines()}
-    assert colours["hapo-only-a"] == "#0072B2" and colours["hapo-only-b"] == plots.COLORS["hapo"]  # a topic page's
+    # a topic page's own colour for one variant; the other keeps its method's
+    assert colours["hapo-only-a"] == "#0072B2" and colours["hapo-only-b"] == plots.method_color("hapo")
 
 
 def test_panels_do_not_turn_noise_into_trends(tmp_path):
@@ -233,7 +234,7 @@ def test_an_ablation_dot_plot_has_a_row_per_run_and_a_dot_per_seed(tmp_path):
     assert [t.get_text() for t in ax.get_yticklabels()] == list(reversed(list(groups)))
     dots = [line for line in ax.get_lines() if line.get_marker() == "o"]
     assert sorted(x for line in dots for x in line.get_xdata()) == [0.47, 0.48, 0.49, 0.5, 0.5, 0.52]
-    assert {line.get_color() for line in dots} == {plots.COLORS["hapo"], plots.COLORS["grpo"]}  # variants: theirs
+    assert {line.get_color() for line in dots} == {plots.method_color(m) for m in ("hapo", "grpo")}
 
 
 def test_a_published_run_without_its_checkpoint_says_why_and_what_to_run(tmp_path):

@@ -10,6 +10,7 @@ model, data and seeds, so a figure can never pass for a paper's.
 
 from __future__ import annotations
 
+import functools
 import zlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -18,36 +19,50 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from rlkit.lab import paths
 from rlkit.lab.runs import SHARES, X_AXES, Run
 
-ORDER = ("grpo", "gspo", "aspo", "aepo", "spo", "hapo")
-"""The methods every figure and table shows first, in this order: GRPO, the baseline, then the book's chapters
-(notebooks 01–06); every other registered method follows by name (:func:`methods`)."""
-COLORS = {"grpo": "#7f7f7f", "gspo": "#0072B2", "aspo": "#009E73", "aepo": "#D55E00", "spo": "#CC79A7",
-          "hapo": "#E69F00", "dapo": "#56B4E9", "dr_grpo": "#9A8200", "cispo": "#000000"}
-"""One colour per method in every figure of the book: GRPO, the baseline, in grey, the others Okabe and Ito's
-colour-blind-safe hues (their yellow darkened to read on white); others: :func:`method_color`."""
-PALETTE = ("#8c564b", "#882255", "#44AA99", "#332288", "#117733", "#AA4499", "#661100", "#6699CC")
-"""The colours of the methods :data:`COLORS` does not name (none of them is one of its colours)."""
+PALETTE = ("#7f7f7f", "#0072B2", "#009E73", "#D55E00", "#CC79A7", "#E69F00", "#56B4E9", "#9A8200", "#000000",
+           "#882255", "#8c564b", "#44AA99", "#332288", "#117733", "#AA4499", "#661100", "#6699CC")
+"""The methods' colours in every figure of the book, by their place in :func:`methods`: grey for the first
+(the book's first page, its baseline), then Okabe and Ito's colour-blind-safe hues (their yellow darkened to read
+on white), then others."""
+
+
+@functools.lru_cache(maxsize=None)
+def _pages(specs: Path) -> dict[str, str]:
+    """Each method with a page of its own among the specs in ``specs``: the page's file name."""
+    import yaml  # the notebooks' extra, as matplotlib
+
+    pages: dict[str, list[str]] = {}
+    for path in specs.glob("*.yaml"):
+        spec = yaml.safe_load(path.read_text()) or {}
+        if spec.get("method") and spec.get("notebook") and not spec.get("topic"):
+            pages.setdefault(spec["method"], []).append(Path(spec["notebook"]).name)
+    return {method: min(names) for method, names in pages.items()}
 
 
 def methods() -> list[str]:
-    """Every registered method (:func:`rlkit.registry.list_methods`) in display order: :data:`ORDER`, then the
-    others by name. A method registered later (a plugin, DAPO) appears on the pages without a change here."""
+    """Every registered method (:func:`rlkit.registry.list_methods`) in the book's order: those with a page
+    in the order of their pages (reproductions/specs), then the others by name (all by name outside a
+    checkout). A method registered later (a plugin) appears on the pages without a change here."""
     from rlkit.registry import list_methods
 
-    registered = list_methods()["method"]
-    return [m for m in ORDER if m in registered] + sorted(set(registered) - set(ORDER))
+    try:
+        pages = _pages(paths.specs_dir())
+    except paths.ProjectNotFound:
+        pages = {}
+    return sorted(list_methods()["method"], key=lambda m: (m not in pages, pages.get(m, ""), m))
 
 
 def method_color(method: str) -> str:
-    """``method``'s colour: :data:`COLORS`, else one of :data:`PALETTE` by its place in :func:`methods` (a name
-    the registry does not know, such as a run folder's: one chosen from the name, the same every time)."""
-    if method in COLORS:
-        return COLORS[method]
-    others = [m for m in methods() if m not in COLORS]
-    k = others.index(method) if method in others else zlib.crc32(method.encode())
-    return PALETTE[k % len(PALETTE)]
+    """``method``'s colour: :data:`PALETTE`'s by its place in :func:`methods`; a name the registry does not
+    know (a run folder's) gets one no method has, chosen from the name (the same every time)."""
+    order = methods()
+    if method in order:
+        return PALETTE[order.index(method) % len(PALETTE)]
+    free = PALETTE[len(order):] or PALETTE
+    return free[zlib.crc32(method.encode()) % len(free)]
 
 
 def by_method(runs: Sequence[Run]) -> dict[str, list[Run]]:
