@@ -122,34 +122,30 @@ METHOD_HOMES = ("rlkit/methods/", "rlkit/verl/presets.py", "rlkit/lab/book_pages
 """Where methods are named by design: their modules, the verl presets, the book's generated text."""
 
 MENTIONS_EXEMPT = {
-    "rlkit/cli.py": "prose and the help of `rlkit data`'s SPO commands; the shipped start's manifest key "
-                    "spo_offline; build_config('grpo') as a stand-in for the method-independent SFT config",
-    "rlkit/core/aggregation.py": "prose: the docstring says which methods use which aggregation",
+    "rlkit/cli.py": "the help of `rlkit data`'s SPO commands and an example `--set` key; the shipped start's "
+                    "manifest key spo_offline",
     "rlkit/core/fused.py": "prose: comments on the GSPO and AEPO paths the fused kernel serves",
-    "rlkit/core/groups.py": "prose: docstrings name the methods that use each statistic",
-    "rlkit/core/rollout_correction.py": "prose: the docstring lists losses it wraps",
-    "rlkit/hooks.py": "prose: the docstring's examples of each hook are the methods that use it",
     "rlkit/lab/claims.py": "the reproduction app: papers' claims, per method",
     "rlkit/lab/notebook.py": "the reproduction app: the settings the method pages quote (DAPO's presets)",
-    "rlkit/lab/reproduce.py": "the reproduction app's prose; the shipped start's manifest key spo_offline; "
-                              "build_config('grpo') as a stand-in for the method-independent SFT config",
+    "rlkit/lab/reproduce.py": "the shipped start's manifest key spo_offline",
     "rlkit/lab/two_engines.py": "the reproduction app: each method's metrics in both engines",
-    "rlkit/registry.py": "prose: the docstrings' examples of each declaration",
-    "rlkit/tasks/arithmetic.py": "prose: the pool's docstring says which method needs prompts that come back",
     "rlkit/tasks/dapo_math.py": "the DAPO-Math dataset is named after DAPO",
-    "rlkit/tasks/tools.py": "prose: the code detectors are the verl ASPO recipe's toggles",
-    "rlkit/tiny/config.py": "prose of RLConfig's fields; 'grpo' the default method",
-    "rlkit/tiny/model.py": "prose (GRPO's groups in the docstrings); not edited while runs reuse it",
-    "rlkit/tiny/sampler.py": "prose (GRPO's groups, HAPO's temperature); not edited while runs reuse it",
-    "rlkit/verl/__init__.py": "prose: examples of the rlkit_* names",
+    "rlkit/tiny/config.py": "'grpo' the default method",
     "rlkit/verl/data.py": "SPO's data commands (spo-split/-estimate/-merge, the offline values its verl key reads) "
                           "and the DAPO-Math dataset named after DAPO",
-    "rlkit/verl/launch.py": "the DAPO-Math dataset (`--dataset dapo`, its preset keys), an example run name",
-    "rlkit/verl/sampling.py": "prose: HAPO's temperature as the example of a per-token temperature",
-    "rlkit/verl/tools.py": "prose: which methods' runs use which tool",
+    "rlkit/verl/launch.py": "the DAPO-Math dataset (`--dataset dapo`, its preset keys)",
 }
-"""Files of rlkit/ outside :data:`METHOD_HOMES` that still name methods more than 3 times, each with its reason.
-This list may only shrink: an entry whose file is brought to ≤ 3 mentions fails until it is struck off."""
+"""Files of rlkit/ outside :data:`METHOD_HOMES` that name methods more than 3 times, in code too, each with
+its reason. This list may only shrink: an entry whose file is brought to ≤ 3 mentions fails until it is struck
+off."""
+
+PROSE_ONLY = {
+    "rlkit/core/aggregation.py", "rlkit/core/groups.py", "rlkit/core/rollout_correction.py", "rlkit/hooks.py",
+    "rlkit/registry.py", "rlkit/tasks/arithmetic.py", "rlkit/tasks/tools.py", "rlkit/tiny/model.py",
+    "rlkit/tiny/sampler.py", "rlkit/verl/__init__.py", "rlkit/verl/sampling.py", "rlkit/verl/tools.py",
+}
+"""Files that name methods more than 3 times, in prose only (docstrings and comments: the methods as examples
+of what the code serves), never in code; checked, and the set may only shrink like :data:`MENTIONS_EXEMPT`."""
 
 SPECIAL_CASES_EXEMPT = {
     ("rlkit/verl/launch.py", "dataset == 'dapo'"): "the DAPO-Math dataset, not the method",
@@ -170,18 +166,38 @@ def checked_files() -> list[str]:
     return [f for f in files if not f.startswith(METHOD_HOMES)]
 
 
-def method_mentions(path: Path, methods: list[str]) -> list[str]:
-    """Words naming a registered method in ``path``'s code, comments and docstrings; metric names (strings with a
-    ``/``, e.g. the tool metrics every method logs under ``aspo/*``) and verl's own keys (``*_in_grpo``) are not
-    mentions of a method."""
+def prose_lines(source: str) -> set[int]:
+    """Lines where ``source``'s docstrings start (lone string statements, strings set as ``__doc__``)."""
+    import ast
+
+    lines = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Assign) and not any(isinstance(t, ast.Attribute) and t.attr == "__doc__"
+                                                    for t in node.targets):
+            continue
+        if isinstance(node, (ast.Expr, ast.Assign)) and isinstance(node.value, ast.Constant) and isinstance(
+                node.value.value, str):
+            lines.add(node.value.lineno)
+    return lines
+
+
+def method_mentions(path: Path, methods: list[str], *, prose: bool = True) -> list[str]:
+    """Words naming a registered method in ``path``'s code, comments and docstrings (``prose=False``: in its
+    code only); metric names (strings with a ``/``, e.g. the tool metrics every method logs under ``aspo/*``)
+    and verl's own keys (``*_in_grpo``) are not mentions of a method."""
     import io
     import re
     import tokenize
 
     word = re.compile(r"(?<![A-Za-z0-9/])(" + "|".join(map(re.escape, methods)) + r")(?![A-Za-z0-9/])", re.IGNORECASE)
+    source = path.read_text()
+    docs = set() if prose else prose_lines(source)
     found = []
-    for tok in tokenize.generate_tokens(io.StringIO(path.read_text()).readline):
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
         if tok.type == tokenize.STRING and "/" in tok.string and len(tok.string) < 60:
+            continue
+        in_prose = tok.type == tokenize.COMMENT or tok.type == tokenize.STRING and tok.start[0] in docs
+        if not prose and in_prose:
             continue
         for m in word.finditer(tok.string.replace("_in_grpo", "")):
             found.append(f"{path.name}:{tok.start[0]}: {m.group(0)}")
@@ -190,23 +206,32 @@ def method_mentions(path: Path, methods: list[str]) -> list[str]:
 
 def test_the_engines_name_no_method():
     """Every file of rlkit/ outside the methods' homes names a method at most 3 times (in comments), except the
-    files :data:`MENTIONS_EXEMPT` lists with their reasons (issue 35 target)."""
+    files :data:`MENTIONS_EXEMPT` lists with their reasons and those of :data:`PROSE_ONLY`, which name them in
+    prose only (issue 35 target)."""
     from rlkit import registry
 
     methods = registry.list_methods()["method"]
     files = checked_files()
-    assert set(ENGINE_FILES) <= set(files) and not set(ENGINE_FILES) & set(MENTIONS_EXEMPT)
+    assert set(ENGINE_FILES) <= set(files) and not set(ENGINE_FILES) & (set(MENTIONS_EXEMPT) | PROSE_ONLY)
+    assert not set(MENTIONS_EXEMPT) & PROSE_ONLY
     for name in files:
         found = method_mentions(ROOT / name, methods)
-        if name in MENTIONS_EXEMPT:
-            assert len(found) > 3, f"{name} names methods {len(found)} times: strike it off MENTIONS_EXEMPT"
+        if name in MENTIONS_EXEMPT or name in PROSE_ONLY:
+            assert len(found) > 3, f"{name} names methods {len(found)} times: strike it off the exemptions"
         else:
             assert len(found) <= 3, f"{name} names methods {len(found)} times:\n" + "\n".join(found)
-    assert set(MENTIONS_EXEMPT) <= set(files), sorted(set(MENTIONS_EXEMPT) - set(files))
+        if name in PROSE_ONLY:
+            code = method_mentions(ROOT / name, methods, prose=False)
+            assert not code, f"{name} names methods in code, not only in prose:\n" + "\n".join(code)
+    listed = set(MENTIONS_EXEMPT) | PROSE_ONLY
+    assert listed <= set(files), sorted(listed - set(files))
     probe = ROOT / "tests" / "_probe_engine.py"
     try:  # the check can fail
-        probe.write_text("# SPO's tracker\nif cfg.method == 'hapo':\n    x = 'spo'\nhapo_stats = 1\n")
-        assert len(method_mentions(probe, methods)) == 4
+        probe.write_text('"""GSPO."""\n# SPO\'s tracker\nif cfg.method == "hapo":\n    x = "spo"\n'
+                         'hapo_stats = 1\nC.__doc__ = "AEPO"\n')
+        assert len(method_mentions(probe, methods)) == 6
+        in_code = [m.split(": ")[1] for m in method_mentions(probe, methods, prose=False)]
+        assert in_code == ["hapo", "spo", "hapo"]
     finally:
         probe.unlink()
 
