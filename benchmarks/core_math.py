@@ -10,13 +10,10 @@ busy machine slows both: the ratio is the median of the per-repeat ratios, the m
 - ``loop``: a per-group Python loop written here (TLGA, ASPO), checked equal to rlkit's result first: one Python
   iteration per group, vectorised within the group (torch ops over the group's rows). Target for TLGA: rlkit
   ≥ 100× faster (ratio ≤ 0.01).
-- ``loss w/o metrics``: the fused loss without its metric sums and their one host transfer (``with_metrics=False``
-  of :func:`rlkit.core.fused.clip_loss`): how much the metrics dict costs.
 
     python benchmarks/core_math.py              # B=8192, T=2048 (loops: B=1024, T=512), 5 repeats
     python benchmarks/core_math.py --small      # B=1024, T=512: a quick run
     python benchmarks/core_math.py --B 4096 --T 1024 --repeats 7
-    python benchmarks/core_math.py --eager      # rlkit's eager losses (RLKIT_FUSED_LOSS=0), not the fused default
 """
 
 from __future__ import annotations
@@ -32,13 +29,12 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from rlkit.core import fused
 from rlkit.methods.aepo import aepo_advantage
 from rlkit.methods.aspo import aspo_shape
 from rlkit.methods.grpo import grpo_advantage
 from rlkit.methods.hapo import adaptive_clip, entropy_stats, normalized_entropy, redistribute_advantage, tlga_advantage
 from rlkit.methods.spo import spo_advantage
-from rlkit.registry import call_policy_loss  # a loss by name: its fused path (rlkit.methods.fast) where it applies
+from rlkit.registry import get_policy_loss
 
 ROWS: list[dict] = []
 
@@ -153,14 +149,10 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--small", action="store_true", help="B=1024, T=512 (a quick run)")
-    p.add_argument("--eager", action="store_true",
-                   help="measure rlkit's eager losses (RLKIT_FUSED_LOSS=0) instead of the default fused path")
     args = p.parse_args()
     if args.small:
         args.B, args.T = 1024, 512
     torch.set_num_threads(args.threads)
-    fused._enabled = not args.eager  # the losses' path for the whole run (rlkit.core.fused.ENV)
-    log(f"rlkit losses: {'eager (RLKIT_FUSED_LOSS=0)' if args.eager else 'fused (the default)'}")
     warnings.filterwarnings("ignore")
     from verl.trainer.ppo import core_algos
     from verl.workers.config.actor import ActorConfig
@@ -205,28 +197,21 @@ def main() -> None:
     vanilla, verl_gspo = core_algos.get_policy_loss_fn("vanilla"), core_algos.get_policy_loss_fn("gspo")
     floor4 = clones(logp, old, adv, mask)
     floor5 = clones(logp, old, adv, mask, ent)
-    ppo = lambda lp: call_policy_loss("ppo", lp, old, adv, mask, clip_c=3.0)  # noqa: E731
+    ppo = lambda lp: get_policy_loss("ppo")(lp, old, adv, mask, clip_c=3.0)  # noqa: E731
     compare("ppo_clip_loss", fwd_bwd(ppo, logp),
             fwd_bwd(lambda lp: vanilla(old, lp, adv, mask, "token-mean", cfg(0.2, 0.2)), logp), "verl", "≤ 1x", R)
     compare("ppo_clip_loss", fwd_bwd(ppo, logp), floor4, "copy", "≤ 3x", R)
-    compare("ppo_clip_loss w/o metrics",
-            fwd_bwd(lambda lp: fused.clip_loss(lp, old, adv, mask, clip_c=3.0, with_metrics=False), logp),
-            fwd_bwd(ppo, logp), "with metrics", "-", R)
     for variant in ("token", "sequence"):
-        gs = lambda lp, v=variant: call_policy_loss("gspo", lp, old, adv, mask, variant=v)  # noqa: E731
+        gs = lambda lp, v=variant: get_policy_loss("gspo")(lp, old, adv, mask, variant=v)  # noqa: E731
         name = f"gspo_loss ({variant})"
         if variant == "token":
             compare(name, fwd_bwd(gs, logp), fwd_bwd(
                 lambda lp: verl_gspo(old, lp, adv, mask, "seq-mean-token-mean", cfg(3e-4, 4e-4)), logp), "verl",
                 "≤ 1x", R)
         compare(name, fwd_bwd(gs, logp), floor4, "copy", "≤ 3x", R)
-    compare("gspo_loss w/o metrics", fwd_bwd(lambda lp: fused.clip_loss(
-        lp, old, adv, mask, clip_low=3e-4, clip_high=4e-4, agg="seq-mean-token-mean", ratio_level="sequence-token",
-        with_metrics=False), logp),
-        fwd_bwd(lambda lp: call_policy_loss("gspo", lp, old, adv, mask, variant="token"), logp), "with metrics", "-", R)
-    aepo = lambda lp: call_policy_loss("aepo", lp, old, adv, mask, entropy=ent)  # noqa: E731
+    aepo = lambda lp: get_policy_loss("aepo")(lp, old, adv, mask, entropy=ent)  # noqa: E731
     compare("aepo_loss", fwd_bwd(aepo, logp), floor5, "copy", "≤ 3x", R)
-    hapo = lambda lp: call_policy_loss("hapo", lp, old, adv, mask, entropy=ent)  # noqa: E731
+    hapo = lambda lp: get_policy_loss("hapo")(lp, old, adv, mask, entropy=ent)  # noqa: E731
     compare("hapo_loss", fwd_bwd(hapo, logp), floor5, "copy", "≤ 3x", R)
 
     log(f"loops, B={args.loop_B} T={args.loop_T}")
@@ -244,8 +229,7 @@ def main() -> None:
             lambda: aspo_loop(a_seq, s["ids"], ok, p_s, s["lengths"]), "loop", "-", R)
 
     print(f"\nB={args.B} T={args.T} (loops B={args.loop_B} T={args.loop_T}), float32, "
-          f"{torch.get_num_threads()} threads, median of {R}; torch {torch.__version__}; rlkit losses "
-          f"{'eager (RLKIT_FUSED_LOSS=0)' if args.eager else 'fused (default)'}")
+          f"{torch.get_num_threads()} threads, median of {R}; torch {torch.__version__}")
     head = f"{'method':<28} {'peer':<13} {'rlkit ms':>10} {'peer ms':>10} {'ratio':>8}  {'target':<9} met?"
     print(head)
     print("-" * len(head))

@@ -6,7 +6,7 @@
 - ``RLKIT_CACHE``: where SFT starts, SPO's offline passes and the default CPU model are cached (default
   ``~/.cache/rlkit``; set but empty counts as unset): a directory, or a path where one can be made. Whether it can
   be written is checked before anything is trained to be cached there (:func:`writable_dir`).
-- ``RLKIT_RETRAIN_SFT``, ``RLKIT_FUSED_LOSS``, ``RLKIT_VLLM_KEEP_WEIGHTS``: ``0`` or ``1`` (:func:`flag`).
+- ``RLKIT_RETRAIN_SFT``, ``RLKIT_VLLM_KEEP_WEIGHTS``: ``0`` or ``1`` (:func:`flag`).
 - ``RLKIT_PROJECT``: checked where a project is looked up (:func:`rlkit.lab.paths.find_project`), as only the
   commands that read one need it.
 - ``RLKIT_TEST_HOLD``: test support, never set by rlkit (:func:`hold_before_step`).
@@ -22,7 +22,7 @@ from rlkit.errors import BadEnvironment, UsageError
 
 CACHE = "RLKIT_CACHE"
 DEFAULT_CACHE = "~/.cache/rlkit"
-FLAGS = ("RLKIT_RETRAIN_SFT", "RLKIT_FUSED_LOSS", "RLKIT_VLLM_KEEP_WEIGHTS")
+FLAGS = ("RLKIT_RETRAIN_SFT", "RLKIT_VLLM_KEEP_WEIGHTS")
 """The switches rlkit reads: ``0`` or ``1``, unset (or empty) for the default."""
 
 

@@ -6,9 +6,7 @@ here (verl's own registries are filled from this one by ``rlkit.verl.plugin``).
   it trains with (``register_method``).
 - An **advantage estimator** is ``fn(inputs: AdvantageInputs, *, <knobs>) -> Tensor``, the advantage ``(B, T)``.
 - A **policy loss** is ``fn(logp, old_logp, adv, mask, *, <knobs>, <inputs>) -> (loss, metrics)``, the method's
-  math as its paper writes it. A **faster implementation** of it (``register_fast_policy_loss``, the fused path of
-  :mod:`rlkit.methods.fast`) takes the same parameters and returns None where it does not apply; the dispatch
-  below runs it where it does, and the loss itself otherwise.
+  math as its paper writes it, and the one every trainer runs: there is no second implementation of it.
 
 Knobs are keyword-only parameters named exactly like ``Config`` fields: :func:`kwargs_for` is the one place a
 ``Config`` becomes keyword arguments. Each function is registered with its *home* method, whose ``Config`` holds
@@ -18,8 +16,7 @@ whose ``Config`` has no clip fields, trains with GRPO's). Inputs that are not kn
 ``behav_logp``, ``loss_scale_factor``, an estimator's ``estimate`` (another estimator on the same batch, for
 ASPO's base advantage) — go to the functions whose signatures name them.
 
-:func:`advantage` and :func:`policy_loss` are the dispatch by method name (:func:`call_policy_loss`: a loss by its
-own name, knobs given). Registering a name twice fails; an unknown name lists the valid ones.
+:func:`advantage` and :func:`policy_loss` are the dispatch by method name. Registering a name twice fails; an unknown name lists the valid ones.
 
 A ``Config`` declares the values its knobs may take: a range in the field's metadata (:func:`knob`:
 ``temperature_tau: float = knob(0.05, gt=0, lt=1)``) and, for knobs that take one of a few values, the class
@@ -408,8 +405,8 @@ def _load_methods() -> None:
 
 
 def import_method_modules() -> list[str]:
-    """Import :mod:`rlkit.methods`, then each module of its package path it did not import (``fast``, its fused
-    paths, excepted: it runs after the methods it speeds up); returns the names imported here."""
+    """Import :mod:`rlkit.methods`, then each module of its package path it did not import; returns the names
+    imported here."""
     import importlib
     import pkgutil
     import sys
@@ -417,7 +414,7 @@ def import_method_modules() -> list[str]:
     import rlkit.methods
 
     found = [info.name for info in pkgutil.iter_modules(rlkit.methods.__path__, "rlkit.methods.")]
-    new = [name for name in found if name not in sys.modules and name != "rlkit.methods.fast"]
+    new = [name for name in found if name not in sys.modules]
     for name in new:
         importlib.import_module(name)
     return new
@@ -553,91 +550,9 @@ def policy_loss(method: str, logp: torch.Tensor, old_logp: torch.Tensor, adv: to
         raise TypeError(f"policy loss {m.policy_loss!r} takes no {', '.join(refused)}")
     kwargs = loss_kwargs(method, configs)
     kwargs.update({k: v for k, v in inputs.items() if k in taken})
-    return _run_policy_loss(fn, logp, old_logp, adv, mask, kwargs)  # its faster implementation where it applies
+    return fn(logp, old_logp, adv, mask, **kwargs)
 
 
 def loss_kwargs(method: str, configs: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The knobs :func:`policy_loss` passes to ``method``'s loss: its home Config's overlaid by ``method``'s."""
     return _knobs("policy loss", get_method(method).policy_loss, configs, method)
-
-
-# --------------------------------------------------------------------------- faster implementations
-
-_FAST_POLICY_LOSSES: dict[Callable, Callable] = {}
-"""A registered policy loss (the function) → its faster implementation (:func:`register_fast_policy_loss`). Keyed
-by the function, not the name: a loss unregistered with its toy method (:func:`unregister`) leaves its entry inert."""
-
-
-def register_fast_policy_loss(name: str) -> Callable[[F], F]:
-    """Decorator: register ``fast(logp, old_logp, adv, mask, *, <knobs>, <inputs>) -> (loss, metrics) | None`` as a
-    faster implementation of the policy loss registered as ``name``.
-
-    The registered loss stays the method's definition, written as its paper writes it (what the book's pages show and
-    what a direct call runs). ``fast`` computes the same loss, gradient and metrics another way (the fused path,
-    :mod:`rlkit.methods.fast`) and returns None where it does not apply, after the loss's own argument checks.
-    :func:`policy_loss` and :func:`call_policy_loss` try ``fast`` first and run the loss when it returns None.
-
-    Refused: a ``name`` with no policy loss registered yet, a second faster implementation of it, and a ``fast``
-    whose parameters differ from the loss's in name, kind or default (the message names the loss and each
-    difference), so that one call means the same on either path.
-    """
-
-    def decorator(fast: F) -> F:
-        loss = _POLICY_LOSSES.get(name)
-        if loss is None:
-            raise KeyError(f"no policy loss {name!r} to speed up: register it before its faster implementation "
-                           f"(registered: {', '.join(sorted(_POLICY_LOSSES))})")
-        if loss in _FAST_POLICY_LOSSES:
-            old = _FAST_POLICY_LOSSES[loss]
-            raise ValueError(f"policy loss {name!r} already has a faster implementation, "
-                             f"{old.__module__}.{old.__qualname__}")
-        differences = _parameter_differences(loss, fast)
-        if differences:
-            raise TypeError(f"{fast.__module__}.{fast.__qualname__}, the faster implementation of policy loss "
-                            f"{name!r}, must take the parameters of {loss.__module__}.{loss.__qualname__}: "
-                            f"{'; '.join(differences)}")
-        _FAST_POLICY_LOSSES[loss] = fast
-        return fast
-
-    return decorator
-
-
-def _parameter_differences(loss: Callable, fast: Callable) -> list[str]:
-    """How ``fast``'s parameters differ from ``loss``'s (name, kind, default; the positional ones also in order)."""
-    _keywords(fast)  # refuses a **kwargs catch-all
-    want, got = (inspect.signature(fn).parameters for fn in (loss, fast))
-    out = []
-    for what, names in (("lacks", set(want) - set(got)), ("adds", set(got) - set(want))):
-        if names:
-            out.append(f"{what} {', '.join(sorted(names))}")
-    for name in (n for n in want if n in got):
-        p, q = want[name], got[name]
-        if p.kind != q.kind:
-            out.append(f"{name} is {q.kind.description}, not {p.kind.description}")
-        elif not (p.default is q.default or p.default == q.default):
-            out.append(f"{name} defaults to {q.default!r}, not {p.default!r}")
-    positional = [[n for n, p in params.items() if p.kind is not inspect.Parameter.KEYWORD_ONLY]
-                  for params in (want, got)]
-    if positional[0] != positional[1] and not out:
-        out.append(f"positional parameters ({', '.join(positional[1])}), not ({', '.join(positional[0])})")
-    return out
-
-
-def get_fast_policy_loss(name: str) -> Callable | None:
-    """The faster implementation of the policy loss registered as ``name``; None when it has none."""
-    return _FAST_POLICY_LOSSES.get(get_policy_loss(name))
-
-
-def call_policy_loss(name: str, logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
-                     **kwargs: Any) -> tuple[torch.Tensor, dict[str, float]]:
-    """The policy loss registered as ``name`` on these arguments, through its faster implementation where one is
-    registered and applies (the trainers' path, :func:`policy_loss`, with the knobs given here instead of read from
-    a ``Config``); a direct call of the loss function is always its eager definition."""
-    return _run_policy_loss(get_policy_loss(name), logp, old_logp, adv, mask, kwargs)
-
-
-def _run_policy_loss(loss: Callable, logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor,
-                     mask: torch.Tensor, kwargs: dict[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
-    fast = _FAST_POLICY_LOSSES.get(loss)
-    out = fast(logp, old_logp, adv, mask, **kwargs) if fast is not None else None
-    return out if out is not None else loss(logp, old_logp, adv, mask, **kwargs)

@@ -95,7 +95,7 @@ def test_templates_are_read_as_names_not_letters(value, templates):
 
 # ------------------------------------------------------------------------------------------------ environment
 @pytest.mark.parametrize("name, value", [
-    ("RLKIT_NUMERICS", "bogus"), ("RLKIT_FUSED_LOSS", "yes"), ("RLKIT_RETRAIN_SFT", "maybe"),
+    ("RLKIT_NUMERICS", "bogus"), ("RLKIT_RETRAIN_SFT", "maybe"),
     ("RLKIT_VLLM_KEEP_WEIGHTS", "2"), ("RLKIT_CACHE", "{file}"), ("RLKIT_CACHE", "{file}/sub"),
 ])
 def test_environment_variables_are_checked_before_any_work(name, value, tmp_path, capsys, monkeypatch, no_work):

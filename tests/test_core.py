@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from conftest import make_batch
 from rlkit.core import (
     agg_loss, behaviour_weights, clipped_surrogate, entropy_from_logits, group_index, group_mean_std, masked_mean,
-    masked_sum, masked_var, masked_whiten,
+    masked_share, masked_sum, masked_var, masked_whiten,
 )
 
 VALUES = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
@@ -31,6 +31,8 @@ def test_masked_ops_by_hand():
     w = masked_whiten(VALUES, MASK)
     assert masked_mean(w, MASK).item() == pytest.approx(0.0, abs=1e-6)
     assert masked_var(w, MASK).item() == pytest.approx(1.0, abs=1e-6)
+    # shares are counts: 1 of the 3 valid values is above 3 (the masked 5 and 6 do not count)
+    assert masked_share(VALUES > 3, MASK) == 1 / 3 and masked_share(VALUES > 3, torch.zeros_like(MASK)) == 0.0
 
 
 def test_masked_ops_ignore_nan_outside_mask_and_empty_mask_is_zero():
@@ -113,23 +115,6 @@ def test_group_mean_std_weights_count_a_sample_as_many_observations(seeds):
                 torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match="no weights"):
         group_mean_std(VALUES, torch.tensor([0, 0]), 1, mask=MASK, weights=torch.ones(2))
-
-
-def test_fused_row_helpers_equal_the_full_batch_ops(monkeypatch):
-    from rlkit.core import fused
-
-    b = make_batch(4, B=11, T=7, empty_rows=True)
-    for rows in (1, 3, 100):  # blocks of one row, a short last block, a single block
-        monkeypatch.setattr(fused, "BLOCK_ELEMENTS", rows * 7)
-        assert torch.equal(fused.row_sums(b["mask"]), b["mask"].sum(-1))
-        assert torch.equal(fused.row_sums(b["mask"].bool(), torch.float32), b["mask"].sum(-1).float())
-        values = torch.randn(11, generator=b["gen"], dtype=torch.float64)
-        assert torch.equal(fused.broadcast_rows(values, b["mask"]), values.unsqueeze(-1) * b["mask"])
-        assert torch.equal(fused.broadcast_rows(values, b["mask"].bool()), values.unsqueeze(-1) * b["mask"])
-    x = torch.linspace(-20.0, 20.0, 4001)
-    torch.testing.assert_close(fused.exp(x), x.exp(), rtol=2e-6, atol=0)  # exp2(x·log2 e): ulps from exp
-    x64 = x.double()
-    torch.testing.assert_close(fused.exp(x64), x64.exp(), rtol=1e-14, atol=0)
 
 
 # --- aggregation ------------------------------------------------------------------------------------------

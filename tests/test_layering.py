@@ -124,7 +124,6 @@ METHOD_HOMES = ("rlkit/methods/", "rlkit/verl/presets.py", "rlkit/lab/book_pages
 MENTIONS_EXEMPT = {
     "rlkit/cli.py": "the help of `rlkit data`'s SPO commands and an example `--set` key; the shipped start's "
                     "manifest key spo_offline",
-    "rlkit/core/fused.py": "prose: comments on the GSPO and AEPO paths the fused kernel serves",
     "rlkit/lab/claims.py": "the reproduction app: papers' claims, per method",
     "rlkit/lab/notebook.py": "the reproduction app: the settings the method pages quote (DAPO's presets)",
     "rlkit/lab/reproduce.py": "the shipped start's manifest key spo_offline",

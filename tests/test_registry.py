@@ -25,9 +25,8 @@ from rlkit.methods.gspo import gspo_loss
 from rlkit.registry import AdvantageInputs, Method, MissingInputs, kwargs_for
 
 D = torch.float64
-METHOD_MODULES = sorted(p.stem for p in Path(rlkit.methods.__file__).parent.glob("*.py")
-                        if p.stem not in ("__init__", "fast"))
-"""The method modules in rlkit/methods (``fast`` holds fused paths, no method): the methods, by file."""
+METHOD_MODULES = sorted(p.stem for p in Path(rlkit.methods.__file__).parent.glob("*.py") if p.stem != "__init__")
+"""The method modules in rlkit/methods: the methods, by file."""
 
 
 def test_builtin_names_resolve_to_the_functions():
@@ -191,7 +190,10 @@ def test_dispatch_is_the_direct_call_with_the_configs_fields():
     assert torch.equal(registry.advantage("spo", inputs, configs), spo_adv)
 
     args = (b["logp"], b["old_logp"], b["adv"], b["mask"])
-    call = registry.call_policy_loss  # the loss by its own name, knobs given: fused where it applies, as dispatched
+
+    def call(name, *args, **knobs):  # the loss by its own name, knobs given
+        return registry.get_policy_loss(name)(*args, **knobs)
+
     cases = {
         "hapo": call("hapo", *args, entropy=entropy, adv_beta=0.5, clip_alpha=0.7, entropy_pivot=0.6, clip_c=4.0,
                      release_compat=True),
@@ -219,8 +221,7 @@ def test_dispatch_refuses_missing_inputs_naming_them():
     assert e.value.names == ["use_entropy_advantage"]
     off = {"hapo": hapo.Config(use_redistribution=False, use_adaptive_clip=False)}
     loss, _ = registry.policy_loss("hapo", *args, off)  # both switches off: plain PPO, no entropy needed
-    assert torch.equal(loss, registry.call_policy_loss("hapo", *args, use_redistribution=False,
-                                                       use_adaptive_clip=False)[0])
+    assert torch.equal(loss, hapo.hapo_loss(*args, use_redistribution=False, use_adaptive_clip=False)[0])
     # the entropy is optional: a loss without an entropy term ignores it; another input it cannot take is refused
     ignored = registry.policy_loss("grpo", *args, entropy=b["logp"])[0]
     assert torch.equal(ignored, registry.policy_loss("grpo", *args)[0])
@@ -337,126 +338,3 @@ def test_methods_import_only_core_and_the_registry():
             for name in names:
                 if name.startswith("rlkit"):
                     assert name.startswith(allowed), f"{path.name} imports {name}"
-
-
-# --------------------------------------------------------------------------- faster implementations
-
-
-def test_registered_losses_are_the_papers_math_with_no_fused_path():
-    """What a method's page shows (``show_source`` of its registered loss) is the loss that the page's checks run
-    and the one a direct call runs: no fused branch in it. The fused path is its faster implementation."""
-    import inspect
-
-    from rlkit.core import fused
-    from rlkit.methods import fast
-
-    for method in registry.list_methods()["method"]:
-        name = registry.get_method(method).policy_loss
-        loss = registry.get_policy_loss(name)
-        assert "fused" not in inspect.getsource(loss).lower(), f"{method}'s {loss.__qualname__} names the fused path"
-        fast_loss = registry.get_fast_policy_loss(name)
-        if fast_loss is not None:
-            assert fast_loss.__module__ == fast.__name__ and "fused." in inspect.getsource(fast_loss), method
-    assert {registry.get_fast_policy_loss(n) for n in ("ppo", "gspo", "aepo", "hapo")} == {
-        fast.ppo_clip_loss, fast.gspo_loss, fast.aepo_loss, fast.hapo_loss}
-    # layering: rlkit.core imports no method
-    import ast
-    from pathlib import Path
-
-    for path in Path(fused.__file__).parent.glob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
-            assert not any(n.startswith("rlkit.methods") for n in names), f"rlkit/core/{path.name} imports {names}"
-
-
-def test_policy_loss_takes_the_fast_path_where_it_applies_else_the_eager_loss(monkeypatch):
-    """``registry.policy_loss`` tries the faster implementation first: it gives the result where the fused path
-    applies (on by default, only logp needing a gradient) and returns None otherwise (``RLKIT_FUSED_LOSS=0``, i.e.
-    ``fused.enabled(False)``; or old_logp needing a gradient), and then the eager loss runs, to the bit."""
-    from rlkit.core import fused
-
-    b, inputs, entropy = batch(5)
-    adv = registry.advantage("hapo", inputs)
-    for method, loss_name in (("grpo", "ppo"), ("gspo", "gspo"), ("aepo", "aepo"), ("hapo", "hapo")):
-        eager, fast_loss = registry.get_policy_loss(loss_name), registry.get_fast_policy_loss(loss_name)
-        answers = []
-
-        def spy(*args, fast_loss=fast_loss, answers=answers, **kwargs):
-            out = fast_loss(*args, **kwargs)
-            answers.append(out is not None)
-            return out
-
-        monkeypatch.setitem(registry._FAST_POLICY_LOSSES, eager, spy)
-        kwargs = registry.loss_kwargs(method)
-        kwargs.update(entropy=entropy) if "entropy" in registry._keywords(eager) else None
-
-        def run(old_logp, **inputs):
-            logp = b["logp"].clone().requires_grad_()
-            loss, metrics = registry.policy_loss(method, logp, old_logp, adv, b["mask"], **inputs)
-            return loss, metrics, torch.autograd.grad(loss, logp)[0], type(loss.grad_fn).__name__
-
-        def direct(fn, old_logp):
-            logp = b["logp"].clone().requires_grad_()
-            loss, metrics = fn(logp, old_logp, adv, b["mask"], **kwargs)
-            return loss, metrics, torch.autograd.grad(loss, logp)[0], type(loss.grad_fn).__name__
-
-        with fused.enabled():
-            got = run(b["old_logp"], entropy=entropy)
-            assert answers == [True], method
-            assert got[3] == "_PrecomputedGradBackward", method  # the fused path's hand-written gradient
-            want = direct(fast_loss, b["old_logp"])
-            assert torch.equal(got[0], want[0]) and torch.equal(got[2], want[2]) and got[1] == want[1], method
-            # an old_logp that needs a gradient: the fused path does not apply, the eager loss runs
-            got = run(b["old_logp"].clone().requires_grad_(), entropy=entropy)
-            assert answers == [True, False] and got[3] != "_PrecomputedGradBackward", method
-        with fused.enabled(False):  # what RLKIT_FUSED_LOSS=0 sets (tests/test_fused_clip_loss.py)
-            got = run(b["old_logp"], entropy=entropy)
-            assert answers == [True, False, False], method
-            want = direct(eager, b["old_logp"])
-            assert got[3] == want[3] != "_PrecomputedGradBackward", method
-            assert torch.equal(got[0], want[0]) and torch.equal(got[2], want[2]) and got[1] == want[1], method
-        # the loss by its own name dispatches alike
-        with fused.enabled():
-            assert registry.call_policy_loss(loss_name, b["logp"], b["old_logp"], adv, b["mask"], **kwargs)[1] == \
-                fast_loss(b["logp"], b["old_logp"], adv, b["mask"], **kwargs)[1]
-            assert answers[-1] is True
-
-
-def test_a_fast_loss_must_take_the_losss_parameters_and_be_registered_once(toy_method):
-    """A faster implementation is refused, naming the loss, unless it takes exactly the loss's parameters (names,
-    kinds, defaults); so is one for an unknown loss and a second one."""
-    def good(logp, old_logp, adv, mask, *, clip: float = 0.2):
-        return None
-
-    def renamed(logp, old_logp, adv, mask, *, clip_range: float = 0.2):
-        return None
-
-    def other_default(logp, old_logp, adv, mask, *, clip: float = 0.3):
-        return None
-
-    def positional(logp, old_logp, adv, mask, clip: float = 0.2):
-        return None
-
-    def more(logp, old_logp, adv, mask, *, clip: float = 0.2, entropy=None):
-        return None
-
-    cases = ((renamed, "lacks clip; adds clip_range"), (other_default, "clip defaults to 0.3, not 0.2"),
-             (positional, "clip is positional or keyword, not keyword-only"), (more, "adds entropy"))
-    for fn, why in cases:
-        with pytest.raises(TypeError, match=rf"{fn.__qualname__}, the faster implementation of policy loss "
-                                            rf"'toy_clip', must take the parameters of .*toy_loss: {why}$"):
-            registry.register_fast_policy_loss("toy_clip")(fn)
-    with pytest.raises(TypeError, match="takes \\*\\*kwargs"):
-        registry.register_fast_policy_loss("toy_clip")(lambda logp, old_logp, adv, mask, **knobs: None)
-    with pytest.raises(KeyError, match="no policy loss 'toy_clp' to speed up"):
-        registry.register_fast_policy_loss("toy_clp")(good)
-    assert registry.register_fast_policy_loss("toy_clip")(good) is good
-    assert registry.get_fast_policy_loss("toy_clip") is good
-    with pytest.raises(ValueError, match="'toy_clip' already has a faster implementation, .*good"):
-        registry.register_fast_policy_loss("toy_clip")(good)
-    # it returns None: the toy loss runs
-    b, inputs, _ = batch(4)
-    adv = registry.advantage("toy", inputs)
-    _, metrics = registry.policy_loss("toy", b["logp"], b["old_logp"], adv, b["mask"])
-    assert metrics["toy/clip"] == 0.2

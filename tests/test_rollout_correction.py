@@ -532,7 +532,7 @@ def test_rlkit_cispo_in_verl_with_rollout_is_weights_equals_correct(verl, verl_l
         plain, g_plain, _ = _value_and_grad(lambda lp: fn(b["old_logp"], lp, b["adv"], b["mask"].bool(), agg, cfg),
                                             b["logp"])
         direct, g_direct, _ = _value_and_grad(
-            lambda lp: registry.call_policy_loss("cispo", lp, b["old_logp"], b["adv"], b["mask"].bool(),
+            lambda lp: registry.get_policy_loss("cispo")(lp, b["old_logp"], b["adv"], b["mask"].bool(),
                                                  clip_low=1.0, clip_high=0.28, agg=agg), b["logp"])
         assert torch.equal(plain, direct) and torch.equal(g_plain, g_direct)
         compared += not torch.allclose(plain, ours)  # the weights changed the loss

@@ -19,7 +19,7 @@ import torch
 
 from conftest import make_batch, make_groups
 from rlkit.methods import aepo, aspo, grpo, gspo, hapo, spo
-from rlkit.registry import call_policy_loss
+from rlkit.registry import get_policy_loss
 from rlkit.tasks.tools import CodeDetection
 
 pytestmark = pytest.mark.verl
@@ -218,7 +218,7 @@ def test_rlkit_ppo_equals_rlkit_and_verl_vanilla():
         b = make_batch(seed, noise=0.4)
         cfg = actor_config(0.2, 0.28, 3.0)
         via_verl = loss_and_grad(lambda lp: ours(b["old_logp"], lp, b["adv"], b["mask"], "token-mean", cfg), b["logp"])
-        direct = loss_and_grad(lambda lp: call_policy_loss("ppo", lp, b["old_logp"], b["adv"], b["mask"],
+        direct = loss_and_grad(lambda lp: get_policy_loss("ppo")(lp, b["old_logp"], b["adv"], b["mask"],
                                                            clip_low=0.2, clip_high=0.28, clip_c=3.0), b["logp"])
         peer = loss_and_grad(lambda lp: vanilla(b["old_logp"], lp, b["adv"], b["mask"], "token-mean", cfg), b["logp"])
         torch.testing.assert_close(via_verl[0], direct[0], rtol=0, atol=0)
@@ -257,7 +257,7 @@ def test_rlkit_gspo_equals_rlkit_in_both_variants():
             opts = gspo.Config(variant=variant)
             ours = loss_and_grad(lambda lp: fn(b["old_logp"], lp, b["adv"], b["mask"], "seq-mean-token-mean", cfg,
                                                options=opts), b["logp"])
-            ref = loss_and_grad(lambda lp: call_policy_loss("gspo", lp, b["old_logp"], b["adv"], b["mask"],
+            ref = loss_and_grad(lambda lp: get_policy_loss("gspo")(lp, b["old_logp"], b["adv"], b["mask"],
                                                             clip_low=3e-3, clip_high=4e-3, variant=variant),
                                 b["logp"])
             torch.testing.assert_close(ours[0], ref[0], rtol=0, atol=0)
@@ -275,7 +275,7 @@ def test_rlkit_aepo_equals_rlkit_with_entropies_from_the_loss_context(variant):
         cfg = actor_config(0.2, 0.28, 3.0)
         with plugin.loss_inputs(entropy=h, options={"aepo": opts}):
             ours = loss_and_grad(lambda lp: fn(b["old_logp"], lp, b["adv"], b["mask"], "token-mean", cfg), b["logp"])
-        ref = loss_and_grad(lambda lp: call_policy_loss("aepo", lp, b["old_logp"], b["adv"], b["mask"], entropy=h,
+        ref = loss_and_grad(lambda lp: get_policy_loss("aepo")(lp, b["old_logp"], b["adv"], b["mask"], entropy=h,
                                                         coef=0.3, clip_low=0.2, clip_high=0.28, clip_c=3.0,
                                                         variant=variant), b["logp"])
         torch.testing.assert_close(ours[0], ref[0], rtol=0, atol=0)
@@ -292,7 +292,7 @@ def test_rlkit_hapo_equals_rlkit_with_entropies_and_options():
         cfg = actor_config(0.2, 0.28, 10.0)
         ours = loss_and_grad(lambda lp: fn(b["old_logp"], lp, b["adv"], b["mask"], "token-mean", cfg, entropy=h,
                                            options=opts), b["logp"])
-        ref = loss_and_grad(lambda lp: call_policy_loss("hapo", lp, b["old_logp"], b["adv"], b["mask"], entropy=h,
+        ref = loss_and_grad(lambda lp: get_policy_loss("hapo")(lp, b["old_logp"], b["adv"], b["mask"], entropy=h,
                                                         clip_low=0.2, clip_high=0.28, clip_c=10.0, adv_beta=0.5,
                                                         clip_alpha=0.7, entropy_pivot=0.6, release_compat=True),
                             b["logp"])
@@ -313,7 +313,7 @@ def test_losses_refuse_what_verls_stock_call_cannot_give_them():
         core_algos.get_policy_loss_fn("rlkit_ppo")(*args[:4], "token-sum", cfg)
     # AEPO's clip-only form (the released ARPO scripts) needs no entropy
     loss, _ = core_algos.get_policy_loss_fn("rlkit_aepo")(*args, options=aepo.Config(use_entropy_advantage=False))
-    ref, _ = call_policy_loss("aepo", b["logp"], b["old_logp"], b["adv"], b["mask"], clip_high=0.28)
+    ref, _ = get_policy_loss("aepo")(b["logp"], b["old_logp"], b["adv"], b["mask"], clip_high=0.28)
     torch.testing.assert_close(loss, ref, rtol=0, atol=0)
 
 

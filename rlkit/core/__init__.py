@@ -4,13 +4,15 @@ correction (the sampler-trainer mismatch: its metrics and the TIS / masked-IS / 
 from rlkit.core.aggregation import AGG_MODES, agg_loss
 from rlkit.core.entropy import entropy_from_logits
 from rlkit.core.groups import group_advantage, group_index, group_mean_std, group_sum
-from rlkit.core.masked import check_shapes, masked_count, masked_mean, masked_std, masked_sum, masked_var, masked_whiten
+from rlkit.core.masked import (
+    check_shapes, masked_count, masked_mean, masked_share, masked_std, masked_sum, masked_var, masked_whiten,
+)
 from rlkit.core.ppo import behaviour_weights, clip_metrics, clipped_surrogate, log_ratio, reduce_policy_loss
 from rlkit.core.rollout_correction import correct, icepop, mismatch_metrics, seq_mis, seq_tis, token_tis
 
 __all__ = [
     "AGG_MODES", "agg_loss", "entropy_from_logits", "group_advantage", "group_index", "group_mean_std", "group_sum",
-    "masked_count", "masked_mean", "masked_std", "masked_sum", "masked_var", "masked_whiten",
+    "masked_count", "masked_mean", "masked_share", "masked_std", "masked_sum", "masked_var", "masked_whiten",
     "behaviour_weights", "clip_metrics", "clipped_surrogate", "log_ratio", "reduce_policy_loss", "check_shapes",
     "correct", "icepop", "mismatch_metrics", "seq_mis", "seq_tis", "token_tis",
 ]

@@ -33,11 +33,11 @@ def agg_loss(
         raise ValueError(f"unknown loss aggregation {mode!r}; valid modes: {', '.join(AGG_MODES)}")
     if loss_mat.shape != mask.shape:
         raise ValueError(f"loss_mat {tuple(loss_mat.shape)} and mask {tuple(mask.shape)} differ in shape")
-    mask = mask.to(loss_mat.dtype)
+    valid = mask.bool()
     if mode == "token-mean":
-        return masked_sum(loss_mat, mask) / mask.sum().clamp(min=1.0)
-    tokens = mask.sum(-1)  # (B,)
-    seq_sum = masked_sum(loss_mat, mask, dim=-1)  # (B,)
+        return masked_sum(loss_mat, valid) / valid.count_nonzero().to(loss_mat.dtype).clamp(min=1.0)
+    tokens = valid.count_nonzero(-1).to(loss_mat.dtype)  # (B,)
+    seq_sum = masked_sum(loss_mat, valid, dim=-1)  # (B,)
     seq_loss = seq_sum / tokens.clamp(min=1.0) if mode == "seq-mean-token-mean" else seq_sum
     has_tokens = (tokens > 0).to(loss_mat.dtype)
     loss = (seq_loss * has_tokens).sum() / has_tokens.sum().clamp(min=1.0)

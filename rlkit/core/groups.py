@@ -15,7 +15,6 @@ import numpy as np
 import pandas as pd
 import torch
 
-from rlkit.core import fused
 from rlkit.core.masked import check_shapes
 
 Tensor = torch.Tensor
@@ -86,7 +85,7 @@ def group_mean_std(
     sq = per_group(centred**2 * weights)
     denom = (count - 1.0).clamp(min=1.0) if unbiased else count.clamp(min=1.0)
     var = torch.where(count > (1.0 if unbiased else 0.0), sq / denom, torch.zeros_like(sq))
-    return mean, fused.sqrt(var), count
+    return mean, var.sqrt(), count
 
 
 def group_inputs(rewards: Tensor, group_ids: Any, mask: Tensor) -> tuple[Tensor, Tensor, int]:

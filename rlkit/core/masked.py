@@ -13,22 +13,27 @@ Tensor = torch.Tensor
 
 
 def masked_sum(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
-    """Σ values·mask over ``dim`` (all elements when ``dim`` is None)."""
-    mask = mask.to(values.dtype)
-    kept = torch.where(mask.bool(), values, torch.zeros_like(values))
-    return (kept * mask).sum() if dim is None else (kept * mask).sum(dim=dim)
+    """Σ values·mask over ``dim`` (all elements when ``dim`` is None); selected, not multiplied, so a NaN or inf
+    outside the mask never reaches the sum."""
+    kept = torch.where(mask.bool(), values, 0.0)
+    return kept.sum() if dim is None else kept.sum(dim=dim)
 
 
 def masked_count(mask: Tensor, dim: int | None = None) -> Tensor:
     """Number of valid elements (as float) over ``dim``."""
-    mask = mask.float()
-    return mask.sum() if dim is None else mask.sum(dim=dim)
+    return torch.count_nonzero(mask, dim=dim).float()
 
 
 def masked_mean(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     """Σ values·mask / Σ mask; 0 where the mask is empty."""
     count = masked_count(mask, dim).to(values.dtype)
     return masked_sum(values, mask, dim) / count.clamp(min=1.0)
+
+
+def masked_share(flags: Tensor, mask: Tensor) -> float:
+    """The share of valid elements where the bool ``flags`` hold, counted exactly (0 for an empty mask)."""
+    valid = mask.bool()
+    return int((flags & valid).count_nonzero()) / max(int(valid.count_nonzero()), 1)
 
 
 def masked_var(values: Tensor, mask: Tensor, *, unbiased: bool = True) -> Tensor:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from rlkit.core.aggregation import agg_loss
-from rlkit.core.masked import masked_mean
+from rlkit.core.masked import masked_mean, masked_share
 
 Tensor = torch.Tensor
 
@@ -79,7 +79,7 @@ def behaviour_weights(
     weights = torch.where(keep, w, torch.zeros_like(w))
     metrics = {
         "actor/behav_imp_weight": masked_mean(weights, keep).item(),
-        "actor/behav_capped_frac": masked_mean((~keep).float(), mask).item(),
+        "actor/behav_capped_frac": masked_share(~keep, mask),
     }
     return weights, metrics
 
@@ -87,8 +87,8 @@ def behaviour_weights(
 def clip_metrics(log_r: Tensor, clipped: Tensor, dual_clipped: Tensor, mask: Tensor) -> dict[str, float]:
     """verl's metric names: clip fraction, dual-clip fraction and the k1 KL estimate −mean(log r)."""
     return {
-        "actor/pg_clipfrac": masked_mean(clipped.float(), mask).item(),
-        "actor/pg_clipfrac_lower": masked_mean(dual_clipped.float(), mask).item(),
+        "actor/pg_clipfrac": masked_share(clipped, mask),
+        "actor/pg_clipfrac_lower": masked_share(dual_clipped, mask),
         "actor/ppo_kl": masked_mean(-log_r.detach(), mask).item(),
     }
 

@@ -47,13 +47,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar, NamedTuple
+from typing import ClassVar
 
 import torch
 
-from rlkit.core import fused
 from rlkit.core.aggregation import AGG_MODES
-from rlkit.core.masked import check_shapes, masked_mean
+from rlkit.core.masked import check_shapes, masked_mean, masked_share
 from rlkit.core.ppo import clipped_surrogate, log_ratio, reduce_policy_loss
 from rlkit.registry import Method, knob, register_method, register_policy_loss
 
@@ -101,7 +100,7 @@ def _check_variant(variant: str, use_entropy_advantage: bool) -> None:
 
 def _check_loss(variant: str, use_entropy_advantage: bool, entropy: Tensor | None, clip_low: float,
                 clip_high: float) -> None:
-    """:func:`aepo_loss`'s argument checks (also run by its faster implementation, :mod:`rlkit.methods.fast`)."""
+    """:func:`aepo_loss`'s argument checks."""
     _check_variant(variant, use_entropy_advantage)  # refuses "arlarena" without the entropy advantage
     if variant == "arlarena" and entropy is None:
         raise ValueError("variant 'arlarena' gates the clip on the entropy's z-score H̃: pass entropy")
@@ -123,84 +122,24 @@ def _per_token(adv: Tensor, mask: Tensor) -> Tensor:
     return adv
 
 
-class EntropyMoments(NamedTuple):
-    """The statistics behind H̃ (0-dim tensors): deviations d = H − pivot over the valid tokens."""
+def standardized_entropy(entropy: Tensor, mask: Tensor) -> Tensor:
+    """H̃ = (H − μ_H)/σ_H ``(B, T)`` over the valid tokens (unbiased σ, 1 if 0); detached, 0 where masked.
 
-    pivot: Tensor
-    """The first valid entropy (row-major): any valid value makes a constant entropy's deviations exactly 0."""
-    mean: Tensor
-    """μ of d."""
-    std: Tensor
-    """σ_H: unbiased std of d, 1 when it is 0 (or with ≤ 1 valid token)."""
-    low: Tensor
-    """min d over the valid tokens (0 without any)."""
-    high: Tensor
-    """max d over the valid tokens (0 without any)."""
-
-
-def entropy_moments(entropy: Tensor, mask: Tensor, *, safe: bool | None = None) -> EntropyMoments:
-    """:class:`EntropyMoments` of ``entropy`` ``(B, T)`` over the valid tokens, in two streaming passes over
-    blocks of rows (:mod:`rlkit.core.fused`), with no ``(B, T)`` temporary.
-
-    ``safe=False`` multiplies by the mask (fast; non-finite values at masked positions make the result
-    non-finite), ``True`` selects with it; None tries the fast way and checks (one host transfer).
+    The entropies are first shifted by one valid value (module doc, Deviations), so that a constant entropy
+    gives deviations of exactly 0 and σ_H = 0, not rounding noise.
     """
     check_shapes(mask, entropy=entropy)
-    if safe is None:
-        fast = entropy_moments(entropy, mask, safe=False)
-        if torch.isfinite(torch.stack(fast)).all():
-            return fast
-        return entropy_moments(entropy, mask, safe=True)
     h = entropy.detach()
     h = h if h.is_floating_point() else h.float()
-    dtype = h.dtype
-    tokens = fused.row_sums(mask, dtype)
-    n = tokens.sum().clamp(min=1.0)
-    if h.numel():
-        row = torch.argmax((tokens > 0).to(torch.uint8))
-        pivot = h[row, torch.argmax((mask[row] != 0).to(torch.uint8))]
-    else:
-        pivot = h.new_zeros(())
-    step = fused.rows_per_block(h)
-    slabs = fused.Slabs(["d", "d2"], step, h, torch.promote_types(dtype, torch.float32))
-    lows, highs = [h.new_zeros(())], [h.new_zeros(())]
-
-    def deviations(h_b: Tensor, m_b: Tensor, centre: Tensor) -> Tensor:
-        d = h_b - pivot
-        if centre is not None:
-            d -= centre
-        m = m_b.to(dtype)
-        return torch.where(m != 0, d, 0.0) if safe else d.mul_(m)
-
-    with torch.no_grad():
-        for _, h_b, m_b in fused.row_blocks(step, h, mask):
-            d = deviations(h_b, m_b, None)
-            slabs.rows(d.shape[0])["d"].add_(d)
-            if d.numel():
-                lo, hi = torch.aminmax(d)  # a masked 0 is the pivot's own deviation: no extreme is lost
-                lows.append(lo), highs.append(hi)
-        mean = (slabs.data[0].sum() / n).to(dtype)
-        for _, h_b, m_b in fused.row_blocks(step, h, mask):
-            d = deviations(h_b, m_b, mean)
-            slabs.rows(d.shape[0])["d2"].addcmul_(d, d)
-        var = (slabs.data[1].sum() / n).to(dtype)
-        count = n.to(dtype)
-        var = torch.where(count > 1, var * count / (count - 1).clamp(min=1.0), torch.zeros_like(var))  # Bessel
-        std = fused.sqrt(var)
-        std = torch.where(std > 0, std, torch.ones_like(std))
-    return EntropyMoments(pivot, mean, std, torch.stack(lows).amin(), torch.stack(highs).amax())
-
-
-def standardized_entropy(entropy: Tensor, mask: Tensor) -> Tensor:
-    """H̃ = (H − μ_H)/σ_H ``(B, T)`` over the valid tokens (unbiased σ, 1 if 0); detached, 0 where masked."""
-    moments = entropy_moments(entropy, mask)
-    return torch.where(mask.bool(), _z_score(entropy.detach(), moments), 0.0)
-
-
-def _z_score(entropy: Tensor, moments: EntropyMoments) -> Tensor:
-    """((H − pivot) − μ)/σ elementwise (any shape)."""
-    h = entropy if entropy.is_floating_point() else entropy.float()
-    return (h - moments.pivot - moments.mean) / moments.std
+    valid = mask.bool()
+    values = h[valid]
+    if values.numel() == 0:
+        return torch.zeros_like(h)
+    pivot = values[0]
+    d = values - pivot
+    std = d.std() if d.numel() > 1 else d.new_zeros(())
+    std = torch.where(std > 0, std, torch.ones_like(std))
+    return torch.where(valid, (h - pivot - d.mean()) / std, 0.0)
 
 
 def _reshape(adv: Tensor, h_tilde: Tensor, mask: Tensor, coef: float) -> Tensor:
@@ -285,7 +224,7 @@ def aepo_loss(
     kept = clipped & (adv > 0)
     if variant == "arlarena":
         kept = kept & (h_tilde <= 0)
-    base["aepo/clipfrac_grad_kept"] = masked_mean(kept.float(), mask).item()
+    base["aepo/clipfrac_grad_kept"] = masked_share(kept, mask)
     return loss, {**base, **metrics}
 
 

@@ -44,7 +44,7 @@ from typing import ClassVar
 import torch
 
 from rlkit.core.aggregation import AGG_MODES
-from rlkit.core.masked import check_shapes, masked_mean
+from rlkit.core.masked import check_shapes, masked_share
 from rlkit.core.ppo import log_ratio, reduce_policy_loss
 from rlkit.registry import Method, knob, register_method, register_policy_loss
 
@@ -104,7 +104,7 @@ def cispo_loss(
         old_logp=old_logp, behav_logp=behav_logp, behav_imp_weight_cap=behav_imp_weight_cap,
         loss_scale_factor=loss_scale_factor,
     )
-    metrics["cispo/clipped_frac"] = masked_mean((clipped & (adv != 0)).float(), mask).item()
+    metrics["cispo/clipped_frac"] = masked_share(clipped & (adv != 0), mask)
     return loss, metrics
 
 

@@ -69,7 +69,7 @@ from typing import ClassVar
 import torch
 
 from rlkit.core.aggregation import AGG_MODES
-from rlkit.core.masked import check_shapes, masked_count, masked_mean
+from rlkit.core.masked import check_shapes, masked_count, masked_mean, masked_share
 from rlkit.core.ppo import log_ratio, reduce_policy_loss
 from rlkit.registry import Method, knob, register_method, register_policy_loss
 
@@ -150,7 +150,7 @@ def gmpo_loss(
         loss_scale_factor=loss_scale_factor,
     )
     _, binds = clipped_log_ratio(log_r, adv, clip_low=clip_low, clip_high=clip_high)
-    metrics["gmpo/clipped_frac"] = masked_mean(binds.float(), mask).item()
+    metrics["gmpo/clipped_frac"] = masked_share(binds, mask)
     seq_adv = masked_mean(adv, mask, dim=-1)
     s = torch.where(seq_adv > 0, up, down).detach()[(masked_count(mask, dim=-1) > 0) & (seq_adv != 0)]
     metrics["gmpo/seq_ratio/mean"] = s.mean().item() if s.numel() else 1.0

@@ -86,6 +86,7 @@ def gspo_loss(
     if adv.dim() == 1:
         adv = adv.unsqueeze(-1).expand_as(mask)
     check_shapes(mask, logp=logp, old_logp=old_logp, adv=adv, behav_logp=behav_logp)
+    mask = mask.bool()  # converted once: every masked reduction below selects with it
     log_s = sequence_log_ratio(logp, old_logp, mask)  # (B,)  Eq. 6
     if variant == "sequence":
         log_s_tok = log_s.unsqueeze(-1).expand_as(logp)  # s_i carries the gradient
@@ -99,7 +100,7 @@ def gspo_loss(
         loss_scale_factor=loss_scale_factor,
     )
     has_tokens = masked_count(mask, dim=-1) > 0
-    seq_clipped = (clipped & mask.bool()).any(dim=-1)
+    seq_clipped = (clipped & mask).any(dim=-1)
     metrics["actor/pg_clipfrac_seq"] = (seq_clipped & has_tokens).float().sum().item() / max(
         int(has_tokens.sum()), 1
     )

@@ -39,19 +39,15 @@ Deviations:
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
-import math
-
 import torch
 
-from rlkit.core import fused
 from rlkit.core.aggregation import AGG_MODES
 from rlkit.core.entropy import entropy_from_logits
 from rlkit.core.groups import group_inputs, group_mean_std, group_scalars, group_sum
-from rlkit.core.masked import advantage_shift, check_shapes, masked_mean
+from rlkit.core.masked import advantage_shift, check_shapes, masked_mean, masked_share
 from rlkit.core.ppo import clipped_surrogate, log_ratio, reduce_policy_loss
 from rlkit.hooks import Hooks, StepBatch
 from rlkit.registry import (
@@ -63,11 +59,6 @@ Tensor = torch.Tensor
 
 #: Floor for entropies before the log, for the RMS and for max/min(h) (the released ``compute_entropy_h``'s).
 EPS = 1e-8
-#: Above this many positions (B·T) the pivot quantile is looked for among the values a sample brackets (exact all
-#: the same, :func:`_log_entropy_stats`); below it one ``kthvalue`` over every valid entropy is cheap.
-BRACKET_ABOVE = 1 << 18
-#: Positions of the batch in that sample (below ATen's parallel grain: its ops run inline).
-BRACKET_SAMPLE = 30000
 
 
 @dataclass
@@ -153,96 +144,17 @@ def entropy_stats(entropy: Tensor, mask: Tensor, *, entropy_pivot: float = 0.8) 
 
 
 def _log_entropy_stats(ell: Tensor, mask: Tensor, entropy_pivot: float) -> EntropyStats | None:
-    """:func:`entropy_stats` of ℓ = log H ``(B, T)`` (None without a valid token), streaming over blocks of rows
-    (:mod:`rlkit.core.fused`); ℓ is computed once by the caller (one ``log`` over the batch, :func:`_log_entropy`).
-
-    The pivot is the exact k-th smallest valid ℓ, k at torch.quantile's "nearest" rank (Python's round is
-    half-to-even like torch.round). One pass takes the moments of c = ℓ − s about a valid value s: Σc, Σc², min c,
-    max c (a masked c is 0, s's own). Below :data:`BRACKET_ABOVE` positions s is the pivot itself, found first by
-    one ``kthvalue`` over the valid ℓ. Above, s is a sample's value at the pivot's rank, and the same pass counts
-    the valid ℓ below a bracket of two sample order statistics six standard errors of the rank apart and gathers
-    those inside it, where the k-th is looked for (should the bracket miss it, in a layout the sample aliases, the
-    ``kthvalue`` over every valid ℓ answers: the result never depends on the sample). Then, with δ = pivot − s,
-    Σ(ℓ − pivot)² = Σc² − 2δ·Σc + n·δ², and max(ℓ − pivot) = max c + (s − pivot), exactly 0 when the pivot is
-    the maximum. max(h) = max(ℓ − pivot)/std: dividing by a positive number keeps the order.
-    """
-    bracket = _bracket(ell, mask, entropy_pivot) if ell.numel() > BRACKET_ABOVE else None
-    if bracket is None:
-        valid = ell[mask.bool()]
-        n = valid.numel()
-        if n == 0:
-            return None
-        k = round(entropy_pivot * (n - 1)) + 1
-        pivot = shift = valid.kthvalue(k).values
-    else:
-        pivot, shift = None, bracket[0]
-    s1, s2, low, high, n_valid, below, inside = _shifted_moments(ell, mask, shift, bracket, safe=False)
-    if not math.isfinite((s1 + s2 + low + high).item()):  # non-finite masked entropies: select with the mask
-        s1, s2, low, high, *_ = _shifted_moments(ell, mask, shift, None, safe=True)  # (the counts stand)
-    if pivot is None:
-        n = n_valid
-        k = round(entropy_pivot * (n - 1)) + 1
-        found = below < k <= below + inside.numel()
-        pivot = inside.kthvalue(k - below).values if found else ell[mask.bool()].kthvalue(k).values
-    back = shift - pivot  # s − pivot
-    delta = -back.double()
-    sq = s2 - 2.0 * delta * s1 + n * delta * delta
-    std = fused.sqrt((sq / n).clamp_min(EPS)).to(ell.dtype)
-    return EntropyStats(pivot, std, 1.0 / ((high + back) / std).clamp_min(EPS),
-                        1.0 / ((low + back) / std).clamp_max(-EPS))
-
-
-def _bracket(ell: Tensor, mask: Tensor, quantile: float) -> tuple[Tensor, Tensor | None, Tensor | None] | None:
-    """(s, lo, hi) from a sample of the valid ℓ: its value at the rank of ``quantile`` and two order statistics
-    six standard errors of the rank either side (None past an end); None for too small a sample."""
-    rows, cols = ell.shape
-    n_rows = min(rows, BRACKET_SAMPLE // max(cols, 1))
-    if n_rows >= 16:  # every k-th row, whole rows: read contiguously
-        pick = (slice(None, None, rows // n_rows), slice(None))
-    else:  # few long rows: every k-th column of each
-        pick = (slice(None), slice(None, None, max(1, rows * cols // BRACKET_SAMPLE)))
-    sample = ell[pick][mask[pick] != 0]
-    ns = sample.numel()
-    if ns < 256:
+    """:func:`entropy_stats` of ℓ = log H ``(B, T)`` (None without a valid token): Eq. 5's pivot Q_ρ(ℓ) and RMS
+    of ℓ − Q_ρ over the valid tokens, and Eq. 6's extremes of h."""
+    valid = ell[mask.bool()]
+    n = valid.numel()
+    if n == 0:
         return None
-    centre, half = quantile * ns, 6.0 * math.sqrt(ns * quantile * (1.0 - quantile)) + 2.0
-    r_lo, r_hi = math.floor(centre - half), math.ceil(centre + half)
-    return (sample.kthvalue(min(max(round(centre), 1), ns)).values,
-            sample.kthvalue(r_lo).values if r_lo >= 1 else None, sample.kthvalue(r_hi).values if r_hi <= ns else None)
-
-
-def _shifted_moments(ell: Tensor, mask: Tensor, shift: Tensor, bracket: tuple | None, *, safe: bool):
-    """Σc (float64), Σc² (float64), min c, max c of c = ℓ − shift over the valid tokens; with a ``bracket`` also
-    the number of valid tokens, of valid ℓ below the bracket, and the valid ℓ inside it."""
-    dtype = ell.dtype
-    step = fused.rows_per_block(ell)
-    slabs = fused.Slabs(["c", "c2", "valid", "below"], step, ell, dtype)
-    lows, highs = [ell.new_zeros(())], [ell.new_zeros(())]  # a masked 0 is the shift's own c
-    _, lo, hi = bracket if bracket is not None else (None, None, None)
-    inside = torch.empty(ell.shape, dtype=torch.bool, device=ell.device) if bracket is not None else None
-    with torch.no_grad():
-        for _, ell_b, m_b, inside_b in fused.row_blocks(step, ell, mask, inside):
-            acc = slabs.rows(ell_b.shape[0])
-            m = m_b.to(dtype)
-            c = ell_b - shift
-            c = torch.where(m != 0, c, 0.0) if safe else c.mul_(m)
-            acc["c"].add_(c)
-            acc["c2"].addcmul_(c, c)
-            if c.numel():
-                c_lo, c_hi = torch.aminmax(c)
-                lows.append(c_lo), highs.append(c_hi)
-            if bracket is not None:  # comparisons: masked NaN or inf count nowhere
-                valid = fused.indicator(torch.ne, m, 0.0)  # a count, as ``mask.bool()`` counts
-                acc["valid"].add_(valid)
-                keep = fused.indicator(torch.le, ell_b, hi) if hi is not None else torch.ones_like(c)
-                if lo is not None:
-                    below = fused.indicator(torch.lt, ell_b, lo)
-                    acc["below"].addcmul_(below, valid)
-                    keep.sub_(below)
-                inside_b.copy_(keep.mul_(valid))  # 0/1 → bool
-    s1, s2, n_valid, below = slabs.totals().tolist()
-    values = ell[inside] if inside is not None else ell.new_zeros(0)  # one gather: a few % of the tokens
-    return s1, s2, torch.stack(lows).amin(), torch.stack(highs).amax(), round(n_valid), round(below), values
+    pivot = valid.kthvalue(round(entropy_pivot * (n - 1)) + 1).values  # torch.quantile(…, interpolation="nearest")
+    centred = valid - pivot
+    std = centred.square().mean().clamp_min(EPS).sqrt()
+    h = centred / std
+    return EntropyStats(pivot, std, 1.0 / h.max().clamp_min(EPS), 1.0 / h.min().clamp_max(-EPS))
 
 
 def normalized_entropy(entropy: Tensor, stats: EntropyStats, *, release_compat: bool = False) -> Tensor:
@@ -256,18 +168,10 @@ def normalized_entropy(entropy: Tensor, stats: EntropyStats, *, release_compat: 
 
 def _normalized_log_entropy(ell: Tensor, stats: EntropyStats, *, release_compat: bool) -> Tensor:
     """:func:`normalized_entropy` of ℓ = log H."""
-    h_neg, h_pos = _signed_parts(ell, stats, release_compat=release_compat)
-    return h_neg + h_pos
-
-
-def _signed_parts(ell: Tensor, stats: EntropyStats, *, release_compat: bool) -> tuple[Tensor, Tensor]:
-    """min(h̃, 0) and max(h̃, 0) of ℓ = log H: one of the two is 0 at every token, so h̃ is exactly their sum."""
     median, std, scale_pos, scale_neg = stats
-    c = ell - median  # h = c/std: std folds into the scales
-    h_pos = c.mul(scale_pos / std).clamp_(0.0, 1.0)  # c > 0
-    if release_compat:  # h·scale_neg ≥ 0 where c ≤ 0: every h̃ in [0, 1]
-        return torch.zeros_like(c), h_pos.add_(c.mul_(scale_neg / std).clamp_(0.0, 1.0))
-    return c.mul_(scale_neg.abs() / std).clamp_(-1.0, 0.0), h_pos  # c ≤ 0
+    h = (ell - median) / std  # Eq. 5
+    negative_scale = scale_neg if release_compat else scale_neg.abs()
+    return torch.where(h > 0, h * scale_pos, h * negative_scale).clamp(-1.0, 1.0)  # Eq. 6
 
 
 def adaptive_temperature(
@@ -319,7 +223,7 @@ def tlga_advantage(
         rewards = rewards.float()
     rewards, index, num_groups = group_inputs(rewards, group_ids, mask)
     # every valid token is one observation of its sample's reward: a sample weighs its number of valid tokens
-    tokens = fused.row_sums(mask, rewards.dtype)  # (B,)
+    tokens = mask.sum(-1, dtype=rewards.dtype)  # (B,)
     mean, std, _ = group_mean_std(rewards, index, num_groups, weights=tokens, unbiased=False)
     centred = rewards - mean[index]
     adv = centred / (std[index] + eps) if norm_by_std else centred  # (B,)
@@ -329,7 +233,7 @@ def tlga_advantage(
         if bool(fallback.any()):  # one read on the host: GRPO's statistics only when some group needs them
             grpo = group_scalars(rewards, index, num_groups, norm_by_std=norm_by_std, eps=eps)
             adv = torch.where(fallback[index], grpo, adv)
-    return fused.broadcast_rows(adv, mask)
+    return adv.unsqueeze(-1) * mask.to(adv.dtype)
 
 
 @register_advantage("hapo_tlga", method="hapo")
@@ -342,26 +246,11 @@ def tlga_estimator(inputs: AdvantageInputs, *, norm_by_std: bool = True, fallbac
 
 
 def _redistributed(h: Tensor, ratio: Tensor, clip_low: float | Tensor, clip_high: float | Tensor) -> Tensor:
-    """Where Eqs. 10–11 rescale A (0/1 in h's dtype): high entropy outside the neutral zone
-    [1 − ε_L/2, 1 + ε_R/2], low entropy inside it."""
-    lo = torch.rsub(clip_low, 1.0, alpha=0.5) if isinstance(clip_low, Tensor) else 1.0 - clip_low / 2
-    hi = torch.rsub(clip_high, 1.0, alpha=-0.5) if isinstance(clip_high, Tensor) else 1.0 + clip_high / 2
-    return _moved(fused.indicator(torch.gt, h, 0.0), ratio, lo, hi)
-
-
-def _moved(positive: Tensor, ratio: Tensor, lo: float | Tensor, hi: float | Tensor) -> Tensor:
-    """(h̃ > 0) xor (lo ≤ r ≤ hi), 0/1 in ``positive``'s dtype."""
+    """Where Eqs. 10–11 rescale A (bool): high entropy (h̃ > 0) outside the neutral zone [1 − ε_L/2, 1 + ε_R/2],
+    low entropy inside it."""
     ratio = ratio.detach()
-    inside = fused.indicator(torch.ge, ratio, lo).mul_(fused.indicator(torch.le, ratio, hi))
-    return torch.ne(positive, inside.to(positive.dtype), out=inside)
-
-
-def _rescaled(adv: Tensor, h: Tensor, rescale: Tensor, adv_beta: float) -> Tensor:
-    """A + β·A·h̃ = A·(1 + β·h̃) where ``rescale`` is 1, A (exactly) where it is 0."""
-    scaled = adv * h.to(adv.dtype)
-    if adv.requires_grad and torch.is_grad_enabled():  # autograd takes no out=
-        return torch.addcmul(adv, scaled, rescale.to(adv.dtype), value=adv_beta)
-    return torch.addcmul(adv, scaled, rescale.to(adv.dtype), value=adv_beta, out=scaled)
+    inside = (ratio >= 1.0 - clip_low / 2) & (ratio <= 1.0 + clip_high / 2)
+    return (h > 0) != inside
 
 
 def redistribute_advantage(
@@ -379,9 +268,8 @@ def redistribute_advantage(
     advantage changes sign.
     """
     _check_range("adv_beta", adv_beta, 0.0, 1.0)
-    with torch.no_grad():
-        rescale = _redistributed(h, ratio, clip_low, clip_high)
-    return _rescaled(adv, h.detach(), rescale, adv_beta)
+    rescale = _redistributed(h, ratio, clip_low, clip_high)
+    return torch.where(rescale, adv * (1.0 + adv_beta * h.detach().to(adv.dtype)), adv)
 
 
 def adaptive_clip(
@@ -402,44 +290,17 @@ def adaptive_clip(
     return eps_low, eps_high
 
 
-def _check_loss(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, entropy: Tensor | None,
-                behav_logp: Tensor | None, *, needs_entropy: bool, adv_beta: float, clip_low: float, clip_high: float,
-                clip_alpha: float, entropy_pivot: float) -> None:
-    """:func:`hapo_loss`'s argument checks (also run by its faster implementation, :mod:`rlkit.methods.fast`);
-    ``clip_alpha`` is the α in effect (0 with D off)."""
-    check_shapes(mask, logp=logp, old_logp=old_logp, adv=adv, entropy=entropy, behav_logp=behav_logp)
-    if needs_entropy and entropy is None:
-        raise ValueError(
-            "hapo_loss needs the token entropies (entropy=...) for redistribution and adaptive clip; "
-            "pass use_redistribution=False, use_adaptive_clip=False for plain PPO"
-        )
-    _check_range("adv_beta", adv_beta, 0.0, 1.0)
-    adaptive_clip(logp.new_zeros(0), clip_low, clip_high, clip_alpha=clip_alpha)  # validates α and the ranges
-    _check_range("entropy_pivot", entropy_pivot, 0.0, 1.0)
-
-
-def _h_tilde_parts(logp: Tensor, old_logp: Tensor, mask: Tensor, entropy: Tensor | None,
-                   stats: EntropyStats | None, *, entropy_pivot: float,
-                   release_compat: bool) -> Callable[[slice | None], tuple[Tensor, Tensor]]:
-    """``signed_parts(rows)``: min(h̃, 0) and max(h̃, 0) (Eqs. 5–6) of the batch's rows ``rows`` (None: all), in the
-    dtype of ``logp`` and ``old_logp`` promoted; a function, so that the fused path takes one block of rows at a
-    time. h̃ uses ``stats``, or when None those of this batch's valid entropies (one log pass for both); both parts
-    are 0 without ``entropy`` or without a valid token."""
-    dtype = torch.promote_types(logp.dtype, old_logp.dtype)
-    ell = _log_entropy(entropy) if entropy is not None else None  # one log pass, for the statistics and h̃
-    if ell is not None and stats is None:
-        stats = _log_entropy_stats(ell, mask, entropy_pivot)
-        if stats is None:  # no valid token: nothing to normalise, h̃ = 0 changes no advantage and no bound
-            ell = None
-
-    def signed_parts(rows: slice | None = None) -> tuple[Tensor, Tensor]:
-        if ell is None:
-            zero = torch.zeros_like(logp if rows is None else logp[rows], dtype=dtype)
-            return zero, zero
-        parts = _signed_parts(ell if rows is None else ell[rows], stats, release_compat=release_compat)
-        return tuple(x.to(dtype) for x in parts)
-
-    return signed_parts
+def _h_tilde(entropy: Tensor | None, mask: Tensor, stats: EntropyStats | None, dtype: torch.dtype, *,
+             entropy_pivot: float, release_compat: bool) -> Tensor:
+    """h̃ (Eqs. 5–6) at the valid tokens, 0 elsewhere, in ``dtype``: under ``stats``, or when None those of this
+    batch's valid entropies; 0 everywhere without ``entropy`` or without a valid token."""
+    if entropy is not None:
+        ell = _log_entropy(entropy)
+        stats = stats if stats is not None else _log_entropy_stats(ell, mask, entropy_pivot)
+        if stats is not None:
+            h = _normalized_log_entropy(ell, stats, release_compat=release_compat)
+            return torch.where(mask.bool(), h, 0.0).to(dtype)  # padding entropies may be anything
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device)
 
 
 @register_policy_loss("hapo", method="hapo")
@@ -475,13 +336,16 @@ def hapo_loss(
     from that under the fixed ``clip_low``/``clip_high``, the same advantage and ratio — D's activity, 0 with D off).
     """
     clip_alpha = clip_alpha if use_adaptive_clip else 0.0  # α = 0 leaves every bound at its base value (D off)
-    _check_loss(logp, old_logp, adv, mask, entropy, behav_logp, adv_beta=adv_beta, clip_low=clip_low,
-                clip_high=clip_high, clip_alpha=clip_alpha, entropy_pivot=entropy_pivot,
-                needs_entropy=use_redistribution or use_adaptive_clip)
-    signed_parts = _h_tilde_parts(logp, old_logp, mask, entropy, stats, entropy_pivot=entropy_pivot,
-                                  release_compat=release_compat)
-    valid = mask.bool()
-    h = torch.where(valid, torch.add(*signed_parts()), 0.0)  # h̃, Eqs. 5–6 (padding entropies may be anything)
+    check_shapes(mask, logp=logp, old_logp=old_logp, adv=adv, entropy=entropy, behav_logp=behav_logp)
+    if (use_redistribution or use_adaptive_clip) and entropy is None:
+        raise ValueError(
+            "hapo_loss needs the token entropies (entropy=...) for redistribution and adaptive clip; "
+            "pass use_redistribution=False, use_adaptive_clip=False for plain PPO"
+        )
+    _check_range("adv_beta", adv_beta, 0.0, 1.0)
+    _check_range("entropy_pivot", entropy_pivot, 0.0, 1.0)
+    h = _h_tilde(entropy, mask, stats, torch.promote_types(logp.dtype, old_logp.dtype),
+                 entropy_pivot=entropy_pivot, release_compat=release_compat)  # Eqs. 5–6
     log_r = log_ratio(logp, old_logp)
     ratio = log_r.exp()
     eps_low, eps_high = adaptive_clip(h, clip_low, clip_high, clip_alpha=clip_alpha)  # D, Eqs. 12–13
@@ -494,21 +358,19 @@ def hapo_loss(
         loss_mat, mask, log_r=log_r, clipped=clipped, dual_clipped=dual, agg=agg, old_logp=old_logp,
         behav_logp=behav_logp, behav_imp_weight_cap=behav_imp_weight_cap, loss_scale_factor=loss_scale_factor,
     )
-    redistributed = (
-        _redistributed(h, ratio, eps_low, eps_high) if use_redistribution else torch.zeros_like(h)
-    )
+    redistributed = _redistributed(h, ratio, eps_low, eps_high) if use_redistribution else h != h
     changed = 0.0
     if clip_alpha != 0.0:  # D's activity: where the fixed bounds (α = 0, the same arithmetic) decide otherwise
         with torch.no_grad():
             base_low, base_high = adaptive_clip(h, clip_low, clip_high, clip_alpha=0.0)
             _, fixed, _ = clipped_surrogate(ratio.detach(), adv.detach(), clip_low=base_low, clip_high=base_high)
-            changed = masked_mean((fixed != clipped).float(), mask).item()
+            changed = masked_share(fixed != clipped, mask)
     metrics.update({
         "hapo/h_tilde/mean": masked_mean(h, mask).item(),
-        "hapo/h_tilde/pos_frac": masked_mean((h > 0).float(), mask).item(),
+        "hapo/h_tilde/pos_frac": masked_share(h > 0, mask),
         "hapo/clip_low/mean": masked_mean(eps_low, mask).item(),
         "hapo/clip_high/mean": masked_mean(eps_high, mask).item(),
-        "hapo/redistributed_frac": masked_mean(redistributed, mask).item(),
+        "hapo/redistributed_frac": masked_share(redistributed, mask),
         "hapo/clip_changed_frac": changed,
     })
     return loss, metrics

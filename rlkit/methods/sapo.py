@@ -55,7 +55,7 @@ from typing import ClassVar
 import torch
 
 from rlkit.core.aggregation import AGG_MODES
-from rlkit.core.masked import check_shapes, masked_mean
+from rlkit.core.masked import check_shapes, masked_mean, masked_share
 from rlkit.core.ppo import log_ratio, reduce_policy_loss
 from rlkit.registry import Method, knob, register_method, register_policy_loss
 
@@ -118,7 +118,7 @@ def sapo_loss(
         behav_logp=behav_logp, behav_imp_weight_cap=behav_imp_weight_cap, loss_scale_factor=loss_scale_factor,
     )
     metrics["sapo/gate_slope/mean"] = masked_mean(slope, mask).item()
-    metrics["sapo/halved_frac"] = masked_mean((slope < 0.5).float(), mask).item()
+    metrics["sapo/halved_frac"] = masked_share(slope < 0.5, mask)
     return loss, metrics
 
 
