@@ -20,7 +20,8 @@ import yaml
 
 from rlkit.lab import paths
 from rlkit.lab.book import build
-from rlkit.lab.claims import CLAIMS_FILE, DROPPED, RECORD_FIELDS, UNTESTABLE, VERDICTS
+from rlkit.lab.claims import DROPPED, UNTESTABLE, VERDICTS
+from rlkit.lab.judge import CLAIMS_FILE, RECORD_FIELDS
 from rlkit.lab.reproduce import load_specs, reproduce
 
 BOOK_DIR = paths.book_dir()

@@ -1,8 +1,9 @@
-"""The claim rules: hand-sized intervals and verdicts, the declared margin and its source, equivalence (TOST), the
-sequential seed rule's rounds, collapses told, "not exercised", findings in words, every spec claim able to fail
-(synthetic runs where it is false and where it is true), invariants (hypothesis), claims.json — and the specs at the
-scale of the real runs (the published ones): no margin far from the baseline's seed spread, no gate passed by the
-baseline or by a run that took the baseline's trajectory."""
+"""The claim rules (rlkit.lab.claims, applied by rlkit.lab.judge): hand-sized verdicts, the declared margin
+and its source, equivalence (TOST), the sequential seed rule's rounds, collapses told, "not exercised",
+findings in words, every spec claim able to fail (synthetic runs where it is false and where it is true),
+invariants (hypothesis), claims.json — and the specs at the scale of the real runs (the published ones): no
+margin far from the baseline's seed spread, no gate passed by the baseline or by a run that took the
+baseline's trajectory."""
 
 from __future__ import annotations
 
@@ -17,10 +18,12 @@ from hypothesis import strategies as st
 
 from rlkit.lab import claims
 from rlkit.lab.claims import (
-    DROPPED, HOLDS, IDLE, INCONCLUSIVE, NO_EFFECT, OPPOSITE, SMALLER, UNTESTABLE, Claim, SeedRule, judge, judge_spec,
-    next_round, run_name, seeds_problems_interval, seeds_to_decide, t_interval, verdict_of,
+    DROPPED, HOLDS, IDLE, INCONCLUSIVE, NO_EFFECT, OPPOSITE, SMALLER, UNTESTABLE, Claim, run_name,
+    seeds_to_decide, verdict_of,
 )
+from rlkit.lab.judge import judge, judge_spec, load, next_round, save
 from rlkit.lab.runs import load_run
+from rlkit.lab.stats import SeedRule, look_level, t_interval
 from rlkit.metrics import MetricsWriter
 from rlkit.lab.reproduce import Spec, load_specs
 from test_reproduce import fake_run
@@ -36,26 +39,6 @@ def runs_of(root, name, per_seed, act=1.0):
 
 def claim(expect, tolerance=0.0, **kw):
     return Claim("c", "p", metric="m", expect=expect, tolerance=tolerance, window=2, activity=ACTIVE, **kw)
-
-
-# ------------------------------------------------------------------------------------------------ intervals
-
-
-def test_t_interval_by_hand():
-    mean, lo, hi = t_interval([1.0, 2.0, 3.0])  # s = 1, t(0.95; 2) = 2.919986
-    assert mean == 2.0
-    assert hi - mean == pytest.approx(2.919986 / math.sqrt(3), rel=1e-6)
-    assert lo == pytest.approx(2 * mean - hi)
-    assert t_interval([0.5]) == (0.5, -math.inf, math.inf)  # one seed: no interval
-
-
-def test_seeds_problems_interval_by_hand():
-    diff = np.array([[1.0, 0.0], [0.0, 0.0]])  # seed means .5, 0; problem means .5, 0: each variance .125
-    mean, lo, hi = seeds_problems_interval(diff)
-    t1 = 6.313752  # t(0.95; 1)
-    assert mean == 0.25
-    assert hi - mean == pytest.approx(math.sqrt(2 * t1**2 * 0.125 / 2), rel=1e-6)
-    assert seeds_problems_interval(np.zeros((3, 4))) == (0.0, 0.0, 0.0)
 
 
 # ------------------------------------------------------------------------------------------------ verdicts
@@ -125,7 +108,7 @@ def test_no_effect_is_two_one_sided_tests_inside_the_margin():
     from scipy import stats
 
     rng = np.random.default_rng(5)
-    level, margin = claims.look_level(1), 1.0
+    level, margin = look_level(1), 1.0
     agree = 0
     for _ in range(400):
         d = rng.normal(rng.uniform(-1.5, 1.5), rng.uniform(0.05, 1.0), size=rng.integers(3, 13))
@@ -253,10 +236,10 @@ def test_judge_spec_reads_the_runs_of_the_spec_and_its_regime(tmp_path):
     records = judge_spec(spec, tmp_path)
     assert [r["verdict"] for r in records] == [HOLDS, HOLDS, UNTESTABLE]
     assert records[0]["seeds"] == [0, 1, 2] and records[1]["run"] == "aspo-stress"
-    path = claims.save(records, tmp_path)
+    path = save(records, tmp_path)
     assert json.loads(path.read_text())[0]["statement"] == "earlier"
-    assert claims.load(tmp_path, "n.md", [0, 1, 2]) == json.loads(path.read_text())
-    assert claims.load(tmp_path, "n.md", [0]) is None  # judged on other seeds: judge again
+    assert load(tmp_path, "n.md", [0, 1, 2]) == json.loads(path.read_text())
+    assert load(tmp_path, "n.md", [0]) is None  # judged on other seeds: judge again
 
 
 # ------------------------------------------------------------------------------------------------ every claim can fail
@@ -353,74 +336,6 @@ def test_mirror_shift_and_margin_invariants(tmp_path_factory, ours, base, tol, s
     assert lower == HOLDS or verdict("lower", ours, base, tol + 1) != HOLDS
 
 
-def _record(cid, verdict, estimate=None, interval=None, margin=0.05, direction="higher"):
-    return {"id": cid, "notebook": "n.md", "run": "x", "baseline": "grpo", "statement": f"claim {cid}",
-            "paper": "Paper §1", "metric": "val/acc_final", "direction": direction, "rule": "r", "margin": margin,
-            "margin_source": "tolerance", "estimate": estimate, "interval": interval, "seeds": [0, 1, 2],
-            "verdict": verdict, "activity": None, "finding": f"Finding of {cid}, +2.0 points.", "over": "3 seeds"}
-
-
-def test_what_we_found_counts_every_verdict_and_puts_decided_claims_first():
-    from rlkit.lab.claims import summary
-
-    records = [_record("a", claims.INCONCLUSIVE, 0.01, [-0.02, 0.04]), _record("b", claims.UNTESTABLE),
-               _record("c", claims.HOLDS, 0.2, [0.1, 0.3]), _record("d", claims.OPPOSITE, -0.1, [-0.2, -0.05])]
-    lines = summary(records)
-    assert lines[0] == ("Of the 4 claims: 1 “holds”, 1 “does not hold: opposite effect”, "
-                        "1 “inconclusive”, 1 “not testable on a CPU”.")
-    assert lines[1].startswith("claim c — holds: finding of c") and lines[2].startswith("claim d — does not hold")
-    assert lines[3].startswith("claim a — inconclusive") and len(lines) == 4  # the untestable one only counted
-    assert len(summary(records * 3)) == 5  # at most 5 sentences
-
-
-def test_claims_html_is_three_columns_with_the_details_folded():
-    from rlkit.lab.claims import html
-
-    out = html([_record("a", claims.HOLDS, 0.2, [0.1, 0.3]), _record("b", claims.DROPPED)], method_column=True)
-    assert out.count("<th>") == 4 and out.count("<tr>") == 3
-    assert out.count("<details>") == 2 and "Paper §1" in out and "+0.2 [+0.1, +0.3]" in out
-
-
-def test_forest_plots_judged_claims_in_units_of_their_margin():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from rlkit.lab.claims import forest
-
-    records = [_record("up", claims.HOLDS, 0.2, [0.1, 0.3], margin=0.05),
-               _record("down", claims.HOLDS, -0.2, [-0.3, -0.1], margin=0.1, direction="lower"),
-               _record("zero", claims.INCONCLUSIVE, 0.0, [-0.1, 0.1], margin=0.0), _record("u", claims.UNTESTABLE)]
-    fig = forest(records)
-    ax = fig.axes[0]
-    labels = [t.get_text() for t in ax.get_yticklabels()]  # short names: the method, then the claim's first words
-    assert [label.split(":")[0] for label in labels] == ["down", "up"] and all(": " in label for label in labels)
-    verdicts = list(claims.MARKERS)
-    assert len(set(claims.MARKERS.values())) == len(verdicts) and len(set(claims.SHAPES.values())) == len(verdicts)
-    spans = sorted(tuple(line.get_xdata()) for line in ax.get_lines()
-                   if len(line.get_xdata()) == 2 and line.get_xdata()[0] != line.get_xdata()[1])  # not the zero line
-    # "down" flipped: −0.3..−0.1 over 0.1 → 1..3; "up": 0.1..0.3 over 0.05 → 2..6
-    assert spans == [pytest.approx((1.0, 3.0)), pytest.approx((2.0, 6.0))]
-    assert "zero: claim zero" in fig.texts[-1].get_text()  # a margin of 0 has no unit: named in the caption
-
-
-def test_forest_labels_are_distinct_where_claims_share_their_first_words():
-    """HAPO's entropy claim with the paper's and with the released code's sign were two rows labelled alike."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from rlkit.lab.claims import forest, short_names
-
-    paper, code = (_record(f"hapo-{k}", claims.INCONCLUSIVE, 0.0, [-0.1, 0.1]) for k in (1, 2))
-    paper["statement"] = "HAPO keeps higher entropy than its base algorithm (the paper's h̃ sign)"
-    code["statement"] = "HAPO keeps higher entropy than its base algorithm (the released code's h̃ sign)"
-    other = _record("spo-4", claims.HOLDS, 0.2, [0.1, 0.3])
-    names = short_names([paper, code, other])
-    assert len(set(names)) == 3 and "paper's" in names[0] and "released" in names[1]
-    assert names[2] == "spo-4: claim spo-4".replace("spo-4:", "spo:")
-    labels = [t.get_text() for t in forest([paper, code, other]).axes[0].get_yticklabels()]
-    assert len(set(labels)) == 3
-
-
 # ------------------------------------------------------------------------------------------------ collapses told
 
 
@@ -490,7 +405,7 @@ def test_a_claim_is_judged_at_a_planned_look_only(tmp_path):
     spec = seq_spec([Claim("c", "p", metric="m", expect="lower", tolerance=0.5, window=2, activity=ACTIVE)])
     assert judge_spec(spec, tmp_path)[0]["seeds"] == list(range(6))
     assert SeedRule().looks == [3, 6, 9, 12] and SeedRule(start=3, batch=4, cap=12).looks == [3, 7, 11, 12]
-    assert claims.look_level(4) == pytest.approx(0.9875) and claims.look_level(1) == pytest.approx(0.95)
+    assert look_level(4) == pytest.approx(0.9875) and look_level(1) == pytest.approx(0.95)
     with pytest.raises(ValueError, match="at least 2 seeds"):
         SeedRule(start=1)
 
@@ -594,16 +509,3 @@ def test_the_margin_check_catches_a_trivial_margin(cid, changes):
 def test_the_gate_check_catches_a_gate_the_baseline_passes(cid, activity):
     spec, c = mutated(cid, activity=activity)
     assert claims.gate_check(c, spec, PUBLISHED) is not None
-
-
-def test_at_the_cap_names_each_inconclusive_claim_with_its_projected_seeds():
-    from rlkit.lab.claims import HOLDS, INCONCLUSIVE, PROJECTION_LIMIT, at_the_cap
-
-    records = [{"id": "a-1", "verdict": INCONCLUSIVE, "seeds_to_decide": 27},
-               {"id": "b-2", "verdict": INCONCLUSIVE, "seeds_to_decide": None},
-               {"id": "c-3", "verdict": HOLDS, "seeds_to_decide": None}]
-    text = at_the_cap(records)
-    assert text.startswith(" 2 claims stay inconclusive at the cap")
-    assert "a-1 (about 27 seeds)" in text and f"b-2 (not by {PROJECTION_LIMIT} seeds" in text and "c-3" not in text
-    assert at_the_cap(records[2:]) == ""
-    assert at_the_cap(records[:1]).startswith(" 1 claim stays inconclusive at the cap")

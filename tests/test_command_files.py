@@ -317,7 +317,7 @@ def test_claims_over_a_damaged_run_are_not_judged_nor_counted_as_agreement(folde
     damage_env(mine / "toy" / "seed0")
     spec = SimpleNamespace(name="toy", method="toy", claims=["a claim"],
                            runs=lambda seeds=None: [PlannedRun("toy", "toy", "standard", 0)])
-    monkeypatch.setattr("rlkit.lab.claims.judge_spec", lambda *a, **k: pytest.fail("judged over a damaged run"))
+    monkeypatch.setattr("rlkit.lab.judge.judge_spec", lambda *a, **k: pytest.fail("judged over a damaged run"))
     not_judged = []
     claims = reproduced.compare_claims(mine, published, [spec], not_judged)
     assert len(claims) == 0

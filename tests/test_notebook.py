@@ -9,7 +9,7 @@ import re
 import matplotlib
 import pytest
 
-from rlkit.lab import claims, notebook, plots
+from rlkit.lab import claims, judge, notebook, plots, report
 from rlkit.lab.claims import INCONCLUSIVE, Claim
 from rlkit.lab.reproduce import Spec
 from rlkit.lab.runs import load_run
@@ -46,32 +46,32 @@ def spec(tmp_path, monkeypatch):
 
 
 def test_a_page_shows_the_saved_sequential_records_each_on_its_seeds(spec, tmp_path, monkeypatch):
-    saved = claims.judge_spec(spec, tmp_path)  # what `rlkit reproduce` saves after its rounds
+    saved = judge.judge_spec(spec, tmp_path)  # what `rlkit reproduce` saves after its rounds
     assert [len(r["seeds"]) for r in saved] == [3, 6] and saved[1]["verdict"] == INCONCLUSIVE
-    claims.save(saved, tmp_path)
-    on_file = claims.load(tmp_path, spec.notebook)
-    monkeypatch.setattr(claims, "judge_spec", lambda *a, **kw: pytest.fail("judged again instead of shown"))
+    judge.save(saved, tmp_path)
+    on_file = judge.load(tmp_path, spec.notebook)
+    monkeypatch.setattr(judge, "judge_spec", lambda *a, **kw: pytest.fail("judged again instead of shown"))
     records, note = notebook.claim_records("aspo", seeds=None, results=tmp_path)
     assert records == on_file and note is None
     assert [r["seeds"] for r in records] == [[0, 1, 2], list(range(6))]
     assert [r["level"] for r in records] == pytest.approx([0.9875] * 2)  # the rule's looks, not one fixed look
     html = notebook.claims_table("aspo", seeds=None, results=tmp_path).data
-    assert claims.html(on_file) in html and "rlkit-note" not in html
-    assert notebook.RULES_LINK in html and claims.glossary_html() not in html  # the verdict words: linked, not repeated
+    assert report.html(on_file) in html and "rlkit-note" not in html
+    assert notebook.RULES_LINK in html and report.glossary_html() not in html  # the verdict words: linked, not repeated
     counted = re.findall(r"Of (?:the )?2 claims", html)  # the verdict counts, once: in the "What we found" box
     assert counted == ["Of the 2 claims"], counted
 
 
 def test_an_explicit_number_of_other_seeds_is_judged_now_and_says_so(spec, tmp_path):
-    claims.save(claims.judge_spec(spec, tmp_path), tmp_path)
+    judge.save(judge.judge_spec(spec, tmp_path), tmp_path)
     records, note = notebook.claim_records("aspo", seeds=3, results=tmp_path)
     assert [r["seeds"] for r in records] == [[0, 1, 2]] * 2
     assert [r["level"] for r in records] == pytest.approx([0.95] * 2)  # one look: judged now, a fixed design
     assert "seeds 0–2" in note and "3–6 seeds" in note and "seeds = None" in note
     assert "rlkit-note" in notebook.claims_table("aspo", seeds=3, results=tmp_path).data
-    fixed = claims.judge_spec(spec, tmp_path, range(3))
-    claims.save(fixed, tmp_path)  # `rlkit reproduce --seeds 3`: the saved records are those seeds'
-    assert notebook.claim_records("aspo", seeds=3, results=tmp_path) == (claims.load(tmp_path, spec.notebook), None)
+    fixed = judge.judge_spec(spec, tmp_path, range(3))
+    judge.save(fixed, tmp_path)  # `rlkit reproduce --seeds 3`: the saved records are those seeds'
+    assert notebook.claim_records("aspo", seeds=3, results=tmp_path) == (judge.load(tmp_path, spec.notebook), None)
 
 
 def test_without_claims_json_the_page_judges_by_the_sequential_rule(spec, tmp_path):

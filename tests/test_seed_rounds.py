@@ -70,7 +70,7 @@ def test_rounds_train_the_next_seeds_of_undecided_claims_up_to_the_cap(project, 
 def test_at_most_the_rounds_asked_and_a_run_left_part_way_is_not_judged(project, monkeypatch):
     """``max_rounds`` (``rlkit reproduce --rounds N``) stops the rounds there; a later call goes on. A seed whose
     run stopped part-way (its metrics short of the config's steps) is not among the seeds a claim is judged on."""
-    from rlkit.lab import claims
+    from rlkit.lab.judge import judge_spec
 
     specs_dir, results = project
     monkeypatch.setattr(reproduce, "train_runs", lambda planned, **kw: [write(results, p.name, p.seed)
@@ -82,7 +82,7 @@ def test_at_most_the_rounds_asked_and_a_run_left_part_way_is_not_judged(project,
     metrics = results / "aspo-eq1" / "seed5" / "metrics.jsonl"
     metrics.write_text(metrics.read_text().splitlines()[0] + "\n")  # step 0 only: a run stopped part-way
     assert available_seeds(results, "aspo-eq1") == list(range(5))
-    assert claims.judge_spec(specs[0], results)[1]["seeds"] == [0, 1, 2]  # the last look both runs reached
+    assert judge_spec(specs[0], results)[1]["seeds"] == [0, 1, 2]  # the last look both runs reached
 
 
 def test_a_round_that_trains_nothing_stops_instead_of_looping(project, monkeypatch):
@@ -110,7 +110,7 @@ def test_reproduce_runs_the_rounds_unless_told_a_fixed_number_or_another_scale(p
     monkeypatch.setattr(reproduce, "train_runs", lambda planned, **kw: {})
     monkeypatch.setattr(reproduce, "seed_rounds", lambda *a, **kw: called.append(kw) or {})
     monkeypatch.setattr(reproduce, "execute", lambda spec, out, params, **kw: out / "nb.ipynb")
-    monkeypatch.setattr(reproduce.claims, "judge_all", lambda specs, res, seeds, sequential: judged.append(
+    monkeypatch.setattr(reproduce.judge, "judge_all", lambda specs, res, seeds, sequential: judged.append(
         (seeds, sequential)) or [])
     monkeypatch.setattr(paths, "published_dir", lambda: tmp_path / "nowhere")
     reproduce.reproduce(only=["aspo"], results=results, specs_dir=specs_dir, progress=False, **kwargs)

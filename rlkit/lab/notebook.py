@@ -17,7 +17,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from rlkit.lab import claims, paths, plots
+from rlkit.lab import claims, findings, judge, paths, plots, report
 from rlkit.lab.claims import run_name
 from rlkit.lab.runs import Run, available_seeds
 from rlkit.lab.reproduce import ensure_run, get_spec
@@ -329,22 +329,22 @@ def claim_records(name: str, *, seed: int | None = None, seeds: int | None = Non
 
     ``seeds`` None (and no ``seed``): the records of ``claims.json`` beside the runs as the reproduction saved them —
     each judged on its own seeds at its look's level by the sequential rule — never judged again; without them,
-    judged now by the sequential rule (:func:`rlkit.lab.claims.judge_spec` with no seeds). One ``seed``, or seeds
+    judged now by the sequential rule (:func:`rlkit.lab.judge.judge_spec` with no seeds). One ``seed``, or seeds
     0..``seeds``−1: the saved records when they were judged on exactly those seeds, else judged now on them (a
     fixed design), with a note saying that the saved records differ."""
     spec = get_spec(name)
     root = results_dir(results)
     chosen = [seed] if seed is not None else None if seeds is None else list(range(seeds))
-    saved = claims.load(root, spec.notebook) or []
-    if saved and (chosen is None or claims.load(root, spec.notebook, chosen)):
+    saved = judge.load(root, spec.notebook) or []
+    if saved and (chosen is None or judge.load(root, spec.notebook, chosen)):
         return saved, None
-    records = claims.judge_spec(spec, root, chosen)
+    records = judge.judge_spec(spec, root, chosen)
     if not saved:
         return records, None
     judged_on = sorted({len(r["seeds"]) for r in saved if r["interval"] is not None})
     on = f"seed {seed}" if seed is not None else f"seeds 0–{seeds - 1}"
     return records, (f"Judged here on {on} (a fixed design, 95% intervals): the reproduction's verdicts in "
-                     f"{claims.CLAIMS_FILE}, judged on {seeds_text(judged_on or [0])} seeds, differ in their seeds; "
+                     f"{judge.CLAIMS_FILE}, judged on {seeds_text(judged_on or [0])} seeds, differ in their seeds; "
                      "execute the page with seeds = None to show them.")
 
 
@@ -355,7 +355,7 @@ def note_html(note: str | None) -> str:
 
 def claims_table(name: str, *, seed: int | None = None, seeds: int | None = None,
                  results: str | Path | None = None):
-    """The spec's claims (the rules: :data:`rlkit.lab.claims.RULES`) as HTML: a "What we found" box in plain
+    """The spec's claims (the rules: :data:`rlkit.lab.report.RULES`) as HTML: a "What we found" box in plain
     sentences, the narrow table (claim and finding, estimate, coloured verdict; details folded) and a link to the
     verdict words and rules, stated once on the comparison page (:data:`RULES_LINK`). The records: :func:`claim_records` (with ``seeds`` None, those the reproduction saved in
     ``claims.json``; judged now only where there are none, or on other explicit seeds — then said above the table)."""
@@ -364,7 +364,7 @@ def claims_table(name: str, *, seed: int | None = None, seeds: int | None = None
 
     collapses = records_sentences(records)[1:]  # its first sentence, the counts, opens the "What we found" box
     return HTML(note_html(note) + (say_html(collapses) if collapses else "")
-                + claims.found_box(records) + claims.html(records) + RULES_LINK)
+                + report.found_box(records) + report.html(records) + RULES_LINK)
 
 
 # ------------------------------------------------------------------------------------------------ words after results
@@ -495,7 +495,7 @@ def records_sentences(records: Sequence[Mapping[str, Any]]) -> list[str]:
         c = r.get("collapsed")
         if c and c["run"] not in told:
             told.add(c["run"])
-            out.append(claims.collapse_sentence(c))
+            out.append(findings.collapse_sentence(c))
     return out
 
 

@@ -8,7 +8,7 @@ notebook (jupytext MyST → ipynb) and executes it with papermill, once per seed
 stops everything with its cell and error.
 
 Inside a notebook, :func:`ensure_run` trains a method (or reuses a finished run, or resumes a killed one), and
-:func:`rlkit.lab.claims.judge_spec` turns a spec's claims into records of verdicts computed from the metrics files —
+:func:`rlkit.lab.judge.judge_spec` turns a spec's claims into records of verdicts computed from the metrics files —
 never typed in (the rules, the null-calibrated margins and the verdicts: :mod:`rlkit.lab.claims`). The specs,
 notebooks and results are the project's (:mod:`rlkit.lab.paths`): a checkout, or ``$RLKIT_PROJECT``.
 """
@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from rlkit import registry
-from rlkit.lab import claims, paths
+from rlkit.lab import findings, judge, paths
 from rlkit.lab.claims import Claim, run_name
 from rlkit.lab.runs import Run, finished, load_run
+from rlkit.lab.stats import SeedRule
 from rlkit.tiny.config import REGIMES, build_config, default_config
 
 
@@ -62,7 +63,7 @@ class Spec:
     """Extra papermill parameters."""
     claims: list[Claim] = field(default_factory=list)
     seed_rule: dict[str, int] = field(default_factory=dict)
-    """The sequential seed rule's ``batch`` and ``cap`` (``seeds`` is its start): :class:`rlkit.lab.claims.SeedRule`,
+    """The sequential seed rule's ``batch`` and ``cap`` (``seeds`` is its start): :class:`rlkit.lab.stats.SeedRule`,
     whose defaults (+3 a round, up to 12) apply to what is not given."""
     anatomy: dict[str, str] = field(default_factory=dict)
     """A method's row of the overview's anatomy table (:data:`ANATOMY`; Markdown, "as GRPO" where it changes
@@ -77,7 +78,7 @@ class Spec:
         if (self.variants or self.regimes != ["standard"]) and not self.method:
             raise ValueError(f"spec {self.name!r}: regimes and variants need a method")
         if self.method and self.claims:
-            claims.SeedRule(start=self.seeds, **self.seed_rule)  # a bad rule fails when the spec loads
+            SeedRule(start=self.seeds, **self.seed_rule)  # a bad rule fails when the spec loads
         if self.anatomy and set(self.anatomy) - {"label"} != set(ANATOMY):
             raise ValueError(f"spec {self.name!r}: anatomy must give {', '.join(ANATOMY)} (and may give a label) — "
                              f"its row of the overview's table; got {', '.join(sorted(self.anatomy))}")
@@ -575,11 +576,11 @@ def reproduce(
                                    device=device, workers=workers, ray_address=ray_address, ray_shared=ray_shared,
                                    max_rounds=rounds))
     # ---
-    judged = claims.judge_all(specs, results, seeds, sequential=sequential)  # before the pages that render them
+    judged = judge.judge_all(specs, results, seeds, sequential=sequential)  # before the pages that render them
     if judged:
-        print(f"claims: {len(judged)} judged -> {claims.save(judged, results)}", flush=True)
-        if sequential and claims.rule_finished(specs, judged):  # the rule has ended: what it left undecided
-            left = claims.at_the_cap(judged)
+        print(f"claims: {len(judged)} judged -> {judge.save(judged, results)}", flush=True)
+        if sequential and judge.rule_finished(specs, judged):  # the rule has ended: what it left undecided
+            left = findings.at_the_cap(judged)
             print("claims: the seed rule is finished;" + (left or " every judged claim is decided or idle."),
                   flush=True)
     done: list[Path] = []
@@ -604,7 +605,7 @@ def reproduce(
 def seed_rounds(specs: Sequence[Spec], results: Path, *, scale: str | None = None,
                 specs_dir: str | Path | None = None, progress: bool = True, max_rounds: int | None = None,
                 **train: Any) -> dict[str, float]:
-    """The rounds of the sequential seed rule: while :func:`rlkit.lab.claims.next_round` names runs whose claims
+    """The rounds of the sequential seed rule: while :func:`rlkit.lab.judge.next_round` names runs whose claims
     are undecided below their cap, train those runs' next seeds (:func:`train_runs`, with ``train``'s options; a
     baseline from another spec too) and look again — at most ``max_rounds`` rounds (None: until none is asked).
     Returns minutes per round."""
@@ -612,7 +613,7 @@ def seed_rounds(specs: Sequence[Spec], results: Path, *, scale: str | None = Non
     templates = {p.name: (p, scale or spec.scale) for spec in every for p in spec.runs(1)}
     minutes: dict[str, float] = {}
     asked: list[dict[str, int]] = []
-    while (max_rounds is None or len(asked) < max_rounds) and (needed := claims.next_round(specs, results)):
+    while (max_rounds is None or len(asked) < max_rounds) and (needed := judge.next_round(specs, results)):
         if needed in asked:  # trained, yet still short: a run did not finish; stop rather than loop
             raise RuntimeError(f"the seed rounds asked twice for {needed}: the runs did not finish")
         asked.append(needed)

@@ -24,7 +24,7 @@ reproduced`` prints it for any two results folders. Per run and seed:
   exits 1 when any run is damaged or not finished.
 
 Per claim: the verdict judged from this machine's runs and from the published runs of the same seeds, by the same
-rules (:func:`rlkit.lab.claims.judge_claims`); the ones that differ are listed, and so are the reproductions whose
+rules (:func:`rlkit.lab.report.judge_claims`); the ones that differ are listed, and so are the reproductions whose
 claims could not be judged because a run they read is damaged or not finished (never counted as agreement).
 """
 
@@ -220,7 +220,8 @@ def compare_claims(results: str | Path, published: str | Path, specs: Sequence[A
     (of the spec's method), for the specs whose runs both folders hold. A spec whose runs cannot be compared (one
     damaged or not finished, here or there: :func:`check_run`) is not judged: it is added to ``not_judged`` with
     what is wrong, never counted as agreement."""
-    from rlkit.lab.claims import INCONCLUSIVE, judge_spec
+    from rlkit.lab.claims import INCONCLUSIVE
+    from rlkit.lab.judge import judge_spec
 
     mine, theirs = _runs(Path(results)), _runs(Path(published))
     rows = []

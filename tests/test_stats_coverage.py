@@ -12,7 +12,8 @@ import pytest
 
 from scipy import stats
 
-from rlkit.lab.claims import INCONCLUSIVE, LEVEL, SeedRule, seeds_problems_interval, t_interval, verdict_of
+from rlkit.lab.claims import INCONCLUSIVE, verdict_of
+from rlkit.lab.stats import LEVEL, SeedRule, seeds_problems_interval, t_interval
 
 REPS = 20_000  # Monte Carlo s.e. of a 90% coverage: 0.2 points
 
@@ -36,7 +37,7 @@ def test_the_replaced_three_seed_percentile_bootstrap_undercovers():
     means = d[:, picks].mean(-1)  # (reps, 27)
     lo, hi = np.quantile(means, [0.05, 0.95], axis=1)
     cov = coverage(np.stack([lo, hi], 1), 0.0)
-    assert cov < 0.75, cov  # about 0.64: why rlkit.lab.claims uses t-intervals
+    assert cov < 0.75, cov  # about 0.64: why rlkit.lab.stats uses t-intervals
 
 
 @pytest.mark.parametrize("seed_sd", [0.0, 0.015, 0.04])
@@ -101,7 +102,7 @@ def test_the_vectorised_look_is_the_claims_t_interval():
 
 
 COVERED = ["normal", "lognormal:0.5", "collapse:0.1:5", "collapse:0.3:3"]
-NOT_COVERED_DRAWS = ["lognormal:1", "collapse:0.2:5"]  # rlkit.lab.claims.NOT_COVERED says so on every page
+NOT_COVERED_DRAWS = ["lognormal:1", "collapse:0.2:5"]  # rlkit.lab.stats.NOT_COVERED says so on every page
 DELTAS = (0.0, 1.0, 2.0, 3.0)  # in units of the margin (= 1 seed SD): 1.0 is the hardest, any decision there errs
 SEQ_REPS = 10_000  # Monte Carlo s.e. of a 90% coverage: 0.3 points
 
@@ -120,7 +121,8 @@ def test_the_sequential_rule_covers_at_the_sizes_used(kind, expect):
 
 @pytest.mark.parametrize("kind", NOT_COVERED_DRAWS)
 def test_what_the_rule_does_not_cover_is_said(kind):
-    from rlkit.lab.claims import GLOSSARY, NOT_COVERED, RULES
+    from rlkit.lab.report import GLOSSARY, RULES
+    from rlkit.lab.stats import NOT_COVERED
 
     worst = min(sequential_coverage(kind, dl, "higher", SeedRule(), SEQ_REPS, k)[0] for k, dl in enumerate(DELTAS))
     assert worst < 0.89, (kind, worst)  # if the rule now covers it, NOT_COVERED must change

@@ -1,0 +1,248 @@
+"""Claims judged from the runs: each claim of a spec against its runs and its baseline's, paired by seed, into
+a record (``claims.json``, what the pages render); the rounds of the sequential seed rule.
+
+:func:`judge` applies the rules of :mod:`rlkit.lab.claims` with the intervals of :mod:`rlkit.lab.stats`;
+:func:`judge_spec` takes a spec's runs from a results directory — the seeds the rule gave each claim, or a
+fixed number — and :func:`next_round` names the runs the next round gives more seeds. Every judged record
+carries a ``finding`` (one sentence with the direction and size of what was found: :mod:`rlkit.lab.findings`),
+the ``level`` of its interval, the per-seed ``spread`` of its differences and ``collapsed`` (per-seed facts of
+the runs that collapsed, or None).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rlkit.lab.claims import (
+    DROPPED, IDLE, INCONCLUSIVE, UNTESTABLE, Claim, activity_value, collapsed, compared_runs, fmt, run_name,
+    seed_rule, seeds_to_decide, verdict_of, window_value,
+)
+from rlkit.lab.findings import collapse_sentence, finding
+from rlkit.lab.runs import Run, available_seeds, final_correct, load_run
+from rlkit.lab.stats import SeedRule, look_level, seeds_problems_interval, t_interval
+
+def judge(claim: Claim, runs: Sequence[Run], baseline: Sequence[Run] = (),
+          nulls: Mapping[str, Sequence[Run]] | None = None, *, spec: Any = None,
+          level: float | None = None) -> dict[str, Any]:
+    """One claim against its runs (and its baseline's, paired by seed): the record of :data:`RECORD_FIELDS` —
+    verdict, estimate, interval at ``level`` (default: one look, :func:`rlkit.lab.stats.look_level` (1)), the
+    declared margin and its source, activity, collapse facts, finding. ``nulls`` is accepted for old callers
+    and not read: margins are declared."""
+    del nulls
+    chosen = look_level(1) if level is None else level
+    record = _record(claim, spec)
+    if claim.metric is None:
+        return {**record, "verdict": UNTESTABLE, "finding": claim.reason}
+    if claim.dropped:
+        return {**record, "verdict": DROPPED, "finding": claim.dropped}
+    if not runs:
+        raise ValueError(f"no runs to judge {claim.claim!r}")
+    own = run_name(claim.run or getattr(spec, "method", None) or "run", claim.regime)
+    record["collapsed"] = collapsed(record["run"] or own, runs)
+    told = collapse_sentence(record["collapsed"]) + " " if record["collapsed"] else ""
+    active = float(np.mean([activity_value(r, claim.activity) for r in runs]))
+    record["activity"] = {"metric": claim.activity.metric, "value": None if math.isnan(active) else active,
+                          "gate": claim.activity.gate}
+    if math.isnan(active) or not claim.activity.acts(active):
+        value = "never logged" if math.isnan(active) else f"{fmt(active)} on average"
+        meaning = ("the claim is not judged, and the collapse is the finding" if told
+                   else "these runs say nothing about the claim")
+        return {**record, "verdict": IDLE, "seeds": sorted(r.seed for r in runs),
+                "finding": f"{told}The mechanism stayed idle: {claim.activity.metric} was {value}, outside its gate "
+                           f"({claim.activity.gate}); {meaning}."}
+
+    ours = {r.seed: window_value(r, claim) for r in runs}
+    comparison = claim.expect not in ("rise", "at_least")
+    if claim.baseline_metric and comparison:
+        base = {r.seed: window_value(r, claim, claim.baseline_metric) for r in runs}
+    elif comparison:
+        base = {r.seed: window_value(r, claim) for r in baseline}
+    else:
+        base = {s: claim.tolerance if claim.expect == "at_least" else 0.0 for s in ours}
+    seeds = sorted(s for s in ours if s in base)
+    if not seeds:
+        raise ValueError(f"claim {claim.claim!r}: no {claim.baseline} run with the same seed to compare against")
+    sign = -1.0 if claim.expect == "lower" else 1.0
+
+    # --- the declared margin and its source
+    if claim.expect == "at_least":
+        margin, source = 0.0, f"threshold {fmt(claim.tolerance)}"
+    else:
+        margin = claim.tolerance
+        source = f"declared {fmt(claim.tolerance)}"
+        if claim.expect == "not_lower" and claim.paper_effect is not None:
+            margin = min(margin, claim.paper_effect)
+            source += f", at most the paper's effect ({fmt(claim.paper_effect)})"
+    if claim.margin_source:
+        source += f": {claim.margin_source}"
+
+    # --- the estimate and its interval (signed: positive in the claim's direction)
+    correct = []
+    if claim.metric == "val/acc_final" and comparison and not claim.baseline_metric:
+        by_seed = {r.seed: r for r in runs}
+        base_by_seed = {r.seed: r for r in baseline}
+        correct = [(final_correct(by_seed[s]), final_correct(base_by_seed[s])) for s in seeds]
+    per_seed = np.array([sign * (ours[s] - base[s]) for s in seeds])
+    if correct and all(c is not None and b is not None and len(c) == len(b) == len(correct[0][0])
+                       for c, b in correct):
+        diff = np.stack([c - b for c, b in correct])
+        mean, lo, hi = seeds_problems_interval(sign * diff, chosen)
+        over = f"{len(seeds)} seed{'s' * (len(seeds) > 1)} × {diff.shape[1]} problems"
+        per_seed = sign * diff.mean(1)
+    else:
+        mean, lo, hi = t_interval(per_seed, chosen)
+        over = f"{len(seeds)} seed{'s' * (len(seeds) > 1)}"
+    verdict = verdict_of(claim.expect, lo, hi, margin)
+    raw = (sign * mean, *sorted((sign * lo, sign * hi)))  # back in the metric's own direction
+    record.update({
+        "margin": margin, "margin_source": source, "estimate": raw[0], "interval": [raw[1], raw[2]],
+        "seeds": seeds, "over": over, "verdict": verdict, "level": chosen,
+        "spread": float(per_seed.std(ddof=1)) if len(per_seed) > 1 else None,
+        "values": {"run": float(np.mean([ours[s] for s in seeds])),
+                   "baseline": float(np.mean([base[s] for s in seeds])) if comparison else None},
+    })
+    if verdict == INCONCLUSIVE:
+        record["seeds_to_decide"] = seeds_to_decide(record, claim.expect)
+    record["finding"] = told + finding(claim, record)
+    return record
+
+
+RECORD_FIELDS = ("id", "notebook", "run", "baseline", "statement", "paper", "metric", "direction", "rule", "margin",
+                 "margin_source", "estimate", "interval", "level", "seeds", "verdict", "activity", "collapsed",
+                 "finding", "seeds_to_decide")
+"""The fields of a claim's record (``claims.json``); ``over`` (what the interval is over), ``spread`` (the per-seed
+SD of the differences) and ``values`` (the run's and baseline's means) ride along."""
+
+
+def _record(claim: Claim, spec: Any) -> dict[str, Any]:
+    run = claim.run or (getattr(spec, "method", None) or "")
+    comparison = claim.expect not in ("rise", "at_least", None)
+    baseline = (f"{claim.baseline_metric} (same runs)" if claim.baseline_metric and comparison
+                else run_name(claim.baseline, claim.regime) if comparison else None)
+    return {"id": claim.id, "notebook": getattr(spec, "notebook", None),
+            "run": run_name(run, claim.regime) if run and claim.judged else None, "baseline": baseline,
+            "statement": claim.claim, "paper": claim.source, "metric": claim.metric,
+            "direction": claim.direction if claim.judged else None, "rule": _rule(claim) if claim.judged else None,
+            "margin": None, "margin_source": None, "estimate": None, "interval": None, "level": None, "seeds": [],
+            "verdict": None, "activity": None, "collapsed": None, "finding": "", "over": None, "spread": None,
+            "values": None, "seeds_to_decide": None}
+
+
+def _rule(claim: Claim) -> str:
+    what = f"the mean of the last {claim.window} values" if claim.window > 1 else "the last value"
+    return {"higher": f"{what}, higher than the baseline by more than the margin",
+            "lower": f"{what}, lower than the baseline by more than the margin",
+            "not_lower": f"{what}, not lower than the baseline by the margin (non-inferiority)",
+            "equal": f"{what}, within ±margin of the baseline (equivalence)",
+            "rise": f"{what} minus the first, above the margin",
+            "at_least": f"{what}, above the threshold"}[claim.expect]
+
+
+def judge_spec(spec, results: str | Path, seeds: Sequence[int] | None = None, *, rule: SeedRule | None = None,
+               level: float | None = None) -> list[dict[str, Any]]:
+    """The records of every claim of ``spec`` (a :class:`rlkit.lab.reproduce.Spec`) from the runs under
+    ``results``. ``seeds`` given: those seeds, a fixed design (one look: a 95% interval). ``seeds`` None: the
+    sequential design (:class:`rlkit.lab.stats.SeedRule`, the spec's unless ``rule``): each run's seeds 0, 1,
+    … present, at most the cap, and a claim judged on the seeds its runs share, cut to the last planned look,
+    at the rule's level. ``level`` overrides the level either way. Seeds without a run are left out."""
+    results = Path(results)
+    sequential = seeds is None
+    r = rule or seed_rule(spec)
+    chosen = level if level is not None else r.level if sequential else look_level(1)
+
+    def runs_of(name: str, regime: str, keep: Sequence[int] | None = None) -> list[Run]:
+        full = run_name(name, regime)
+        pick = (available_seeds(results, full, r.cap) if sequential else list(seeds)) if keep is None else keep
+        dirs = [results / full / f"seed{k}" for k in pick]
+        return [load_run(d) for d in dirs if (d / "metrics.jsonl").exists()]
+
+    records = []
+    for c in spec.claims:
+        if not c.judged:
+            records.append(judge(c, [], spec=spec, level=chosen))
+            continue
+        keep = None
+        if sequential:  # the seeds every compared run has, cut to a planned look
+            shared = min(len(available_seeds(results, n, r.cap)) for n in compared_runs(c, spec))
+            keep = list(range(r.look(shared) or shared))
+        records.append(judge(c, runs_of(c.run or spec.method, c.regime, keep),
+                             runs_of(c.baseline, c.regime, keep), spec=spec, level=chosen))
+    return records
+
+
+CLAIMS_FILE = "claims.json"
+"""Beside the runs: one record per claim of every reproduction (:data:`RECORD_FIELDS`), what the pages render."""
+
+
+def judge_all(specs: Sequence[Any], results: str | Path, seeds: int | None = None, *,
+              sequential: bool | None = None) -> list[dict[str, Any]]:
+    """The records of every claim of the ``specs`` that train a method: from ``seeds`` seeds (a fixed design; None
+    and not ``sequential``: each spec's ``seeds``), or — ``sequential``, the default when ``seeds`` is None — from
+    the seeds the sequential rule gave each claim (:func:`judge_spec`)."""
+    sequential = seeds is None if sequential is None else sequential
+    return [r for spec in specs if spec.method and spec.claims
+            for r in judge_spec(spec, results, None if sequential else range(seeds or spec.seeds))]
+
+
+def save(records: Sequence[Mapping[str, Any]], results: str | Path) -> Path:
+    """Write ``records`` to ``<results>/claims.json``, keeping the records of notebooks not among them."""
+    path = Path(results) / CLAIMS_FILE
+    ours = {r["notebook"] for r in records}
+    kept = [r for r in load(results) if r["notebook"] not in ours] if path.exists() else []
+    tmp = path.with_suffix(".json.tmp")
+    def finite(r: Mapping[str, Any]) -> dict[str, Any]:  # one seed has no interval: null ends, valid JSON
+        interval = r["interval"]
+        return {**r, "interval": None if interval is None else [x if math.isfinite(x) else None for x in interval]}
+
+    tmp.write_text(json.dumps([*kept, *map(finite, records)], indent=1, ensure_ascii=False) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def load(results: str | Path, notebook: str | None = None, seeds: Sequence[int] | None = None
+         ) -> list[dict[str, Any]] | None:
+    """The records in ``<results>/claims.json`` (of one ``notebook``), or None when there is no such file, or when
+    ``seeds`` is given and a judged record was judged on other seeds."""
+    path = Path(results) / CLAIMS_FILE
+    if not path.exists():
+        return None
+    records = [r for r in json.loads(path.read_text()) if notebook is None or r["notebook"] == notebook]
+    if seeds is not None and any(r["interval"] is not None and r["seeds"] != sorted(seeds) for r in records):
+        return None
+    return records
+
+
+def next_round(specs: Sequence[Any], results: str | Path, rule: SeedRule | None = None) -> dict[str, int]:
+    """Between rounds of the sequential rule: ``{run name: seeds it needs}`` for every run that a claim still
+    inconclusive at its current look compares, and that has fewer seeds than that claim's next look (its seeds +
+    ``batch``, at most ``cap``). Empty: every claim is decided, idle, or at the cap — the rounds are over. ``rule``
+    overrides each spec's (:func:`rlkit.lab.claims.seed_rule`). Pure: reads the run files, writes nothing."""
+    needed: dict[str, int] = {}
+    for spec in specs:
+        if not (spec.method and spec.claims):
+            continue
+        r = rule or seed_rule(spec)
+        for c, record in zip(spec.claims, judge_spec(spec, results, rule=r)):
+            if not c.judged or record["verdict"] != INCONCLUSIVE:
+                continue
+            n = len(record["seeds"])
+            if n >= r.cap:
+                continue
+            target = min(r.look(n) + r.batch, r.cap)
+            for name in compared_runs(c, spec):
+                if len(available_seeds(results, name)) < target:
+                    needed[name] = max(needed.get(name, 0), target)
+    return needed
+
+
+def rule_finished(specs: Sequence[Any], records: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether the sequential rule has ended on these judged ``records``: no inconclusive claim below its spec's
+    cap (what :func:`next_round` asks for, read from the records instead of judging the runs again)."""
+    caps = {s.notebook: seed_rule(s).cap for s in specs if s.method}
+    return not any(r["verdict"] == INCONCLUSIVE and len(r["seeds"]) < caps.get(r["notebook"], 0) for r in records)

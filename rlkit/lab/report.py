@@ -1,0 +1,225 @@
+"""The claims on the pages: the rules and a glossary of the verdicts in words, the claims table (a DataFrame,
+and HTML with each claim's details folded), the "What we found" box, and the forest plot of every judged claim
+in units of its margin.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from html import escape
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from rlkit.lab.claims import (
+    DIFFERS, DROPPED, HOLDS, IDLE, INCONCLUSIVE, NO_EFFECT, OPPOSITE, SMALLER, UNTESTABLE, fmt,
+)
+from rlkit.lab.findings import summary
+from rlkit.lab.judge import judge_spec
+from rlkit.lab.plots import PAGE_WIDTH, add_caption
+from rlkit.lab.stats import NOT_COVERED
+
+RULES = (
+    "Each claim is judged over seeds, paired by seed with its baseline. The estimate is the mean difference "
+    "(for accuracy, over seeds and the 1,000 held-out problems), shown with its confidence interval (a t-interval "
+    "over seeds, or over seeds and problems). Runs start with 3 seeds; a claim still inconclusive gets 3 more "
+    "seeds at a time, up to 12; every look's interval is widened for the number of looks (Bonferroni: 98.75% at "
+    "each of 4 looks; 95% for a fixed number of seeds), so that the final interval covers at least 90% of the time. "
+    "The margin is declared in the spec before the runs, with its source: the paper's effect or the smallest "
+    "effect that matters at this scale. Higher / lower / rise: the claim holds when the whole interval clears the "
+    "margin in the claimed direction; it does not hold — no effect — when the whole interval lies within ±margin "
+    "(equivalence); — an effect smaller than the margin — when the interval excludes zero but stays below the "
+    "margin; — opposite effect — when the interval lies on the wrong side of zero; otherwise it is inconclusive. "
+    "Not lower: holds when the interval's lower end is above −margin (non-inferiority), fails when the whole "
+    "interval is below −margin; the margin is never wider than the effect the paper reports. Equal: holds when the "
+    "interval lies within ±margin. A claim whose mechanism stayed idle (its activity metric below the gate) is not "
+    "exercised; a run that collapsed is said so. Not covered at 90% (simulated): " + NOT_COVERED + ".")
+"""The claim rules in one paragraph, for the reader (the comparison page's verdict rules; the rules themselves:
+:mod:`rlkit.lab.claims`, their statistics: :mod:`rlkit.lab.stats`)."""
+GLOSSARY = {
+    HOLDS: "the interval of the difference (CI) lies wholly beyond the margin, in the claimed direction",
+    NO_EFFECT: "the whole interval lies within ±margin: no effect that matters (equivalence, two one-sided tests); "
+               "for a claim that a value exceeds a threshold, the whole interval lies below the threshold",
+    SMALLER: "the interval excludes zero in the claimed direction but stays below the margin: an effect, too small",
+    OPPOSITE: "the interval lies on the wrong side of zero: the effect runs against the claim",
+    DIFFERS: "the claim says the two are equal; the interval leaves the ±margin band",
+    INCONCLUSIVE: "the interval straddles the margin (or zero): more seeds would be needed to decide; the sequential "
+                  "rule adds them up to its cap",
+    IDLE: "the mechanism the claim is about stayed below its activity gate, so the runs say nothing about it",
+    UNTESTABLE: "the claim needs something the tiny engine does not have (experts, long contexts, real benchmarks)",
+    DROPPED: "the claim could not be set up fairly at this scale; the reason is given",
+    "margin": "the smallest difference that counts, declared in the spec before the runs with its source (the "
+              "paper's effect or the smallest effect that matters at this scale)",
+    "CI": "the range of differences compatible with the runs (a t-interval over seeds, or over seeds and held-out "
+          "problems for accuracy), at 95% for a fixed number of seeds and 98.75% at each look of the sequential rule, "
+          "so that the final interval covers at least 90% of the time; not covered: " + NOT_COVERED,
+    "collapsed": "held-out accuracy ended below its start and at least 90% of samples carried no gradient over the "
+                 "last 10 steps: told as a finding",
+    "not lower": "non-inferiority: holds when the interval's lower end stays above −margin",
+}
+"""The verdict words and the statistics behind them, in a sentence each (shown once, under the comparison page's
+verdict rules)."""
+
+
+def glossary_html() -> str:
+    """:data:`GLOSSARY` as a definition list (HTML), shown once in the book, under the verdict rules (the comparison
+    page's ``verdict-rules`` section); every claims table links there (:data:`rlkit.lab.notebook.RULES_LINK`)."""
+    items = "".join(f"<dt>{escape(k)}</dt><dd>{escape(v)}</dd>" for k, v in GLOSSARY.items())
+    return f"<dl class='rlkit-glossary'>{items}</dl>"
+
+
+COLOURS = {HOLDS: "#d8f0d8", NO_EFFECT: "#f6d5d5", SMALLER: "#f6d5d5", OPPOSITE: "#f6d5d5", DIFFERS: "#f6d5d5",
+           INCONCLUSIVE: "#fbeccb", IDLE: "#eeeeee", UNTESTABLE: "#eeeeee", DROPPED: "#eeeeee"}
+
+
+def table(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """Records as the page's table: claim · metric (better) · estimate [CI] · margin (source) · activity ·
+    verdict · finding."""
+    rows = []
+    for r in records:
+        judged = r["interval"] is not None
+        act = r["activity"]
+        rows.append({
+            "claim": r["statement"], "paper": r["paper"],
+            "metric": f"{r['metric']} ({r['direction']} is better)" if r["direction"] and "equal" not in r["direction"]
+            else (r["metric"] or "—"),
+            "estimate [CI]": f"{fmt(r['estimate'], True)} [{fmt(r['interval'][0], True)}, "
+                             f"{fmt(r['interval'][1], True)}]" + _level(r) if judged else "",
+            "margin": f"{fmt(r['margin'])} ({r['margin_source']})" if judged else "",
+            "activity": (f"{act['metric']} = {fmt(act['value'])} (gate {act['gate']})" if act else ""),
+            "verdict": r["verdict"], "finding": r["finding"],
+        })
+    return pd.DataFrame(rows, columns=["claim", "paper", "metric", "estimate [CI]", "margin", "activity",
+                                       "verdict", "finding"])
+
+
+def style(frame: pd.DataFrame):
+    """A claims table with its verdict column coloured."""
+    def colour(v: str) -> str:
+        return f"background-color: {COLOURS.get(str(v), 'white')}"
+
+    return frame.style.hide(axis="index").map(colour, subset=["verdict"])
+
+
+def judge_claims(spec, results: str | Path, seeds: Sequence[int] | None = None) -> pd.DataFrame:
+    """The claims table of ``spec`` (:func:`table` of :func:`rlkit.lab.judge.judge_spec`)."""
+    return table(judge_spec(spec, results, seeds))
+
+
+def html(records: Sequence[Mapping[str, Any]], *, method_column: bool = False) -> str:
+    """The claims as a narrow HTML table — claim (with its finding), estimate [CI], verdict (coloured) — whose
+    details (the paper's numbers, metric, margin and its source, the mechanism's activity) fold into a dropdown
+    under each claim, so the table fits a laptop's text column."""
+    rows = []
+    for r, t in zip(records, table(records).to_dict("records")):
+        details = "".join(f"<li><b>{k}</b>: {escape(str(t[k]))}</li>" for k in ("paper", "metric", "margin",
+                                                                                "activity") if t[k])
+        claim = (f"<b>{escape(r['statement'])}</b><br><span class='rlkit-finding'>{escape(r['finding'])}</span>"
+                 f"<details><summary>details</summary><ul>{details}</ul></details>")
+        method = f"<td>{escape(r['id'].rsplit('-', 1)[0])}</td>" if method_column else ""
+        rows.append(f"<tr>{method}<td>{claim}</td><td>{estimate_cell(r, t['estimate [CI]'])}"
+                    f"</td><td style='background-color:{COLOURS.get(r['verdict'], 'white')}'>"
+                    f"{escape(r['verdict'])}</td></tr>")
+    head = ("<th>method</th>" if method_column else "") + "<th>claim and finding</th><th>value; difference [CI]</th>" \
+        "<th>verdict</th>"
+    return (f"<table class='rlkit-claims'><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
+
+
+def _level(r: Mapping[str, Any]) -> str:
+    """`` (98.75%)``: the confidence of a record's interval, as its look of the seed rule chose it."""
+    level = r.get("level")
+    return f" ({level * 100:g}%)" if isinstance(level, (int, float)) else ""
+
+
+def estimate_cell(r: Mapping[str, Any], difference: str) -> str:
+    """The estimate column of :func:`html`: the metric's own value (the run's mean over seeds, and the baseline's or
+    the threshold it is held against), then the difference and its interval, which the verdict reads."""
+    values = r.get("values") or {}
+    if not difference or values.get("run") is None or "minus the first" in (r.get("rule") or ""):
+        return escape(difference)  # a rise is itself a difference, from the run's own start
+    own = f"{escape(str(r['metric']))} {fmt(values['run'])}"
+    if values.get("baseline") is not None:
+        own += f" vs {fmt(values['baseline'])}"
+    elif (r.get("rule") or "").endswith("above the threshold"):
+        own += f" (threshold {fmt(values['run'] - r['estimate'])})"
+    return f"{own};<br><span style='white-space:nowrap'>{escape(difference)}</span>"
+
+
+def found_box(records: Sequence[Mapping[str, Any]]) -> str:
+    """:func:`rlkit.lab.findings.summary` as the page's "What we found" box (HTML, styled as the book's tip
+    boxes)."""
+    items = "".join(f"<li>{escape(s)}</li>" for s in summary(records))
+    return (f"<div class='admonition tip'><p class='admonition-title'>What we found</p><ul>{items}</ul></div>")
+
+
+MARKERS = {HOLDS: "#009E73", NO_EFFECT: "#D55E00", SMALLER: "#56B4E9", OPPOSITE: "#CC79A7", DIFFERS: "#0072B2",
+           INCONCLUSIVE: "#000000", IDLE: "#999999"}
+"""Marker colours of the forest plot by verdict, one colour each (Okabe–Ito and black: distinguishable with the
+common colour-vision deficiencies); each verdict has its own marker shape too (:data:`SHAPES`)."""
+SHAPES = {HOLDS: "o", NO_EFFECT: "s", SMALLER: "D", OPPOSITE: "v", DIFFERS: "^", INCONCLUSIVE: "X", IDLE: "."}
+
+
+def forest(records: Sequence[Mapping[str, Any]]):
+    """Each judged claim's estimate and interval (at its look's level) in units of its margin, signed so that the claimed direction
+    points right (a claim that something is lower is flipped): the band [−1, 1] is "smaller than the margin", a
+    claim that is higher/lower/a rise holds right of +1, a non-inferiority claim holds when its interval stays right
+    of −1, an equality claim when it stays inside the band. Claims with a margin of 0 have no unit and are listed
+    in the caption. Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    shown = [r for r in records if r["interval"] is not None and None not in r["interval"] and r["margin"]]
+    unitless = [short_name(r) for r in records if r["interval"] is not None and not r["margin"]]
+    fig, ax = plt.subplots(figsize=(PAGE_WIDTH, 0.32 * len(shown) + 1.6))
+    ax.axvspan(-1, 1, color="#dddddd", alpha=0.6, lw=0, label="within the margin")
+    ax.axvline(0, color="#777777", lw=0.8)
+    for y, r in enumerate(reversed(shown)):
+        sign = -1.0 if r["direction"] == "lower" else 1.0
+        lo, hi = sorted(sign * v / r["margin"] for v in r["interval"])
+        colour = MARKERS.get(r["verdict"], "#999999")
+        ax.plot([lo, hi], [y, y], color=colour, lw=2)
+        ax.plot(sign * r["estimate"] / r["margin"], y, SHAPES.get(r["verdict"], "o"), color=colour, ms=6)
+    ax.set_yticks(range(len(shown)), list(reversed(short_names(shown))), fontsize=9)
+    ax.set_ylim(-0.8, len(shown) - 0.2)
+    ax.set_xlabel("difference in the claimed direction, in units of the claim's margin (its CI)")
+    handles = [plt.Line2D([], [], color=c, marker=SHAPES[v], lw=2, label=v) for v, c in MARKERS.items()
+               if any(r["verdict"] == v for r in shown)]
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3, frameon=False)
+    fig.tight_layout()
+    left = f" Left out (margin 0, no unit): {', '.join(unitless)}." if unitless else ""
+    add_caption(fig, f"{len(shown)} judged claims. Grey band: smaller than the margin.{left}")
+    return fig
+
+
+def short_name(r: Mapping[str, Any], width: int = 38) -> str:
+    """A claim's label in the forest plot: its method and the first words of its statement (at most ``width``
+    characters), e.g. ``aspo: the first tool call moves earlier…``."""
+    return f"{str(r['id']).rsplit('-', 1)[0]}: {_first_words(str(r['statement']).split(), width)}"
+
+
+def _first_words(words: Sequence[str], width: int) -> str:
+    out = ""
+    for w in words:
+        if len(out) + len(w) + 1 > width:
+            return f"{out}…"
+        out = f"{out} {w}".strip()
+    return out
+
+
+def short_names(records: Sequence[Mapping[str, Any]], width: int = 38) -> list[str]:
+    """:func:`short_name` of each record, made distinct: claims whose first words are the same (one entropy
+    claim with the paper's and with the released code's sign) keep fewer of them and add the words where their
+    statements part, e.g. ``hapo: HAPO keeps higher entropy… (the paper's h̃ sign)``."""
+    names = [short_name(r, width) for r in records]
+    for name in set(names):
+        same = [i for i, n in enumerate(names) if n == name]
+        if len(same) < 2:
+            continue
+        split = [str(records[i]["statement"]).split() for i in same]
+        k = next((j for j in range(min(map(len, split))) if len({tuple(s[j:j + 1]) for s in split}) > 1),
+                 min(map(len, split)))
+        for i, words in zip(same, split):
+            head = _first_words(words[:k], width * 2 // 3)
+            names[i] = f"{str(records[i]['id']).rsplit('-', 1)[0]}: {head.rstrip('…')}… " \
+                       f"{_first_words(words[max(k - 1, 0):], width * 2 // 3)}"
+    return names
