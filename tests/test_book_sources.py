@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import html
+import json
 import re
 import shutil
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 
 from rlkit.cli import main
 from rlkit.lab import paths
-from rlkit.lab.book import executed_notebooks, one_parameters_cell
+from rlkit.lab.book import executed_notebooks, fold_parameters, one_parameters_cell, results_shown
 from rlkit.lab.notebook import fold_checks, fold_registration, run_settings, show_source, source_view, tail
 from rlkit.lab.reproduce import load_specs
 
@@ -157,6 +158,26 @@ def test_one_parameters_cell_puts_the_values_run_with_beside_the_notebooks_comme
     assert [c["source"] for c in out["cells"]][1:] == [
         'scale = "smoke" # smoke | cpu\nresults = "out/results" # where runs go\nseeds = 3\nextra = 1', "print(scale)"]
     assert one_parameters_cell(out) == out  # nothing injected: unchanged
+
+
+
+def test_fold_parameters_names_no_machine_path_and_folds_the_cell_under_one_line():
+    nb = {"metadata": {"papermill": {"input_path": "/work/x/notebooks/01_grpo.md",
+                                     "output_path": "/work/R4/grpo/.01_grpo.running.ipynb",
+                                     "parameters": {"results": "/work/R4", "scale": "cpu"}}},
+          "cells": [{"cell_type": "markdown", "metadata": {}, "source": "# page"},
+                    {"cell_type": "code", "metadata": {"tags": ["parameters"]}, "outputs": [],
+                     "source": 'scale = "cpu"   # smoke | cpu\nresults = "/work/R4" # where runs go\nprogress = False'}]}
+    out = fold_parameters(nb, "reproductions/results-cpu")
+    assert "/work" not in json.dumps(out)
+    line, cell = out["cells"][1:]
+    assert line["cell_type"] == "markdown" and '`results = "reproductions/results-cpu"`' in line["source"]
+    assert '`scale = "cpu"`' in line["source"] and "progress" not in line["source"]
+    assert cell["metadata"]["tags"] == ["parameters", "hide-cell"]
+    assert cell["source"].splitlines()[1] == 'results = "reproductions/results-cpu" # where runs go'
+    assert out["metadata"]["papermill"] == {"parameters": {"results": "reproductions/results-cpu", "scale": "cpu"}}
+    assert results_shown(paths.project_root() / "reproductions" / "results-cpu") == "reproductions/results-cpu"
+    assert results_shown("/tmp/elsewhere/rc") == "rc"
 
 
 TYPED_SETTINGS = re.compile(

@@ -76,8 +76,9 @@ def stage(book: Path | None = None, results: Path | None = None, specs_dir: Path
         remove_owned(target, keep=names)
         record_files(target, BOOK, names)
         staged = []
-        for name, path in notebooks.items():  # each page with one parameters cell, written once
-            page = one_parameters_cell(pages[name])
+        shown = results_shown(results)
+        for name, path in notebooks.items():  # each page with one parameters cell, folded, written once
+            page = fold_parameters(one_parameters_cell(pages[name]), shown)
             staged.append(target / path.name)
             staged[-1].write_text(json.dumps(page, indent=1, ensure_ascii=False) + "\n")
         return staged
@@ -136,6 +137,49 @@ def one_parameters_cell(nb: dict[str, Any]) -> dict[str, Any]:
     lines += [f"{name} = {value}" for name, value in values.items()]
     merged = {**cells[own], "source": "\n".join(lines)}
     return {**nb, "cells": [merged if i == own else c for i, c in enumerate(cells) if i != injected]}
+
+
+def results_shown(results: Path | str | None = None) -> str:
+    """The results folder as a page names it: relative to the project when inside it (as ``rlkit reproduce``
+    passes it), else by its own name — never the executing machine's absolute path."""
+    folder = Path(results or paths.results_dir()).resolve()
+    root = paths.project_root().resolve()
+    return str(folder.relative_to(root)) if folder.is_relative_to(root) else folder.name
+
+
+PARAMETERS_LINE = "This page was executed with {values} (the parameters cell, folded here: `rlkit reproduce` sets them)."
+"""The line above a page's folded parameters cell: the values it ran with, in one line."""
+
+
+def fold_parameters(nb: dict[str, Any], shown: str) -> dict[str, Any]:
+    """A page's parameters cell as the book shows it: ``results`` named by ``shown`` (:func:`results_shown`: no
+    machine path) in the cell and in papermill's record of the run, the cell folded (``hide-cell``) under one line
+    that states its values (:data:`PARAMETERS_LINE`)."""
+    cells = nb.get("cells", [])
+    own = next((i for i, c in enumerate(cells) if "parameters" in c.get("metadata", {}).get("tags", [])), None)
+    if own is None:
+        return nb
+    values, lines = {}, []
+    for line in "".join(cells[own]["source"]).splitlines():
+        m = _ASSIGNMENT.match(line)
+        if m and m["name"] == "results" and m["value"] not in ("None", ""):
+            line = line.replace(m["value"], json.dumps(shown), 1)
+            m = _ASSIGNMENT.match(line)
+        if m:
+            values[m["name"]] = m["value"]
+        lines.append(line)
+    tags = list(cells[own].get("metadata", {}).get("tags", []))
+    cell = {**cells[own], "source": "\n".join(lines),
+            "metadata": {**cells[own].get("metadata", {}), "tags": tags + ["hide-cell"] * ("hide-cell" not in tags)}}
+    said = ", ".join(f"`{k} = {v}`" for k, v in values.items() if k != "progress")
+    line = {"cell_type": "markdown", "metadata": {}, "source": PARAMETERS_LINE.format(values=said)}
+    meta = dict(nb.get("metadata", {}))
+    if isinstance(meta.get("papermill"), dict):  # where papermill read and wrote it: this machine's paths
+        record = {k: v for k, v in meta["papermill"].items() if k not in ("input_path", "output_path")}
+        if isinstance(record.get("parameters"), dict) and "results" in record["parameters"]:
+            record["parameters"] = {**record["parameters"], "results": shown}
+        meta["papermill"] = record
+    return {**nb, "metadata": meta, "cells": cells[:own] + [line, cell] + cells[own + 1:]}
 
 
 def build(book: Path | None = None, results: Path | None = None, *, strict: bool = True,
