@@ -674,6 +674,27 @@ def test_the_books_generated_lists_are_up_to_date(name):
     assert len(book_pages._TOC.findall(text)) + len(book_pages._BLOCK.findall(text)) > 0, f"{name}: no generated list"
 
 
+
+def test_the_verdict_legend_is_read_from_the_verdict_words_in_five_lines():
+    """The legend beside every claims table and in the intro comes from the verdict constants and glossary: no
+    verdict word is typed twice, and a table's legend names only the words it uses and the seeds it was judged on."""
+    from rlkit.lab import book_pages
+    from rlkit.lab.claims import HOLDS, INCONCLUSIVE, VERDICTS
+    from rlkit.lab.report import GLOSSARY
+
+    everything = book_pages.verdict_legend()
+    assert [term for term, _ in everything] == ["verdicts", "interval (CI)", "margin", "seeds", "rules"]
+    assert [word for word, _ in everything[0][1]] == [v for v in VERDICTS if v in GLOSSARY]
+    records = [{"verdict": HOLDS, "interval": [0.1, 0.2], "seeds": [0, 1, 2]},
+               {"verdict": INCONCLUSIVE, "interval": [-0.1, 0.2], "seeds": list(range(12))}]
+    legend = book_pages.verdict_legend(records)
+    assert legend[0][1] == [(HOLDS, GLOSSARY[HOLDS]), (INCONCLUSIVE, GLOSSARY[INCONCLUSIVE])]
+    assert "judged on 3–12 seeds" in legend[3][1]
+    html_box = book_pages.verdict_legend_html(records, rules_href="07_comparison.html#verdict-rules")
+    assert html_box.count("<li>") == 5 and "07_comparison.html#verdict-rules" in html_box
+    intro = (BOOK_DIR / "intro.md").read_text()
+    assert book_pages.verdict_legend_markdown() in intro  # defined once in the intro, from the same lines
+
 def test_the_readmes_table_of_the_methods_is_up_to_date():
     from rlkit.lab import book_pages
 

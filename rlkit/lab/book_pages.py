@@ -28,12 +28,17 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from html import escape
 from pathlib import Path
+from typing import Any
 
 from rlkit.lab import paths, two_engines
+from rlkit.lab.claims import VERDICTS
 from rlkit.lab.plots import methods
+from rlkit.lab.report import GLOSSARY
 from rlkit.lab.reproduce import Spec, load_specs
+from rlkit.lab.stats import SeedRule
 from rlkit.registry import get_method
 from rlkit.verl.launch import plan
 from rlkit.verl.presets import CPU_STEPS, PRESETS, dataset_spec, method_preset
@@ -83,7 +88,53 @@ def render_command(method: str, dataset: str, model: str | None = None, *, gpus:
     return " ".join(shlex.quote(w) for w in launch) + "\n" + p.shell(multiline=True)
 
 
-_BLOCK = re.compile(r"<!-- rlkit (presets|twins|cpu command|cpu launches|method pages|methods|papers|"
+def verdict_legend(records: Sequence[Mapping[str, Any]] | None = None) -> list[tuple[str, Any]]:
+    """The verdict legend in five lines, each ``(term, meaning)``, read from the verdict words' constants and
+    glossary (:data:`rlkit.lab.claims.VERDICTS`, :data:`rlkit.lab.report.GLOSSARY`), never typed twice: the verdict
+    words of ``records`` (all of them, where None), each with what it means (the first line's meaning is a list of
+    ``(word, meaning)``); the interval; the margin; the seeds (those ``records`` were judged on, and the sequential
+    rule); and where the full rules are. Beside every claims table (:func:`rlkit.lab.notebook.claims_table`) and
+    once in the intro (``<!-- rlkit verdicts -->``)."""
+    present = {r["verdict"] for r in records} if records is not None else set(VERDICTS)
+    words = [(v, GLOSSARY[v]) for v in VERDICTS if v in present and v in GLOSSARY]
+    rule = SeedRule()
+    counts = sorted({len(r["seeds"]) for r in records or () if r.get("interval") is not None and r.get("seeds")})
+    judged = (f"these claims were judged on {counts[0]}" + (f"–{counts[-1]}" if counts[-1] != counts[0] else "")
+              + " seeds; ") if counts else ""
+    seeds = (f"{judged}each claim starts with {rule.start} seeds, paired by seed with its baseline, and one still "
+             f"inconclusive gets {rule.batch} more at a time, up to {rule.cap}")
+    return [("verdicts", words), ("interval (CI)", GLOSSARY["CI"]), ("margin", GLOSSARY["margin"]),
+            ("seeds", seeds), ("rules", "every rule, in one paragraph, on the comparison page")]
+
+
+def verdict_legend_markdown(records: Sequence[Mapping[str, Any]] | None = None) -> str:
+    """:func:`verdict_legend` as a Markdown list, a verdict word a line (the intro's ``<!-- rlkit verdicts -->``
+    block)."""
+    lines = []
+    for term, meaning in verdict_legend(records):
+        if term == "verdicts":
+            lines += ["- **the verdict words**:"] + [f"  - *{word}*: {gloss}" for word, gloss in meaning]
+        else:
+            rules = ": {ref}`verdict rules <verdict-rules>`" if term == "rules" else ""
+            lines.append(f"- **{term}**: {meaning}{rules}")
+    return "<!-- rlkit verdicts -->\n" + "\n".join(lines) + "\n<!-- end -->"
+
+
+def verdict_legend_html(records: Sequence[Mapping[str, Any]] | None = None, rules_href: str = "") -> str:
+    """:func:`verdict_legend` as HTML, the box beside a claims table, one line a term (the verdict words of
+    ``records`` on the first); the rules line links to ``rules_href``."""
+    items = []
+    for term, meaning in verdict_legend(records):
+        if term == "verdicts":
+            body = "; ".join(f"<i>{escape(word)}</i>: {escape(gloss)}" for word, gloss in meaning)
+        else:
+            body = escape(meaning) + (f": <a href='{escape(rules_href)}'>verdict rules</a>" if term == "rules"
+                                      and rules_href else "")
+        items.append(f"<li><b>{escape(term)}</b>: {body}</li>")
+    return f"<div class='rlkit-legend'><p class='rlkit-legend-title'>Reading the verdicts</p><ul>{''.join(items)}</ul></div>"
+
+
+_BLOCK = re.compile(r"<!-- rlkit (presets|twins|cpu command|cpu launches|method pages|methods|papers|verdicts|"
                     r"launch (\w+) (\w+)) -->\n.*?<!-- end -->", re.S)
 _RUNS = re.compile(r"<!-- rlkit runs (\w+) -->\n.*?<!-- end runs -->", re.S)
 _TOC = re.compile(r"^( *)# rlkit (method|topic) pages\n.*?^ *# end\n", re.S | re.M)
@@ -295,7 +346,7 @@ def update_book_page(text: str) -> str:
         fixed = {"presets": presets_table, "twins": twins_block, "cpu command": cpu_command,
                  "cpu launches": launches_table,
                  "method pages": method_pages_table, "methods": methods_table,
-                 "papers": papers_table}.get(match.group(1))
+                 "papers": papers_table, "verdicts": verdict_legend_markdown}.get(match.group(1))
         return fixed() if fixed else book_block(match.group(2), match.group(3))
 
     text = _TOC.sub(lambda m: toc_block(m.group(1), kind=m.group(2)), text)
