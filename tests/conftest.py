@@ -56,6 +56,25 @@ def make_groups(seed: int, B: int, *, kind: str = "int") -> tuple[object, torch.
     return (ids if kind == "numpy" else list(ids)), rewards
 
 
+def make_inputs(seed: int = 0):
+    """:func:`make_batch`'s batch, every advantage input of its responses (groups, correctness, code positions
+    and success, baselines) and token entropies: ``(batch, AdvantageInputs, entropy)``."""
+    from rlkit.registry import AdvantageInputs
+
+    b = make_batch(seed, noise=0.4)
+    B = len(b["mask"])
+    ids, rewards = make_groups(seed, B)
+    g = torch.Generator().manual_seed(seed)
+    lengths = b["mask"].sum(-1)
+    called = torch.rand(B, generator=g) < 0.6
+    first_code_pos = torch.where(called, torch.floor(torch.rand(B, generator=g) * lengths), -1.0)
+    inputs = AdvantageInputs(rewards, ids, b["mask"], correct=rewards > 0, lengths=lengths,
+                             first_code_pos=first_code_pos, code_pass=torch.rand(B, generator=g) < 0.7,
+                             baselines=torch.rand(B, generator=g, dtype=torch.float64))
+    entropy = torch.rand(b["mask"].shape, generator=g, dtype=torch.float64) * 2
+    return b, inputs, entropy
+
+
 @pytest.fixture
 def seeds():
     return range(24)

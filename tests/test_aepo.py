@@ -355,8 +355,7 @@ def test_advantage_unchanged_for_constant_entropy(batch, level, coef):
 # ---------------------------------------------------------------- API and validation
 
 
-def test_registered_and_per_sequence_advantage_broadcasts():
-    assert get_policy_loss("aepo") is aepo_loss
+def test_the_switch_ignores_the_entropy_and_a_per_sequence_advantage_broadcasts():
     b0 = make_batch(12, noise=0.5)
     h0 = torch.rand(b0["mask"].shape, dtype=D, generator=b0["gen"])
     clip_only, _ = aepo_loss(b0["logp"], b0["old_logp"], b0["adv"], b0["mask"])

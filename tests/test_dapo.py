@@ -88,9 +88,6 @@ def test_dapo_settings_it_cannot_run_with_are_refused():
 
 
 def test_dapo_is_grpo_advantages_and_the_clip_higher_token_mean_ppo_loss():
-    m = registry.get_method("dapo")
-    assert (m.advantage, m.policy_loss, m.hooks) == ("grpo", "ppo", dapo.DapoHooks)
-    assert registry.loss_kwargs("dapo") == {"clip_low": 0.2, "clip_high": 0.28, "clip_c": None, "agg": "token-mean"}
     b = make_batch(1, noise=0.5)
     via, _ = registry.policy_loss("dapo", b["logp"], b["old_logp"], b["adv"], b["mask"])
     direct, _ = ppo_clip_loss(b["logp"], b["old_logp"], b["adv"], b["mask"], clip_low=0.2, clip_high=0.28)

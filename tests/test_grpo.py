@@ -50,12 +50,8 @@ def test_ppo_clip_loss_single_tokens_by_hand():
     torch.testing.assert_close(grad, torch.tensor([[-2 * math.exp(0.1) / 2, 0.0]]))
 
 
-def test_ppo_decoupled_on_policy_behaviour_is_plain_ppo_and_cap_drops_tokens():
+def test_ppo_decoupled_cap_drops_tokens():
     b = make_batch(3, B=4, T=5)
-    plain, _ = ppo_clip_loss(b["logp"], b["old_logp"], b["adv"], b["mask"])
-    same, m = ppo_clip_loss(b["logp"], b["old_logp"], b["adv"], b["mask"], behav_logp=b["old_logp"], behav_imp_weight_cap=2.0)
-    torch.testing.assert_close(same, plain)
-    assert m["actor/behav_imp_weight"] == pytest.approx(1.0)
     # a behaviour policy 10x less likely on one token: w = 10 > cap → that token is dropped from the numerator only
     behav = b["old_logp"].clone()
     behav[0, 0] -= math.log(10.0)
@@ -66,12 +62,6 @@ def test_ppo_decoupled_on_policy_behaviour_is_plain_ppo_and_cap_drops_tokens():
     assert dropped.item() == pytest.approx(((tok * b["mask"]).sum() / b["mask"].sum()).item())
     with pytest.raises(ValueError, match="needs behav_logp"):
         ppo_clip_loss(b["logp"], b["old_logp"], b["adv"], b["mask"], behav_imp_weight_cap=5.0)
-
-
-def test_ppo_clip_loss_names_the_bad_shape():
-    b = make_batch(0, B=3, T=4)
-    with pytest.raises(ValueError, match="old_logp has shape"):
-        ppo_clip_loss(b["logp"], b["old_logp"][:, :2], b["adv"], b["mask"])
 
 
 @settings(max_examples=200, deadline=None)

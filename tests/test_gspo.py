@@ -63,12 +63,10 @@ def test_gspo_equals_grpo_on_policy(seeds):
         torch.testing.assert_close(res[0][1], res[1][1])
 
 
-def test_gspo_validates_variant_and_shapes():
+def test_gspo_refuses_an_unknown_variant():
     b = make_batch(1, B=2, T=3)
     with pytest.raises(ValueError, match="valid: sequence, token"):
         gspo_loss(b["logp"], b["old_logp"], b["adv"], b["mask"], variant="geo")
-    with pytest.raises(ValueError, match="adv has shape"):
-        gspo_loss(b["logp"], b["old_logp"], b["adv"][:, :2], b["mask"])
 
 
 @settings(max_examples=200, deadline=None)

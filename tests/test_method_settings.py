@@ -1,9 +1,8 @@
-"""A method's settings are checked once, the same on both engines (issue 35, item 1): every range and choice a
-method's ``Config`` declares (:func:`rlkit.registry.knob`, ``Config.CHOICES``) is refused by the tiny engine
-(``--set <method>.<field>``) and by verl (``+algorithm.<method>.<field>``) with the one message of
-:func:`rlkit.registry.check_settings`, naming the full key; the defaults pass; and ``rlkit launch --dry-run`` refuses
-an out-of-range method setting before any work, as ``rlkit train`` does. The cases come from the registry: a new
-method's declarations are covered without editing this file."""
+"""A method's settings are checked once, the same on both engines (issue 35, item 1): the registry's
+messages (:func:`rlkit.registry.check_settings`) by hand, a method whose defaults break its own rules, and
+``rlkit train`` and ``rlkit launch --dry-run`` refusing an out-of-range method setting before any work. That
+every range and choice each method declares is refused by both engines and its defaults pass:
+tests/test_method_contract.py."""
 
 from __future__ import annotations
 
@@ -15,67 +14,6 @@ import pytest
 from rlkit import cli, registry
 from rlkit.errors import InvalidSetting, UnknownSetting
 from rlkit.tiny.config import build_config
-from rlkit.verl import VERL_OWNED
-from rlkit.verl.inputs import method_config
-
-METHODS = registry.list_methods()["method"]
-
-
-def violations(where: registry.Range | None, choices: tuple | None) -> list:
-    """Values just outside a field's declarations: each bound's nearest refused values, a value not among its
-    choices."""
-    bad = ["bogus"] if choices is not None else []
-    if where is not None:
-        for bound, refused_at_bound, step in ((where.gt, True, -1), (where.ge, False, -1),
-                                              (where.lt, True, 1), (where.le, False, 1)):
-            if bound is not None:
-                bad += [bound + step] + ([bound] if refused_at_bound else [])
-    return bad
-
-
-CASES = [pytest.param(method, name, value, id=f"{method}.{name}={value}")
-         for method in METHODS
-         for name, rule in registry.declared_rules(registry.get_method(method).config).items()
-         for value in violations(*rule)]
-
-
-def test_every_method_declares_its_settings():
-    """The parametrization is not empty: each method with a number or a choice among its knobs declares it."""
-    assert len(CASES) > 50
-    for method in METHODS:
-        config = registry.get_method(method).config
-        numeric = [f.name for f in dataclasses.fields(config)
-                   if f.type in ("float", "int", "float | None", "int | None")]
-        assert registry.declared_rules(config) or not numeric, method
-
-
-@pytest.mark.parametrize("method, name, value", CASES)
-def test_a_violating_value_is_refused_the_same_by_both_engines(method, name, value):
-    key = f"{method}.{name}"
-    with pytest.raises(InvalidSetting) as tiny:  # rlkit train --set KEY=VALUE
-        build_config(method, "smoke", {key: value})
-    message = str(tiny.value)
-    assert message.startswith(f"{key}=") and ": must be " in message and "\n" not in message, message
-    with pytest.raises(InvalidSetting) as direct:
-        registry.check_settings(method, {name: value})
-    assert str(direct.value) == message
-    if name in VERL_OWNED:  # verl sets it with its own key: +algorithm.<method>.<name> is refused as such
-        with pytest.raises(ValueError, match=VERL_OWNED[name]):
-            method_config({method: {name: value}}, method)
-    else:
-        with pytest.raises(InvalidSetting) as verl:  # +algorithm.<method>.<name>=VALUE
-            method_config({method: {name: value}}, method)
-        assert str(verl.value) == message
-
-
-@pytest.mark.parametrize("method", METHODS)
-def test_defaults_and_the_tiny_engines_defaults_are_accepted(method):
-    m = registry.get_method(method)
-    assert registry.check_settings(method) == m.config()
-    assert registry.check_settings(method, m.default_config()) is not None
-    assert method_config({method: {}}, method)[0] == m.config()
-    cfg = build_config(method, "smoke")
-    assert getattr(cfg, method) == m.default_config()
 
 
 def test_values_inside_the_range_pass_and_bounds_read_as_written():

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import rlkit.methods
-from conftest import make_batch, make_groups
+from conftest import make_inputs
 from rlkit import registry
 from rlkit.core.groups import group_advantage
 from rlkit.core.masked import masked_mean
@@ -144,35 +144,8 @@ def test_every_registered_function_takes_its_home_configs_knobs_by_name():
 # --------------------------------------------------------------------------- dispatch
 
 
-def batch(seed: int = 0):
-    b = make_batch(seed, noise=0.4)
-    B = len(b["mask"])
-    ids, rewards = make_groups(seed, B)
-    g = torch.Generator().manual_seed(seed)
-    lengths = b["mask"].sum(-1)
-    inputs = AdvantageInputs(
-        rewards, ids, b["mask"], correct=rewards > 0, lengths=lengths,
-        first_code_pos=torch.where(torch.rand(B, generator=g) < 0.6, torch.floor(torch.rand(B, generator=g) * lengths),
-                                   -1.0),
-        code_pass=torch.rand(B, generator=g) < 0.7, baselines=torch.rand(B, generator=g, dtype=D))
-    entropy = torch.rand(b["mask"].shape, generator=g, dtype=D) * 2
-    return b, inputs, entropy
-
-
-@pytest.mark.parametrize("method", ["grpo", "gspo", "aspo", "aepo", "spo", "hapo"])
-def test_every_registered_method_dispatches(method):
-    b, inputs, entropy = batch(3)
-    adv = registry.advantage(method, inputs)
-    assert adv.shape == b["mask"].shape and torch.isfinite(adv).all()
-    assert (adv[b["mask"] == 0] == 0).all()
-    logp = b["logp"].clone().requires_grad_()
-    loss, metrics = registry.policy_loss(method, logp, b["old_logp"], adv, b["mask"], entropy=entropy)
-    (grad,) = torch.autograd.grad(loss, logp)
-    assert torch.isfinite(loss) and torch.isfinite(grad).all() and "actor/pg_loss" in metrics
-
-
 def test_dispatch_is_the_direct_call_with_the_configs_fields():
-    b, inputs, entropy = batch(7)
+    b, inputs, entropy = make_inputs(7)
     configs = {"hapo": hapo.Config(adv_beta=0.5, clip_alpha=0.7, entropy_pivot=0.6, clip_c=4.0, fallback_threshold=2.0,
                                    release_compat=True),
                "grpo": grpo.Config(eps=1e-3, clip_low=0.1, clip_high=0.3, clip_c=3.0),
@@ -211,7 +184,7 @@ def test_dispatch_is_the_direct_call_with_the_configs_fields():
 
 
 def test_dispatch_refuses_missing_inputs_naming_them():
-    b, inputs, _ = batch(2)
+    b, inputs, _ = make_inputs(2)
     args = (b["logp"], b["old_logp"], b["adv"], b["mask"])
     with pytest.raises(MissingInputs, match="hapo's loss needs the token entropies .* for use_redistribution, "
                                             "use_adaptive_clip"):
@@ -276,7 +249,7 @@ def toy_method():
 
 
 def test_a_seventh_method_dispatches_with_its_config(toy_method):
-    b, inputs, _ = batch(4)
+    b, inputs, _ = make_inputs(4)
     adv = registry.advantage("toy", inputs, {"toy": ToyConfig(scale=3.0)})
     torch.testing.assert_close(adv, 3.0 * group_advantage(inputs.rewards, inputs.group_ids, inputs.mask,
                                                           norm_by_std=False))
