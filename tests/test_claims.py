@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from rlkit.lab import claims
 from rlkit.lab.claims import (
-    DROPPED, HOLDS, IDLE, INCONCLUSIVE, NO_EFFECT, OPPOSITE, SMALLER, UNTESTABLE, Claim, run_name,
+    AS_GOOD, BETTER, DROPPED, HOLDS, IDLE, INCONCLUSIVE, NO_EFFECT, OPPOSITE, SMALLER, UNTESTABLE, Claim, run_name,
     seeds_to_decide, verdict_of,
 )
 from rlkit.lab.judge import judge, judge_spec, load, next_round, save
@@ -47,21 +47,23 @@ def claim(expect, tolerance=0.0, **kw):
 @pytest.mark.parametrize(
     ("expect", "lo", "hi", "margin", "verdict"),
     [
-        ("higher", 0.2, 0.5, 0.1, HOLDS),
+        ("higher", 0.2, 0.5, 0.1, BETTER),
         ("higher", 0.05, 0.5, 0.1, INCONCLUSIVE),  # spans the margin
         ("higher", -0.05, 0.08, 0.1, NO_EFFECT),  # the whole interval inside ±margin: equivalence
         ("higher", 0.01, 0.08, 0.1, SMALLER),  # excludes 0, stays inside the margin: an effect, too small
         ("higher", -0.2, 0.08, 0.1, INCONCLUSIVE),  # below the margin, but reaching past −margin: not equivalence
-        ("higher", -0.5, -0.1, 0.1, OPPOSITE),
-        ("at_least", 0.01, 0.3, 0.0, HOLDS),
+        ("higher", -0.5, -0.12, 0.1, OPPOSITE),  # the whole interval beyond the margin the wrong way
+        ("higher", -0.08, -0.01, 0.1, SMALLER),  # below 0 but inside ±margin: a small effect, never "opposite"
+        ("higher", -0.5, -0.05, 0.1, INCONCLUSIVE),  # below 0, but not shown beyond the margin
+        ("at_least", 0.01, 0.3, 0.0, BETTER),
         ("at_least", -0.3, -0.01, 0.0, NO_EFFECT),  # below the threshold: never "opposite"
         ("at_least", -0.1, 0.1, 0.0, INCONCLUSIVE),
-        ("not_lower", -0.02, 0.03, 0.03, HOLDS),
-        ("not_lower", -0.02, -0.001, 0.03, HOLDS),  # lower, but within the margin: non-inferior
+        ("not_lower", -0.02, 0.03, 0.03, AS_GOOD),
+        ("not_lower", -0.02, -0.001, 0.03, AS_GOOD),  # lower, but within the margin: non-inferior
         ("not_lower", -0.053, -0.012, 0.03, INCONCLUSIVE),  # shown lower, but not shown beyond the margin
         ("not_lower", -0.08, -0.04, 0.03, OPPOSITE),  # worse by more than the margin
         ("not_lower", -0.06, 0.01, 0.03, INCONCLUSIVE),
-        ("equal", -0.02, 0.02, 0.03, HOLDS),
+        ("equal", -0.02, 0.02, 0.03, AS_GOOD),
         ("equal", 0.04, 0.09, 0.03, "does not hold: differs"),
         ("equal", -0.01, 0.05, 0.03, INCONCLUSIVE),
     ],
@@ -73,13 +75,13 @@ def test_verdict_from_the_interval(expect, lo, hi, margin, verdict):
 @pytest.mark.parametrize(
     ("ours", "base", "expect", "tolerance", "verdict"),
     [
-        ([2, 2.1, 1.9], [3, 3, 3], "lower", 0.0, HOLDS),
+        ([2, 2.1, 1.9], [3, 3, 3], "lower", 0.0, BETTER),
         ([2, 6, 4], [3, 3, 3], "lower", 0.0, INCONCLUSIVE),  # one seed above its baseline: not resolved
         ([4, 4, 4.01], [4.5, 4.5, 4.5], "lower", 1.0, SMALLER),  # lower, but by less than the margin
         ([4.49, 4.5, 4.51], [4.5, 4.5, 4.5], "lower", 1.0, NO_EFFECT),  # within ±margin around 0
         ([6, 5, 5], [5, 5, 5], "higher", 0.0, INCONCLUSIVE),
         ([4, 4.1, 3.9], [5, 5, 5], "higher", 0.0, OPPOSITE),
-        ([0.9, 0.92, 0.88], [0, 0, 0], "at_least", 0.5, HOLDS),
+        ([0.9, 0.92, 0.88], [0, 0, 0], "at_least", 0.5, BETTER),
         ([0.4, 0.41, 0.39], [0, 0, 0], "at_least", 0.5, NO_EFFECT),  # below a threshold: never "opposite"
     ],
 )
@@ -115,7 +117,7 @@ def test_no_effect_is_two_one_sided_tests_inside_the_margin():
         _, lo, hi = t_interval(d, level)
         tost = max(stats.ttest_1samp(d, -margin, alternative="greater").pvalue,
                    stats.ttest_1samp(d, margin, alternative="less").pvalue) < (1 - level) / 2
-        inside = verdict_of("equal", lo, hi, margin) == HOLDS
+        inside = verdict_of("equal", lo, hi, margin) == AS_GOOD
         assert inside == tost, (d, lo, hi)
         if verdict_of("higher", lo, hi, margin) in (NO_EFFECT, SMALLER):
             assert tost  # "no effect" / "smaller than the margin" are equivalence results
@@ -126,7 +128,7 @@ def test_no_effect_is_two_one_sided_tests_inside_the_margin():
 def test_a_non_inferiority_margin_is_never_wider_than_the_papers_effect(tmp_path):
     ours, base = runs_of(tmp_path, "x", [0.58, 0.58, 0.58]), runs_of(tmp_path, "grpo", [0.6, 0.6, 0.6])
     row = judge(claim("not_lower", 0.03), ours, base)
-    assert row["verdict"] == HOLDS and row["margin"] == 0.03
+    assert row["verdict"] == AS_GOOD and row["margin"] == 0.03
     capped = judge(claim("not_lower", 0.01, paper_effect=0.015), ours, base)
     assert capped["margin"] == 0.01 and capped["verdict"] == OPPOSITE
     assert "paper's effect" in judge(claim("not_lower", 0.015, paper_effect=0.015), ours, base)["margin_source"]
@@ -155,9 +157,9 @@ def write_eval(run_dir, correct):
 @pytest.mark.parametrize(
     ("ours_acc", "base_acc", "expect", "tolerance", "verdict"),
     [
-        (0.60, 0.60, "not_lower", 0.03, HOLDS),
+        (0.60, 0.60, "not_lower", 0.03, AS_GOOD),
         (0.50, 0.60, "not_lower", 0.03, OPPOSITE),
-        (0.60, 0.60, "equal", 0.03, HOLDS),
+        (0.60, 0.60, "equal", 0.03, AS_GOOD),
         (0.70, 0.60, "equal", 0.03, "does not hold: differs"),
     ],
 )
@@ -197,7 +199,7 @@ def test_rise_over_another_metrics_start(tmp_path):
     c = Claim("c", "p", metric="val/acc_final", baseline_metric="val/acc", expect="rise", tolerance=0.1, window=1,
               activity={"metric": "act", "at_most": 0.95})
     row = judge(c, runs)
-    assert row["estimate"] == pytest.approx(0.4) and row["verdict"] == HOLDS
+    assert row["estimate"] == pytest.approx(0.4) and row["verdict"] == BETTER
     assert "rises by" in row["finding"] and "val/acc at step 0" in row["finding"]
 
 
@@ -234,7 +236,7 @@ def test_judge_spec_reads_the_runs_of_the_spec_and_its_regime(tmp_path):
         fake_run(tmp_path, "grpo", s, {"pos": [5, 4], "act": [1, 1]})
         fake_run(tmp_path, run_name("aspo", "stress"), s, {"clip": [0, 0.1 + s / 100], "act": [1, 1]})
     records = judge_spec(spec, tmp_path)
-    assert [r["verdict"] for r in records] == [HOLDS, HOLDS, UNTESTABLE]
+    assert [r["verdict"] for r in records] == [BETTER, BETTER, UNTESTABLE]
     assert records[0]["seeds"] == [0, 1, 2] and records[1]["run"] == "aspo-stress"
     path = save(records, tmp_path)
     assert json.loads(path.read_text())[0]["statement"] == "earlier"
@@ -299,7 +301,7 @@ def test_every_judged_claim_can_fail(tmp_path, spec, c, case):
     nulls = {n: [load_run(fake_run(tmp_path, run_name(n, c.regime), k, {c.metric: [base + noise[2 - k]] * 4}))
                  for k in range(3)] for n in c.without}
     row = judge(c, runs, baseline, nulls, spec=spec)
-    expected = {"true": [HOLDS], "false": list(claims.FAILS), "idle": [IDLE]}[case]
+    expected = {"true": list(HOLDS), "false": list(claims.FAILS), "idle": [IDLE]}[case]
     assert row["verdict"] in expected, (c.claim, row)
     assert row["finding"]
 
@@ -333,7 +335,7 @@ def test_mirror_shift_and_margin_invariants(tmp_path_factory, ours, base, tol, s
     # a common shift changes nothing (the values are exact, so no rounding can move a difference)
     assert verdict("lower", [v + shift for v in ours], [v + shift for v in base]) == lower
     # a larger margin never turns a verdict into "holds"
-    assert lower == HOLDS or verdict("lower", ours, base, tol + 1) != HOLDS
+    assert lower in HOLDS or verdict("lower", ours, base, tol + 1) not in HOLDS
 
 
 # ------------------------------------------------------------------------------------------------ collapses told
@@ -385,7 +387,7 @@ def test_next_round_adds_a_batch_to_the_runs_of_undecided_claims_only(tmp_path):
     write_runs(tmp_path, "gspo", [1.5, 3.5, 2.0])  # +0.5 ± 1: undecided
     spec = seq_spec([decided, undecided])
     records = judge_spec(spec, tmp_path)
-    assert [r["verdict"] for r in records] == [HOLDS, INCONCLUSIVE]
+    assert [r["verdict"] for r in records] == [BETTER, INCONCLUSIVE]
     assert records[0]["level"] == pytest.approx(0.9875) and "98.75% CI" in records[0]["finding"]
     assert next_round([spec], tmp_path) == {"aspo": 6, "gspo": 6}  # grpo's claim is decided: it stops
     for k in range(3, 6):  # the round's seeds, the noisy claim still noisy
@@ -399,11 +401,16 @@ def test_next_round_adds_a_batch_to_the_runs_of_undecided_claims_only(tmp_path):
     assert fixed[1]["seeds"] == [0, 1, 2] and fixed[1]["level"] == pytest.approx(0.95)
 
 
-def test_a_claim_is_judged_at_a_planned_look_only(tmp_path):
-    write_runs(tmp_path, "aspo", [2.0 + k / 100 for k in range(8)])  # 8 seeds: the look is 6
+def test_a_claim_is_judged_at_a_planned_look_only_and_keeps_its_deciding_looks_seeds(tmp_path):
+    write_runs(tmp_path, "aspo", [2.0 + k / 100 for k in range(8)])  # 8 seeds: looks 3 and 6
+    write_runs(tmp_path, "gspo", [2.5 + (-1) ** k * 0.3 for k in range(8)])  # 0.5 lower ± 0.3: never decided
     write_runs(tmp_path, "grpo", [3.0] * 8)
-    spec = seq_spec([Claim("c", "p", metric="m", expect="lower", tolerance=0.5, window=2, activity=ACTIVE)])
-    assert judge_spec(spec, tmp_path)[0]["seeds"] == list(range(6))
+    clear = Claim("c", "p", metric="m", expect="lower", tolerance=0.5, window=2, activity=ACTIVE)
+    spec = seq_spec([clear, Claim("n", "p", metric="m", expect="lower", tolerance=0.5, window=2, activity=ACTIVE,
+                                  run="gspo")])
+    decided, undecided = judge_spec(spec, tmp_path)
+    assert decided["verdict"] == BETTER and decided["seeds"] == [0, 1, 2]  # decided at 3 seeds: frozen there
+    assert undecided["verdict"] == INCONCLUSIVE and undecided["seeds"] == list(range(6))  # its last planned look
     assert SeedRule().looks == [3, 6, 9, 12] and SeedRule(start=3, batch=4, cap=12).looks == [3, 7, 11, 12]
     assert look_level(4) == pytest.approx(0.9875) and look_level(1) == pytest.approx(0.95)
     with pytest.raises(ValueError, match="at least 2 seeds"):

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 
 from rlkit.lab import report
-from rlkit.lab.claims import DROPPED, HOLDS, INCONCLUSIVE, UNTESTABLE
+from rlkit.lab.claims import BETTER, DROPPED, INCONCLUSIVE, UNTESTABLE
 from rlkit.lab.report import forest, html, short_names
 from test_findings import record
 
 
 def test_claims_html_is_three_columns_with_the_details_folded():
-    out = html([record("a", HOLDS, 0.2, [0.1, 0.3]), record("b", DROPPED)], method_column=True)
+    out = html([record("a", BETTER, 0.2, [0.1, 0.3]), record("b", DROPPED)], method_column=True)
     assert out.count("<th>") == 4 and out.count("<tr>") == 3
     assert out.count("<details>") == 2 and "Paper §1" in out and "+0.2 [+0.1, +0.3]" in out
 
@@ -21,8 +21,8 @@ def test_forest_plots_judged_claims_in_units_of_their_margin():
     import matplotlib
 
     matplotlib.use("Agg")
-    records = [record("up", HOLDS, 0.2, [0.1, 0.3], margin=0.05),
-               record("down", HOLDS, -0.2, [-0.3, -0.1], margin=0.1, direction="lower"),
+    records = [record("up", BETTER, 0.2, [0.1, 0.3], margin=0.05),
+               record("down", BETTER, -0.2, [-0.3, -0.1], margin=0.1, direction="lower"),
                record("zero", INCONCLUSIVE, 0.0, [-0.1, 0.1], margin=0.0), record("u", UNTESTABLE)]
     fig = forest(records)
     ax = fig.axes[0]
@@ -45,7 +45,7 @@ def test_forest_labels_are_distinct_where_claims_share_their_first_words():
     paper, code = (record(f"hapo-{k}", INCONCLUSIVE, 0.0, [-0.1, 0.1]) for k in (1, 2))
     paper["statement"] = "HAPO keeps higher entropy than its base algorithm (the paper's h̃ sign)"
     code["statement"] = "HAPO keeps higher entropy than its base algorithm (the released code's h̃ sign)"
-    other = record("spo-4", HOLDS, 0.2, [0.1, 0.3])
+    other = record("spo-4", BETTER, 0.2, [0.1, 0.3])
     names = short_names([paper, code, other])
     assert len(set(names)) == 3 and "paper's" in names[0] and "released" in names[1]
     assert names[2] == "spo-4: claim spo-4".replace("spo-4:", "spo:")

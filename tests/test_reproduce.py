@@ -443,14 +443,14 @@ def test_the_pages_get_the_seeds_the_claims_were_judged_on(tmp_path, monkeypatch
 
 def test_a_finished_seed_rule_names_the_claims_it_left_undecided(tmp_path, monkeypatch, capsys):
     from rlkit.lab import paths, reproduce
-    from rlkit.lab.claims import HOLDS, INCONCLUSIVE
+    from rlkit.lab.claims import BETTER, INCONCLUSIVE
 
     specs = tmp_path / "specs"
     specs.mkdir()
     (specs / "grpo.yaml").write_text("name: grpo\nnotebook: notebooks/01_grpo.md\nmethod: grpo\nseeds: 3\n")
     at_cap = [{"id": "grpo-1", "notebook": "notebooks/01_grpo.md", "verdict": INCONCLUSIVE, "seeds": list(range(12)),
                "seeds_to_decide": 27},
-              {"id": "grpo-2", "notebook": "notebooks/01_grpo.md", "verdict": HOLDS, "seeds": [0, 1, 2],
+              {"id": "grpo-2", "notebook": "notebooks/01_grpo.md", "verdict": BETTER, "seeds": [0, 1, 2],
                "seeds_to_decide": None}]
     below_cap = [{**at_cap[0], "seeds": list(range(9))}, at_cap[1]]  # a round still to come (a --rounds limit)
     judged = iter([at_cap, below_cap])

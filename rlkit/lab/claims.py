@@ -16,21 +16,28 @@ the effect the paper claims (``paper_effect``).
 **Seeds: a pre-declared sequential rule** (:class:`rlkit.lab.stats.SeedRule`, in each spec's ``seed_rule``).
 Every run starts with ``start`` seeds (3); after each round the claims still *inconclusive* get ``batch`` more
 seeds (3) for the runs they compare, up to ``cap`` (12); decided claims stop
-(:func:`rlkit.lab.judge.next_round`). Every look's interval is held to the look's level, Bonferroni over the
-planned looks (:func:`rlkit.lab.stats.look_level`; why, and what it covers: :mod:`rlkit.lab.stats`).
+(:func:`rlkit.lab.judge.next_round`). A claim's verdict is the one of its **deciding look**: it is judged at
+each planned look in turn, on the first n seeds of its runs, and the first look that decides it (any verdict but
+*inconclusive*) is its verdict, on those seeds, even when its runs gained seeds later for other claims; an
+undecided claim is judged at its last look. Every look's interval is held to the looks' level, Bonferroni over
+the planned looks (:func:`rlkit.lab.stats.look_level`; why, and what it covers: :mod:`rlkit.lab.stats`).
 
 **Verdicts** (δ signed positive in the claim's direction, [lo, hi] its interval at the look's level, m the margin):
 
-- superiority (higher, lower, rise): *holds* if lo > m; *does not hold: opposite effect* if hi < 0; *does not
-  hold: no effect* if −m < lo ≤ 0 ≤ hi < m — the whole interval inside ±m, an equivalence result (two one-sided
-  tests, TOST); *does not hold: an effect smaller than the margin* if 0 < lo and hi ≤ m (an effect is shown, and
-  shown to be below the margin); otherwise *inconclusive*.
-- threshold (at_least, m = 0 over the threshold): *holds* if lo > 0; *does not hold: no effect* (not above the
-  threshold) if hi < 0; otherwise *inconclusive*.
-- non-inferiority (not_lower): *holds* if lo > −m; *does not hold: opposite effect* if hi < −m (worse by more than
-  the margin); otherwise *inconclusive*.
-- equivalence (equal): *holds* if −m < lo and hi < m (TOST); *does not hold: differs* if the interval lies
-  entirely beyond ±m; otherwise *inconclusive*.
+- superiority (higher, lower, rise): *holds: better* if lo > m (the whole interval beyond the margin); *does not
+  hold: opposite effect* if hi < −m (the whole interval beyond the margin the wrong way); inside the margin,
+  −m < lo and hi < m, *does not hold: an effect smaller than the margin* when the interval excludes 0 (either
+  sign: an effect is shown, and shown to be below the margin) and *does not hold: no effect* when it holds 0 —
+  an equivalence result (two one-sided tests, TOST); otherwise *inconclusive*.
+- threshold (at_least, m = 0 over the threshold): *holds: better* if lo > 0; *does not hold: no effect* (not above
+  the threshold) if hi < 0; otherwise *inconclusive*.
+- non-inferiority (not_lower): *holds: as good as* if lo > −m; *does not hold: opposite effect* if hi < −m (worse
+  by more than the margin); otherwise *inconclusive*.
+- equivalence (equal): *holds: as good as* if −m < lo and hi < m (TOST); *does not hold: differs* if the interval
+  lies entirely beyond ±m; otherwise *inconclusive*.
+
+*Better* and *as good as* are the two ways a claim holds (:data:`HOLDS`): an effect shown, or no loss (and for
+an equality claim, no difference) beyond the margin shown.
 
 A claim judged into its record (``claims.json``): :mod:`rlkit.lab.judge`; the findings in words:
 :mod:`rlkit.lab.findings`; the pages' tables and figures: :mod:`rlkit.lab.report`.
@@ -52,13 +59,15 @@ from rlkit.lab.stats import LEVEL, SeedRule, squared_half
 from rlkit.tiny.config import REGIMES
 
 EXPECT = ("lower", "higher", "not_lower", "equal", "rise", "at_least")
-HOLDS, NO_EFFECT, SMALLER, OPPOSITE, DIFFERS, INCONCLUSIVE, IDLE, UNTESTABLE, DROPPED = (
-    "holds", "does not hold: no effect", "does not hold: an effect smaller than the margin",
-    "does not hold: opposite effect", "does not hold: differs", "inconclusive", "not exercised",
-    "not testable on a CPU", "dropped")
+BETTER, AS_GOOD, NO_EFFECT, SMALLER, OPPOSITE, DIFFERS, INCONCLUSIVE, IDLE, UNTESTABLE, DROPPED = (
+    "holds: better", "holds: as good as", "does not hold: no effect",
+    "does not hold: an effect smaller than the margin", "does not hold: opposite effect", "does not hold: differs",
+    "inconclusive", "not exercised", "not testable on a CPU", "dropped")
+HOLDS = (BETTER, AS_GOOD)
+"""The two ways a claim holds: *better* (superiority) and *as good as* (non-inferiority, equivalence)."""
 FAILS = (NO_EFFECT, SMALLER, OPPOSITE, DIFFERS)
-DECIDED = (HOLDS, *FAILS)
-VERDICTS = (HOLDS, NO_EFFECT, SMALLER, OPPOSITE, DIFFERS, INCONCLUSIVE, IDLE, UNTESTABLE, DROPPED)
+DECIDED = (*HOLDS, *FAILS)
+VERDICTS = (*HOLDS, NO_EFFECT, SMALLER, OPPOSITE, DIFFERS, INCONCLUSIVE, IDLE, UNTESTABLE, DROPPED)
 
 
 def seed_rule(spec: Any) -> SeedRule:
@@ -224,17 +233,17 @@ def activity_value(run: Run, activity: Activity) -> float:
 def verdict_of(expect: str, lo: float, hi: float, margin: float) -> str:
     """The verdict from the interval [lo, hi] of the difference signed in the claim's direction (module doc)."""
     if expect == "not_lower":
-        return HOLDS if lo > -margin else OPPOSITE if hi < -margin else INCONCLUSIVE
+        return AS_GOOD if lo > -margin else OPPOSITE if hi < -margin else INCONCLUSIVE
     if expect == "equal":
-        return HOLDS if -margin < lo and hi < margin else DIFFERS if lo > margin or hi < -margin else INCONCLUSIVE
+        return AS_GOOD if -margin < lo and hi < margin else DIFFERS if lo > margin or hi < -margin else INCONCLUSIVE
     if expect == "at_least":  # the margin is 0 over the threshold; below it has no "opposite"
-        return HOLDS if lo > 0 else NO_EFFECT if hi < 0 else INCONCLUSIVE
+        return BETTER if lo > 0 else NO_EFFECT if hi < 0 else INCONCLUSIVE
     if lo > margin:
-        return HOLDS
-    if hi < 0:
+        return BETTER
+    if hi < -margin:
         return OPPOSITE
-    if hi < margin and lo > -margin:  # the whole interval inside ±margin
-        return SMALLER if lo > 0 else NO_EFFECT
+    if -margin < lo and hi < margin:  # the whole interval inside ±margin
+        return SMALLER if lo > 0 or hi < 0 else NO_EFFECT
     return INCONCLUSIVE
 
 

@@ -9,8 +9,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rlkit.lab.claims import (
-    COLLAPSE_WINDOW, DIFFERS, HOLDS, INCONCLUSIVE, NO_EFFECT, OPPOSITE, PROJECTION_LIMIT, SMALLER, VERDICTS, Claim,
-    fmt,
+    AS_GOOD, BETTER, COLLAPSE_WINDOW, DIFFERS, INCONCLUSIVE, NO_EFFECT, OPPOSITE, PROJECTION_LIMIT, SMALLER, VERDICTS,
+    Claim, fmt,
 )
 from rlkit.lab.runs import SHARES
 from rlkit.lab.stats import LEVEL
@@ -45,19 +45,22 @@ def finding(claim: Claim, r: Mapping[str, Any]) -> str:
         else:
             found = f"{who} differs from {other} by {num(lo, True)} to {num(hi, True)}{unit} on {claim.metric} {ci}"
     verdict = r["verdict"]
-    if verdict == HOLDS:
-        meaning = {"not_lower": f"at worst {margin} below, within the margin: as good",
-                   "equal": f"within ±{margin}: equivalent", "at_least": "above the threshold"}.get(
-            claim.expect, f"the whole interval clears the margin of {margin}: the effect is shown")
+    if verdict == AS_GOOD:
+        meaning = (f"within ±{margin}: equivalent" if claim.expect == "equal"
+                   else f"at worst {margin} below, within the margin: as good")
+    elif verdict == BETTER:
+        meaning = ("above the threshold" if claim.expect == "at_least"
+                   else f"the whole interval clears the margin of {margin}: the effect is shown")
     elif verdict == NO_EFFECT and claim.expect == "at_least":
         meaning = "not above the threshold"
     elif verdict == NO_EFFECT:
         meaning = f"the whole interval lies within ±{margin}: no effect that matters (equivalence)"
     elif verdict == SMALLER:
-        meaning = f"an effect in the claimed direction, but smaller than the margin of {margin}"
+        way = "in the claimed direction" if lo > 0 else "against the claimed direction"
+        meaning = f"an effect {way}, but smaller than the margin of {margin} either way"
     elif verdict == OPPOSITE:
-        meaning = (f"worse by more than the margin of {margin}: not as good"
-                   if claim.expect == "not_lower" else "the opposite of what the paper reports")
+        meaning = (f"worse by more than the margin of {margin}: not as good" if claim.expect == "not_lower"
+                   else f"beyond the margin of {margin} the other way: the opposite of what the paper reports")
     elif verdict == DIFFERS:
         meaning = f"entirely beyond ±{margin}: not equivalent"
     else:
@@ -102,7 +105,7 @@ def summary(records: Sequence[Mapping[str, Any]], limit: int = 4) -> list[str]:
     counts = {v: sum(r["verdict"] == v for r in records) for v in VERDICTS}
     said = [f"{n} “{v}”" for v, n in counts.items() if n]  # quoted: the verdicts are labels, not verbs
     out = [f"Of the {len(records)} claim{'s' * (len(records) > 1)}: {', '.join(said)}."]  # not all judged on runs
-    order = {HOLDS: 0, OPPOSITE: 1, NO_EFFECT: 1, SMALLER: 1, DIFFERS: 1, INCONCLUSIVE: 2}
+    order = {BETTER: 0, AS_GOOD: 0, OPPOSITE: 1, NO_EFFECT: 1, SMALLER: 1, DIFFERS: 1, INCONCLUSIVE: 2}
     judged = sorted((r for r in records if r["verdict"] in order), key=lambda r: order[r["verdict"]])
     for r in judged[:limit]:
         finding = r["finding"].rstrip(".")

@@ -31,7 +31,7 @@ def judge(claim: Claim, runs: Sequence[Run], baseline: Sequence[Run] = (),
           nulls: Mapping[str, Sequence[Run]] | None = None, *, spec: Any = None,
           level: float | None = None) -> dict[str, Any]:
     """One claim against its runs (and its baseline's, paired by seed): the record of :data:`RECORD_FIELDS` —
-    verdict, estimate, interval at ``level`` (default: one look, :func:`rlkit.lab.stats.look_level` (1)), the
+    verdict, estimate, interval at ``level`` (default: a single look's, :func:`rlkit.lab.stats.look_level`), the
     declared margin and its source, activity, collapse facts, finding. ``nulls`` is accepted for old callers
     and not read: margins are declared."""
     del nulls
@@ -148,31 +148,37 @@ def judge_spec(spec, results: str | Path, seeds: Sequence[int] | None = None, *,
                level: float | None = None) -> list[dict[str, Any]]:
     """The records of every claim of ``spec`` (a :class:`rlkit.lab.reproduce.Spec`) from the runs under
     ``results``. ``seeds`` given: those seeds, a fixed design (one look: a 95% interval). ``seeds`` None: the
-    sequential design (:class:`rlkit.lab.stats.SeedRule`, the spec's unless ``rule``): each run's seeds 0, 1,
-    … present, at most the cap, and a claim judged on the seeds its runs share, cut to the last planned look,
-    at the rule's level. ``level`` overrides the level either way. Seeds without a run are left out."""
+    sequential design (:class:`rlkit.lab.stats.SeedRule`, the spec's unless ``rule``): each claim judged at each
+    planned look its runs' seeds reach, on the first n seeds at that look's level, until a look decides it — its
+    verdict then stays the one of that look, on those seeds, whatever seeds its runs gained later for other claims
+    (an undecided claim: its last look). ``level`` overrides the level either way. Seeds without a run are left
+    out."""
     results = Path(results)
-    sequential = seeds is None
     r = rule or seed_rule(spec)
-    chosen = level if level is not None else r.level if sequential else look_level(1)
 
-    def runs_of(name: str, regime: str, keep: Sequence[int] | None = None) -> list[Run]:
-        full = run_name(name, regime)
-        pick = (available_seeds(results, full, r.cap) if sequential else list(seeds)) if keep is None else keep
-        dirs = [results / full / f"seed{k}" for k in pick]
+    def runs_of(name: str, regime: str, keep: Sequence[int]) -> list[Run]:
+        dirs = [results / run_name(name, regime) / f"seed{k}" for k in keep]
         return [load_run(d) for d in dirs if (d / "metrics.jsonl").exists()]
 
     records = []
     for c in spec.claims:
         if not c.judged:
-            records.append(judge(c, [], spec=spec, level=chosen))
+            records.append(judge(c, [], spec=spec, level=level))
             continue
-        keep = None
-        if sequential:  # the seeds every compared run has, cut to a planned look
-            shared = min(len(available_seeds(results, n, r.cap)) for n in compared_runs(c, spec))
-            keep = list(range(r.look(shared) or shared))
-        records.append(judge(c, runs_of(c.run or spec.method, c.regime, keep),
-                             runs_of(c.baseline, c.regime, keep), spec=spec, level=chosen))
+        if seeds is not None:  # a fixed design: one look
+            chosen = level if level is not None else look_level(1)
+            records.append(judge(c, runs_of(c.run or spec.method, c.regime, seeds),
+                                 runs_of(c.baseline, c.regime, seeds), spec=spec, level=chosen))
+            continue
+        shared = min(len(available_seeds(results, n, r.cap)) for n in compared_runs(c, spec))
+        looks = [n for n in r.looks if n <= shared] or [shared]  # fewer seeds than the first look: judged as is
+        own = runs_of(c.run or spec.method, c.regime, range(looks[-1]))
+        base = runs_of(c.baseline, c.regime, range(looks[-1]))
+        for n in looks:
+            record = judge(c, own[:n], base[:n], spec=spec, level=level if level is not None else r.level)
+            if record["verdict"] != INCONCLUSIVE:
+                break
+        records.append(record)
     return records
 
 

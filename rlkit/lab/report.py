@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 
 from rlkit.lab.claims import (
-    DIFFERS, DROPPED, HOLDS, IDLE, INCONCLUSIVE, NO_EFFECT, OPPOSITE, SMALLER, UNTESTABLE, fmt,
+    AS_GOOD, BETTER, DIFFERS, DROPPED, IDLE, INCONCLUSIVE, NO_EFFECT, OPPOSITE, SMALLER, UNTESTABLE, fmt,
 )
 from rlkit.lab.findings import summary
 from rlkit.lab.judge import judge_spec
@@ -27,22 +27,27 @@ RULES = (
     "seeds at a time, up to 12; every look's interval is widened for the number of looks (Bonferroni: 98.75% at "
     "each of 4 looks; 95% for a fixed number of seeds), so that the final interval covers at least 90% of the time. "
     "The margin is declared in the spec before the runs, with its source: the paper's effect or the smallest "
-    "effect that matters at this scale. Higher / lower / rise: the claim holds when the whole interval clears the "
-    "margin in the claimed direction; it does not hold — no effect — when the whole interval lies within ±margin "
-    "(equivalence); — an effect smaller than the margin — when the interval excludes zero but stays below the "
-    "margin; — opposite effect — when the interval lies on the wrong side of zero; otherwise it is inconclusive. "
-    "Not lower: holds when the interval's lower end is above −margin (non-inferiority), fails when the whole "
-    "interval is below −margin; the margin is never wider than the effect the paper reports. Equal: holds when the "
-    "interval lies within ±margin. A claim whose mechanism stayed idle (its activity metric below the gate) is not "
+    "effect that matters at this scale. Higher / lower / rise: the claim holds — better — when the whole interval "
+    "clears the margin in the claimed direction; it does not hold — no effect — when the whole interval lies within "
+    "±margin and holds zero (equivalence); — an effect smaller than the margin — when the interval lies within "
+    "±margin but excludes zero, either way; — opposite effect — when the whole interval lies beyond the margin the "
+    "wrong way; otherwise it is inconclusive. Not lower: holds — as good as — when the interval's lower end is "
+    "above −margin (non-inferiority), fails when the whole interval is below −margin; the margin is never wider "
+    "than the effect the paper reports. Equal: holds — as good as — when the interval lies within ±margin. A "
+    "claim's verdict is the one of the first look that decides it, on that look's seeds. A claim whose mechanism stayed idle (its activity metric below the gate) is not "
     "exercised; a run that collapsed is said so. Not covered at 90% (simulated): " + NOT_COVERED + ".")
 """The claim rules in one paragraph, for the reader (the comparison page's verdict rules; the rules themselves:
 :mod:`rlkit.lab.claims`, their statistics: :mod:`rlkit.lab.stats`)."""
 GLOSSARY = {
-    HOLDS: "the interval of the difference (CI) lies wholly beyond the margin, in the claimed direction",
-    NO_EFFECT: "the whole interval lies within ±margin: no effect that matters (equivalence, two one-sided tests); "
-               "for a claim that a value exceeds a threshold, the whole interval lies below the threshold",
-    SMALLER: "the interval excludes zero in the claimed direction but stays below the margin: an effect, too small",
-    OPPOSITE: "the interval lies on the wrong side of zero: the effect runs against the claim",
+    BETTER: "the interval of the difference (CI) lies wholly beyond the margin, in the claimed direction: the "
+            "effect is shown",
+    AS_GOOD: "no worse than the baseline by the margin (non-inferiority: the interval's lower end above −margin), "
+             "or, for a claim of equality, the whole interval within ±margin: no loss (no difference) shown",
+    NO_EFFECT: "the whole interval lies within ±margin and holds zero: no effect that matters (equivalence, two "
+               "one-sided tests); for a claim that a value exceeds a threshold, the whole interval lies below it",
+    SMALLER: "the whole interval lies within ±margin but excludes zero, either way: an effect is shown, too small "
+             "to count",
+    OPPOSITE: "the whole interval lies beyond the margin on the wrong side: the effect runs against the claim",
     DIFFERS: "the claim says the two are equal; the interval leaves the ±margin band",
     INCONCLUSIVE: "the interval straddles the margin (or zero): more seeds would be needed to decide; the sequential "
                   "rule adds them up to its cap",
@@ -69,7 +74,7 @@ def glossary_html() -> str:
     return f"<dl class='rlkit-glossary'>{items}</dl>"
 
 
-COLOURS = {HOLDS: "#d8f0d8", NO_EFFECT: "#f6d5d5", SMALLER: "#f6d5d5", OPPOSITE: "#f6d5d5", DIFFERS: "#f6d5d5",
+COLOURS = {BETTER: "#c4e8c4", AS_GOOD: "#dcecf7", NO_EFFECT: "#f6d5d5", SMALLER: "#f6d5d5", OPPOSITE: "#f6d5d5", DIFFERS: "#f6d5d5",
            INCONCLUSIVE: "#fbeccb", IDLE: "#eeeeee", UNTESTABLE: "#eeeeee", DROPPED: "#eeeeee"}
 
 
@@ -153,11 +158,11 @@ def found_box(records: Sequence[Mapping[str, Any]]) -> str:
     return (f"<div class='admonition tip'><p class='admonition-title'>What we found</p><ul>{items}</ul></div>")
 
 
-MARKERS = {HOLDS: "#009E73", NO_EFFECT: "#D55E00", SMALLER: "#56B4E9", OPPOSITE: "#CC79A7", DIFFERS: "#0072B2",
+MARKERS = {BETTER: "#009E73", AS_GOOD: "#0072B2", NO_EFFECT: "#D55E00", SMALLER: "#56B4E9", OPPOSITE: "#CC79A7", DIFFERS: "#E69F00",
            INCONCLUSIVE: "#000000", IDLE: "#999999"}
 """Marker colours of the forest plot by verdict, one colour each (Okabe–Ito and black: distinguishable with the
 common colour-vision deficiencies); each verdict has its own marker shape too (:data:`SHAPES`)."""
-SHAPES = {HOLDS: "o", NO_EFFECT: "s", SMALLER: "D", OPPOSITE: "v", DIFFERS: "^", INCONCLUSIVE: "X", IDLE: "."}
+SHAPES = {BETTER: "o", AS_GOOD: "P", NO_EFFECT: "s", SMALLER: "D", OPPOSITE: "v", DIFFERS: "^", INCONCLUSIVE: "X", IDLE: "."}
 
 
 def forest(records: Sequence[Mapping[str, Any]]):
