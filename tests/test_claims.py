@@ -366,6 +366,35 @@ def test_a_collapse_is_a_finding_with_per_seed_facts_never_not_exercised(tmp_pat
     assert judge(claim("higher", 0.1), base, base)["collapsed"] is None  # runs without the facts: none told
 
 
+def test_a_claim_read_only_on_runs_that_did_not_collapse_is_not_exercised_where_they_did(tmp_path):
+    runs = [collapsing_run(tmp_path, "cispo-stress", s, act=1.0) for s in range(3)]
+    base = runs_of(tmp_path, "grpo-stress", [0.1, 0.11, 0.09])
+    c = claim("higher", 0.1, run="cispo", regime="stress", unless_collapsed="entropy measures the collapse")
+    row = judge(c, runs, base)
+    assert row["verdict"] == IDLE and row["collapsed"]["of"] == 3
+    assert row["finding"].endswith("Not judged on collapsed runs: entropy measures the collapse.")
+    assert judge(claim("higher", 0.1, run="cispo", regime="stress"), runs, base)["verdict"] != IDLE  # without it
+    assert judge(c, base, base)["verdict"] != IDLE  # runs that did not collapse are judged
+
+
+def test_a_claim_that_requires_another_is_judged_only_where_that_one_holds(tmp_path):
+    write_runs(tmp_path, "grpo", [3.0] * 3)
+    write_runs(tmp_path, "gspo", [3.0, 3.01, 2.99])  # the "uncorrected" run: no effect against grpo
+    write_runs(tmp_path, "aspo", [2.0, 2.01, 1.99])  # the "correction": clearly lower
+    degrades = Claim("degrades", "p", metric="m", expect="lower", tolerance=0.5, window=2, activity=ACTIVE, run="gspo")
+    corrects = Claim("corrects", "p", metric="m", expect="lower", tolerance=0.5, window=2, activity=ACTIVE,
+                     requires={"claim": 1, "why": "nothing to correct"})
+    first, second = judge_spec(seq_spec([degrades, corrects]), tmp_path)
+    assert first["verdict"] == NO_EFFECT and second["verdict"] == IDLE
+    assert second["finding"] == ("Not judged: it presumes claim 1 (“degrades”), whose verdict is “does not hold: no "
+                                 "effect”; nothing to correct.")
+    write_runs(tmp_path, "gspo", [2.0, 2.01, 1.99])  # now it degrades: the correction is judged
+    first, second = judge_spec(seq_spec([degrades, corrects]), tmp_path)
+    assert first["verdict"] == BETTER and second["verdict"] == BETTER
+    with pytest.raises(ValueError, match="requires is"):
+        Claim("c", "p", metric="m", expect="lower", activity=ACTIVE, requires={"claim": 1})
+
+
 # ------------------------------------------------------------------------------------------------ the rounds
 
 

@@ -141,6 +141,12 @@ class Claim:
     """Why the claim cannot be tested on a CPU, when ``metric`` is None."""
     dropped: str = ""
     """Why the claim, as the paper states it, cannot be judged fairly from these runs (shown on the page)."""
+    requires: Mapping[str, Any] | None = None
+    """``{claim: k, why: ...}``: judged only where the spec's k-th claim holds (a correction needs an uncorrected
+    run that degrades); otherwise *not exercised*, with ``why`` (:func:`rlkit.lab.judge.judge_spec`)."""
+    unless_collapsed: str = ""
+    """Why the metric says nothing on a collapsed run (an entropy that rises because the policy fell apart): where
+    any of the claim's runs collapsed, the claim is *not exercised* and the collapse is the finding."""
     id: str = ""
     """``<spec>-<k>``: set when the spec loads."""
 
@@ -164,6 +170,10 @@ class Claim:
                              f"paper claims ({self.paper_effect})")
         if self.baseline_metric and self.expect == "at_least":
             raise ValueError(f"{name}: a threshold claim has no baseline_metric")
+        if self.requires is not None and (set(self.requires) != {"claim", "why"} or not self.requires["why"]
+                                          or not isinstance(self.requires["claim"], int)):
+            raise ValueError(f"{name}: requires is {{claim: <its number in the spec>, why: <the reason>}}, "
+                             f"got {self.requires!r}")
 
     @property
     def judged(self) -> bool:

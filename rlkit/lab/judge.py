@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from rlkit.lab.claims import (
-    DROPPED, IDLE, INCONCLUSIVE, UNTESTABLE, Claim, activity_value, collapsed, compared_runs, fmt, run_name,
+    DROPPED, HOLDS, IDLE, INCONCLUSIVE, UNTESTABLE, Claim, activity_value, collapsed, compared_runs, fmt, run_name,
     seed_rule, seeds_to_decide, verdict_of, window_value,
 )
 from rlkit.lab.findings import collapse_sentence, finding
@@ -49,6 +49,9 @@ def judge(claim: Claim, runs: Sequence[Run], baseline: Sequence[Run] = (),
     active = float(np.mean([activity_value(r, claim.activity) for r in runs]))
     record["activity"] = {"metric": claim.activity.metric, "value": None if math.isnan(active) else active,
                           "gate": claim.activity.gate}
+    if told and claim.unless_collapsed:
+        return {**record, "verdict": IDLE, "seeds": sorted(r.seed for r in runs),
+                "finding": f"{told}Not judged on collapsed runs: {claim.unless_collapsed}."}
     if math.isnan(active) or not claim.activity.acts(active):
         value = "never logged" if math.isnan(active) else f"{fmt(active)} on average"
         meaning = ("the claim is not judged, and the collapse is the finding" if told
@@ -179,7 +182,23 @@ def judge_spec(spec, results: str | Path, seeds: Sequence[int] | None = None, *,
             if record["verdict"] != INCONCLUSIVE:
                 break
         records.append(record)
-    return records
+    return [_required(c, r, records) for c, r in zip(spec.claims, records)]
+
+
+def _required(claim: Claim, record: dict[str, Any], records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """``record``, or — where ``claim.requires`` a claim of the same spec that does not hold — the claim not
+    exercised, saying which claim and why (a correction needs something to correct)."""
+    if claim.requires is None or record["verdict"] in (UNTESTABLE, DROPPED):
+        return record
+    k = claim.requires["claim"]
+    if not 1 <= k <= len(records):
+        raise ValueError(f"claim {claim.claim!r} requires claim {k}: the spec has {len(records)}")
+    first = records[k - 1]
+    if first["verdict"] in HOLDS:
+        return record
+    return {**record, "verdict": IDLE,
+            "finding": f"Not judged: it presumes {first['id'] or f'claim {k}'} (“{first['statement']}”), whose verdict is "
+                       f"“{first['verdict']}”; {claim.requires['why']}."}
 
 
 CLAIMS_FILE = "claims.json"
