@@ -196,8 +196,9 @@ def _required(claim: Claim, record: dict[str, Any], records: Sequence[Mapping[st
     first = records[k - 1]
     if first["verdict"] in HOLDS:
         return record
+    name = first["id"] or f"claim {k}"
     return {**record, "verdict": IDLE,
-            "finding": f"Not judged: it presumes {first['id'] or f'claim {k}'} (“{first['statement']}”), whose verdict is "
+            "finding": f"Not judged: it presumes {name} (“{first['statement']}”), whose verdict is "
                        f"“{first['verdict']}”; {claim.requires['why']}."}
 
 
