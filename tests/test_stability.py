@@ -28,3 +28,19 @@ def test_the_table_has_a_row_per_method_and_a_column_per_ratio():
     table = weight_table(["grpo", "cispo"], ratios=(1.0, 2.0))
     assert list(table.index) == ["grpo", "cispo"] and list(table.columns) == ["r = 1", "r = 2"]
     assert table.loc["grpo", "r = 1"] == pytest.approx(1.0) and table.loc["cispo", "r = 2"] == pytest.approx(1.28)
+
+
+def test_the_map_reads_each_cell_over_its_seeds(tmp_path):
+    from rlkit.lab.stability import stability_figure, stability_frame
+    from test_reproduce import fake_run
+
+    for s, acc in enumerate([0.5, 0.6, 0.7]):
+        fake_run(tmp_path, "grpo", s, {"val/acc_final": [None, acc], "actor/ppo_kl": [None, 0.01 * (s + 1)]})
+    fake_run(tmp_path, "grpo-stress", 0, {"val/acc_final": [None, 0.1], "actor/ppo_kl": [None, 0.5]})
+    frame = stability_frame(tmp_path, {"GRPO": {"standard": "grpo", "stress": "grpo-stress", "papers-4": "none"}})
+    acc = frame[(frame["metric"] == "val/acc_final") & (frame["rung"] == "standard")].iloc[0]
+    assert acc["mean"] == pytest.approx(0.6) and acc["seeds"] == 3 and acc["lo"] < 0.6 < acc["hi"]
+    assert set(frame["rung"]) == {"standard", "stress"}  # a rung without runs is left out
+    assert "actor/pg_clipfrac" not in set(frame["metric"])  # never logged: no row
+    fig = stability_figure(frame, ["standard", "papers-4", "stress"])
+    assert [ax.get_title() for ax in fig.axes] == ["val/acc_final", "actor/ppo_kl"]
