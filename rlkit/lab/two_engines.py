@@ -30,14 +30,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from rlkit.lab.plots import method_color, methods
+from rlkit.lab.paths import project_root
+from rlkit.lab.plots import add_caption, legend_outside, method_color, methods, panels
 from rlkit.lab.runs import Run
 
 
 def published_twins_dir() -> Path:
     """``<project>/reproductions/results-verl-cpu``: the published verl twins, one folder per method."""
-    from rlkit.lab.paths import project_root
-
     return project_root() / "reproductions" / "results-verl-cpu"
 
 
@@ -135,8 +134,6 @@ def pair(tiny: Run, verl: Run, quantity: Quantity) -> tuple[pd.Series, pd.Series
 def figure(tiny: Run, verl: Run, method: str, *, caption: str | None = None):
     """One panel per quantity (three per row, the book's page width), the tiny engine's curve beside verl's; one
     legend outside the data (in the last row's empty slot, or above the panels)."""
-    from rlkit.lab.plots import add_caption, legend_outside, panels
-
     qs = quantities(method)
     fig, axes, spare = panels(len(qs), ncols=3, height=2.7)
     color = method_color(method)

@@ -29,6 +29,7 @@ import torch
 from rlkit import registry
 from rlkit.tasks.tools import CodeDetection
 from rlkit.verl import VERL_OWNED
+from rlkit.verl.presets import LaunchError
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -235,8 +236,6 @@ def check_hooks(cfg, setup) -> None:
     """The run's method's own check of the engine's settings (:meth:`rlkit.hooks.Hooks.check`), as the tiny engine
     runs it before any work; its ``Config`` with the values verl's own keys set (:data:`rlkit.verl.VERL_OWNED`:
     its ``temperature`` is the rollout's)."""
-    from rlkit.verl.presets import LaunchError
-
     settings = engine_settings(cfg)
     options = {m: verl_owned(c, temperature=settings.temperature) for m, c in setup.options.items()}
     try:
