@@ -15,7 +15,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from rlkit import __version__
-from rlkit.errors import ConflictingOptions, InvalidSetting, RlkitError, RunError, UsageError, from_os_error
+from rlkit.errors import (
+    ConflictingOptions,
+    DiskFull,
+    InvalidSetting,
+    RlkitError,
+    RunError,
+    UsageError,
+    from_os_error,
+)
 
 
 def _methods(args: argparse.Namespace) -> int:
@@ -190,12 +198,16 @@ def _reproduce(args: argparse.Namespace) -> int:
     from rlkit.files import RESULTS, check_dir
     from rlkit.lab import paths
     from rlkit.lab.book import build
-    from rlkit.lab.reproduce import NotebookFailed, reproduce
+    from rlkit.lab.cluster import address_parts
+    from rlkit.lab.reproduce import NotebookFailed, reproduce, usable_workers
 
+    usable_workers(args.workers)  # below 1 refused, above the CPUs said, before anything runs
     _retrain_sft(args)
     args.results = args.results or paths.results_dir()  # no project: the one-line refusal, before anything runs
     check_dir(args.results, RESULTS)  # a file, or another command's directory: refused before anything runs
     ray_address = args.ray_address or os.environ.get("RAY_ADDRESS") or None
+    if ray_address:  # its host is asked when the runs start (rlkit.lab.cluster.probe), its form now
+        address_parts(ray_address, None if args.ray_address else f"RAY_ADDRESS={ray_address}")
     if ray_address and args.workers is not None:
         raise ConflictingOptions(f"--workers is for this machine; on the Ray cluster at {ray_address} (--ray-address "
                                  "or $RAY_ADDRESS) each run takes one CPU of it: drop one of the two")
@@ -447,12 +459,19 @@ def _run(args: argparse.Namespace) -> int:
         environ.check()
         return args.func(args)
     except (RlkitError, OSError) as e:
-        error = e if isinstance(e, RlkitError) else from_os_error(e)
-        if error is None or args.debug:
+        if args.debug:
             raise
+        error = e if isinstance(e, RlkitError) else from_os_error(e)
         message = f"rlkit {args.command}: {error}"
+        if isinstance(error, DiskFull) and args.command in AGAIN:
+            message += f" ({AGAIN[args.command]})"
         print(message, file=sys.stderr)
         raise Refused(error.exit_code, message) from None
+
+
+AGAIN = {"train": "a run continues with --resume", "launch": "a run continues with --resume",
+         "reproduce": "rlkit reproduce resumes its runs from their last checkpoints"}
+"""What running the command again after a full disk keeps, for the commands that keep something."""
 
 
 @contextlib.contextmanager

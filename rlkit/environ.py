@@ -14,11 +14,13 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import time
 from pathlib import Path
 
-from rlkit.errors import BadEnvironment, UsageError
+from rlkit.errors import BadEnvironment, DiskFull, UsageError
 
 CACHE = "RLKIT_CACHE"
 DEFAULT_CACHE = "~/.cache/rlkit"
@@ -64,18 +66,35 @@ def check_dir(path: Path, origin: str) -> Path:
     return path
 
 
-def writable_dir(path: Path, origin: str) -> Path:
-    """``path`` (made if missing) where this process may write a file, else a one-line refusal naming ``origin``:
-    checked before the work whose result goes there."""
+def writable_dir(path: Path, origin: str, size: int = 0) -> Path:
+    """``path`` (made if missing) where this process may write a file of ``size`` bytes, else a one-line
+    refusal naming ``origin``: checked before the work whose result goes there
+    (:class:`~rlkit.errors.DiskFull` where it does not fit)."""
     from rlkit.files import try_write
 
     check_dir(path, origin)
+    there = next((p for p in (path, *path.parents) if p.exists()), path)
     try:
-        try_write(path)
+        free = shutil.disk_usage(there).free
+    except OSError:
+        free = None
+    room = "too little room" if free is None else f"{_mb(free)} free"
+    too_big = (f"{origin}: {path} has {room}, and the file to be written there takes about {_mb(size)}: free "
+               "some space (df -h) or name another directory")
+    if free is not None and free < size:
+        raise DiskFull(too_big)
+    try:
+        try_write(path, size)
     except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskFull(too_big) from None
         raise _refusal(origin)(f"{origin}: cannot write into {path} ({e.strerror or e}): choose a directory you "
                                "may write, or fix its permissions") from None
     return path
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
 
 
 def check() -> None:
@@ -85,6 +104,7 @@ def check() -> None:
     numerics.mode()
     for name in FLAGS:
         flag(name)
+    hold()
     if os.environ.get(CACHE, "").strip():
         check_dir(cache_root(), cache_origin())
 
@@ -96,19 +116,26 @@ and wait while the file exists (:func:`hold_before_step`), so that a test kills 
 instead of racing it."""
 
 
+def hold() -> tuple[int, Path] | None:
+    """:data:`HOLD`'s step and file (None: unset); a value that is not ``<step>:<file>`` is refused in one
+    line."""
+    value = os.environ.get(HOLD)
+    if not value:
+        return None
+    at, _, path = value.partition(":")
+    if not at.isdigit() or not path:
+        raise BadEnvironment(f"{HOLD} must be <step>:<file>, got {value!r} (test support: unset it)")
+    return int(at), Path(path)
+
+
 def hold_before_step(step: int, *, poll_s: float = 0.2) -> bool:
     """Test support (:data:`HOLD`): when ``RLKIT_TEST_HOLD`` is ``<step>:<file>`` for this ``step``, write
     ``<file>`` (this process's pid) and wait until it is removed; True if it held. Without the variable, or for
     another step, it returns False at once."""
-    value = os.environ.get(HOLD)
-    if not value:
+    held_at = hold()
+    if held_at is None or held_at[0] != step:
         return False
-    at, _, path = value.partition(":")
-    if not at.isdigit() or not path:
-        raise ValueError(f"{HOLD} must be <step>:<file>, got {value!r}")
-    if int(at) != step:
-        return False
-    held = Path(path)
+    held = held_at[1]
     held.write_text(f"{os.getpid()}\n")
     while held.exists():
         time.sleep(poll_s)

@@ -82,6 +82,11 @@ class ExecutionFailed(RunError):
     """An executed notebook whose execution failed: the book does not publish its traceback."""
 
 
+class NoNetwork(RunError, ConnectionError):
+    """A source on the network (a Hugging Face dataset id) that cannot be reached: the message names the local
+    alternative."""
+
+
 class DiskFull(RunError, OSError):
     """No space left where rlkit writes."""
 
@@ -90,12 +95,55 @@ class PermissionDenied(RunError, PermissionError):
     """rlkit may not read or write a path."""
 
 
-def from_os_error(e: OSError) -> RlkitError | None:
-    """The refusal an ``OSError`` stands for (disk full, permission denied), or None."""
-    where = f" ({e.filename})" if getattr(e, "filename", None) else ""
+class BadPath(UsageError, OSError):
+    """A path the command was given that cannot be one: a file where a folder must be, no such file, a name
+    too long, a loop of symbolic links."""
+
+
+PATH_ERRNOS = {
+    errno.ENOTDIR: "a part of the path is a file, not a folder",
+    errno.ENOENT: "no such file or directory",
+    errno.EISDIR: "is a directory, not a file",
+    errno.ENAMETOOLONG: "a name in the path is too long for the file system",
+    errno.ELOOP: "the path loops through symbolic links",
+    errno.EEXIST: "already exists",
+    errno.ENOTEMPTY: "is a folder that is not empty",
+    errno.EXDEV: "lies on another file system",
+    errno.EINVAL: "is not a name the file system takes",
+}
+"""The errnos of a path that cannot be what it was asked to be, and what each means."""
+
+
+def shown_path(path: object, most: int = 100) -> str:
+    """``path`` as a message shows it: on one line, a long one cut in its middle."""
+    text = " ".join(str(path).splitlines())
+    return text if len(text) <= most else f"{text[: most // 2]}…{text[-most // 2:]}"
+
+
+def _file_in_the_way(path: str) -> str | None:
+    from pathlib import Path
+
+    try:
+        return next((str(p) for p in Path(path).parents if p.exists() and not p.is_dir()), None)
+    except OSError:
+        return None
+
+
+def from_os_error(e: OSError) -> RlkitError:
+    """The refusal an ``OSError`` stands for: disk full (:class:`DiskFull`), permission denied
+    (:class:`PermissionDenied`), a path that cannot be (:class:`BadPath`, :data:`PATH_ERRNOS`), else a
+    :class:`RunError` with the system's message and the path."""
+    name = getattr(e, "filename", None)
+    where = f" ({shown_path(name)})" if name else ""
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
         return DiskFull(f"no space left on the device{where}: free some space (df -h) or write elsewhere, then run "
-                        "again (a run continues with --resume)")
+                        "again")
     if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return PermissionDenied(f"permission denied{where}: choose a path you may write, or fix its permissions")
-    return None
+    if e.errno in PATH_ERRNOS and name:
+        what = PATH_ERRNOS[e.errno]
+        if e.errno == errno.ENOTDIR and (found := _file_in_the_way(str(name))):
+            what = f"{shown_path(found)} is a file, not a folder"
+        return BadPath(f"{shown_path(name)}: {what}: choose another path")
+    text = (e.strerror or str(e) or type(e).__name__).strip().splitlines()
+    return RunError(f"{text[0] if text else type(e).__name__}{where}")

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from rlkit.errors import DamagedFile, NotOurDirectory, RunLocked, from_os_error
+from rlkit.errors import DamagedFile, DiskFull, NotOurDirectory, PermissionDenied, RunLocked, from_os_error
 
 MARKER = ".rlkit.json"
 """The file that says rlkit wrote a directory: ``{"kind", "files", "writer"}``."""
@@ -44,12 +44,14 @@ _OLD_COMMANDS = {"run": TRAINING_RUN, "export": EXPORT, "book": BOOK}
 
 @contextlib.contextmanager
 def os_errors() -> Iterator[None]:
-    """Turn disk-full and permission ``OSError``s raised inside into rlkit's refusals."""
+    """Turn disk-full and permission ``OSError``s raised inside into rlkit's refusals (the others are left to
+    their callers; ``rlkit`` names any that reaches it: :func:`rlkit.errors.from_os_error`)."""
     try:
         yield
     except OSError as e:
         mapped = from_os_error(e)
-        if mapped is None:
+        refusals = (DiskFull, PermissionDenied)
+        if not isinstance(mapped, refusals) or isinstance(e, refusals):
             raise
         raise mapped from e
 
@@ -76,6 +78,8 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", *, encoding: str | No
                 os.unlink(tmp)
             if isinstance(e, RuntimeError) and _no_space(path):  # torch.save reports ENOSPC as basic_ios::clear
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from e
+            if isinstance(e, OSError) and e.errno and not e.filename:  # a write's own error names no file
+                raise OSError(e.errno, e.strerror, str(path)) from e
             raise
 
 
@@ -120,6 +124,31 @@ def read_json(path: str | os.PathLike) -> dict[str, Any]:
         kind = {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(value), "number")
         raise DamagedFile(f"{path} holds a JSON {kind}, not an object")
     return value
+
+
+def read_torch(path: str | os.PathLike, keys: Iterable[str] = (), *,
+               weights_only: bool = True) -> dict[str, Any]:
+    """The dict ``torch.save`` wrote to ``path``, with ``keys`` among its keys;
+    :class:`~rlkit.errors.DamagedFile` naming the file when it is missing, cut off, not torch's or another
+    dict (torch reports a damaged zip or pickle in several exception types)."""
+    import torch
+
+    path = Path(path)
+    try:
+        with os_errors():
+            blob = torch.load(path, map_location="cpu", weights_only=weights_only)
+    except FileNotFoundError:
+        raise DamagedFile(f"{path} is missing") from None
+    except (DiskFull, PermissionDenied):
+        raise
+    except Exception as e:
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+        raise DamagedFile(f"{path} is damaged ({type(e).__name__}{': ' + first if first else ''})") from None
+    missing = sorted(set(keys) - set(blob)) if isinstance(blob, dict) else None
+    if missing is None or missing:
+        what = f"lacks {', '.join(missing)}" if missing else f"holds a {type(blob).__name__}, not a dict"
+        raise DamagedFile(f"{path} is not the file rlkit wrote there: it {what}")
+    return blob
 
 
 # ---------------------------------------------------------------------------------------- owned directories
@@ -167,13 +196,22 @@ def check_dir(path: str | os.PathLike, kind: str) -> dict[str, Any] | None:
     return marker
 
 
-def try_write(path: Path) -> None:
-    """Make folder ``path`` when missing and write (then remove) a temporary file in it: the ``OSError`` of a
-    folder this process may not write, before the work whose result goes there."""
+def try_write(path: Path, size: int = 0) -> None:
+    """Make folder ``path`` when missing and write (then remove) a temporary file of ``size`` bytes in it: the
+    ``OSError`` of a folder this process may not write, or where that much does not fit, before the work whose
+    result goes there."""
     path.mkdir(parents=True, exist_ok=True)
     fd, probe = tempfile.mkstemp(dir=path, prefix=".rlkit-probe.")
-    os.close(fd)
-    os.unlink(probe)
+    try:
+        block = bytes(min(size, 1 << 20))
+        left = size
+        while left > 0:
+            left -= os.write(fd, block[:left])
+        if size:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+        os.unlink(probe)
 
 
 def writable_dir(path: str | os.PathLike, kind: str,
@@ -187,7 +225,7 @@ def writable_dir(path: str | os.PathLike, kind: str,
         try_write(path)
     except OSError as e:
         mapped = from_os_error(e)
-        if mapped is None:
+        if not isinstance(mapped, (DiskFull, PermissionDenied)):
             raise
         raise type(mapped)(f"{path} cannot be written ({e.strerror}): {remedy}") from None
     return path

@@ -23,13 +23,16 @@ reproduction, as it does locally.
 from __future__ import annotations
 
 import os
+import socket
 import tempfile
+import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from rlkit import environ, numerics
+from rlkit.errors import RunError, UsageError
 from rlkit.files import atomic_write
 
 RETRIES = 3
@@ -38,6 +41,103 @@ TICK_S = 5.0
 """How often the waiting loop hands back control without a finished run (the progress bar's clock)."""
 RLKIT_ENV = ("RLKIT_NUMERICS", "RLKIT_RETRAIN_SFT")
 """rlkit's own switches that change a run's numbers, passed on to the workers when set here."""
+
+
+PROBE_S = 10.0
+"""Seconds a Ray address has to resolve and to accept a connection before the reproduction is refused."""
+CLIENT_PORT = 10001
+"""The port of a ``ray://HOST`` address without one (Ray client's default)."""
+LOCAL = ("auto", "local")
+"""Addresses that name no host: Ray looks the cluster up on this machine itself."""
+
+
+def address_parts(address: str, origin: str | None = None) -> tuple[str, int] | None:
+    """``(host, port)`` of a Ray address (``HOST:PORT``, ``[IPv6]:PORT``, ``ray://HOST[:PORT]``), None for
+    :data:`LOCAL`; one that is none of these, or whose port is not 1-65535, is refused in one line naming
+    ``origin`` (how the user gave it; default ``--ray-address ADDRESS``)."""
+    origin = origin or f"--ray-address {address}"
+    text = address.strip()
+    if text in LOCAL:
+        return None
+    scheme, sep, rest = text.partition("://")
+    if sep and scheme != "ray":
+        raise UsageError(f"{origin}: a Ray address is HOST:PORT (as `ray start --head` prints it) or "
+                         f"ray://HOST:PORT, not a {scheme}:// address")
+    rest = rest if sep else text
+    host, colon, port = rest.rpartition(":")
+    if not colon or "]" in port:  # no port: Ray's client has a default, the cluster address none
+        host, port = rest, str(CLIENT_PORT) if sep else ""
+    host = host.strip("[]")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        got = f"{port!r} is not a port (1 to 65535)" if port else "it names no port"
+        raise UsageError(f"{origin}: {got}; give HOST:PORT as `ray start --head` prints it (its default port "
+                         "is 6379)")
+    return host, int(port)
+
+
+def probe(address: str, timeout: float = PROBE_S) -> None:
+    """Refuse (:class:`~rlkit.errors.RunError`, one line) a Ray address whose host does not resolve, or whose
+    port does not accept a connection and answer as a Ray server, within ``timeout`` seconds each:
+    ``ray.init`` would wait minutes on it."""
+    parts = address_parts(address)
+    if parts is None:
+        return
+    host, port = parts
+    named = f"the Ray address {address}"
+    check = ("check the address (`ray start --head` prints it) and that the cluster is up (`ray status` on "
+             "its head node)")
+    found: list[Any] = []
+    resolve = threading.Thread(target=lambda: found.append(_resolve(host, port)), daemon=True)
+    resolve.start()
+    resolve.join(timeout)
+    if not found:
+        raise RunError(f"{named}: the host {host} did not resolve within {timeout:.0f} s: {check}")
+    if isinstance(found[0], OSError):
+        raise RunError(f"{named}: the host {host} is not known ({found[0].strerror or found[0]}): {check}")
+    error: OSError | None = OSError("no address to connect to")
+    for family, kind, proto, _, where in found[0]:
+        try:
+            with socket.socket(family, kind, proto) as s:
+                s.settimeout(timeout)
+                s.connect(where)
+                if _speaks_grpc(s):
+                    return
+                error = None
+        except OSError as e:
+            error = e
+    if error is None:
+        raise RunError(f"{named}: {host}:{port} accepts a connection but does not answer as Ray does (gRPC) "
+                       f"within {timeout:.0f} s: another service has that port; {check}")
+    reason = (f"no answer within {timeout:.0f} s" if isinstance(error, TimeoutError)
+              else getattr(error, "strerror", None) or error)
+    raise RunError(f"{named}: nothing accepts a connection at {host}:{port} ({reason}): {check}")
+
+
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+"""What an HTTP/2 client sends first (RFC 9113 §3.4): the preface, then an empty SETTINGS frame."""
+
+
+def _speaks_grpc(s: socket.socket) -> bool:
+    """Whether the server on the connected socket ``s`` answers the HTTP/2 preface with a SETTINGS frame, as
+    Ray's gRPC servers (its GCS, its client server) do; within the socket's timeout."""
+    try:
+        s.sendall(HTTP2_PREFACE)
+        head = b""
+        while len(head) < 9:
+            chunk = s.recv(9 - len(head))
+            if not chunk:
+                return False
+            head += chunk
+    except OSError:
+        return False
+    return head[3] == 4  # the frame's type: SETTINGS
+
+
+def _resolve(host: str, port: int) -> list[Any] | OSError:
+    try:
+        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as e:
+        return e
 
 
 def worker_env() -> dict[str, str]:
@@ -105,6 +205,7 @@ class RayRuns:
         import ray
 
         if not ray.is_initialized():
+            probe(self.address)  # an address that does not answer: refused now, not after minutes
             ray.init(address=self.address, logging_level=logging.WARNING, log_to_driver=False)
             self._connected_here = True
         if self.shared:

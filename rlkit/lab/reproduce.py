@@ -18,12 +18,14 @@ from __future__ import annotations
 import json
 import os
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rlkit import registry
+from rlkit.errors import InvalidSetting
 from rlkit.lab import findings, judge, paths
 from rlkit.lab.claims import Claim, run_name
 from rlkit.lab.runs import Run, finished, load_run
@@ -318,6 +320,24 @@ def default_workers() -> int:
         return os.cpu_count() or 1
 
 
+def usable_workers(workers: int | None) -> int | None:
+    """``workers`` (None: the default, :func:`default_workers`), at most the CPUs this process may use: more
+    is cut to them with a warning (runs side by side on one CPU share it, and each takes a process); below 1
+    is refused."""
+    import warnings
+
+    if workers is None:
+        return None
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise InvalidSetting(f"--workers {workers}: must be a whole number ≥ 1 (the runs trained side by "
+                             "side)")
+    cpus = default_workers()
+    if workers > cpus:
+        warnings.warn(f"--workers {workers} is more than the {cpus} CPUs this process may use: training "
+                      f"{cpus} at a time (runs side by side on one CPU only share it)", stacklevel=2)
+    return min(workers, cpus)
+
+
 def train_runs(
     runs: Sequence[PlannedRun],
     *,
@@ -343,9 +363,7 @@ def train_runs(
     todo = [p for p in runs if not run_complete(results / p.name / f"seed{p.seed}")]
     if not todo:
         return {}
-    workers = default_workers() if workers is None else workers
-    if workers < 1:
-        raise ValueError(f"workers must be ≥ 1, got {workers}")
+    workers = default_workers() if workers is None else usable_workers(workers)
     cost = {p: _work(build_config(p.method, scale, dict(p.overrides), regime=p.regime)) for p in todo}
     # the longest runs first, so the workers finish together instead of one idling behind a late long run
     todo.sort(key=lambda p: -cost[p])
@@ -546,6 +564,11 @@ def reproduce(
     if seeds is not None and (not isinstance(seeds, int) or seeds < 1):
         raise ValueError(f"seeds must be an integer ≥ 1, got {seeds!r}")
     specs = load_specs(specs_dir)  # no project: ProjectNotFound, before anything is trained
+    workers = usable_workers(workers)
+    if ray_address:
+        from rlkit.lab.cluster import probe
+
+        probe(ray_address)  # one that does not answer: refused now, not after minutes of Ray's retries
     root, published = paths.project_root(), paths.published_dir()
     if only:
         names = {s.name for s in specs}

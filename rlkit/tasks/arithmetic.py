@@ -487,9 +487,16 @@ def iter_split(split: str = "train", seed: int = 0, **knobs) -> Iterator[Problem
             yield problem
 
 
+MAX_PROBLEMS = 1_000_000
+"""The most problems one split or pool is made of (about 40 s of one core at that size): a larger count would
+run for hours, or exhaust the memory, before it ends."""
+
+
 def _distinct(stream: Iterator[Problem], n: int, what: str) -> list[Problem]:
-    if not isinstance(n, int) or n < 0:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
         raise ValueError(f"n must be a non-negative int, got {n!r}")
+    if n > MAX_PROBLEMS:
+        raise ValueError(f"at most {MAX_PROBLEMS:,} {what} problems are made at a time, {n:,} asked")
     seen: set[str] = set()
     out: list[Problem] = []
     budget = 50 * n + 10_000  # draws allowed between two new questions: a tiny question space runs out

@@ -82,18 +82,57 @@ def read_records(source: str | Path, split: str = "train", *, hf_config: str | N
         path = found[0]
     if path.is_file():
         if path.suffix == ".jsonl":
-            with path.open(encoding="utf-8") as f:
-                return [json.loads(line) for line in f if line.strip()]
+            return _json_lines(path)
         if path.suffix == ".parquet":
             import pandas as pd
 
             return pd.read_parquet(path).to_dict("records")
         raise ValueError(f"{path}: expected a .jsonl or .parquet file")
     if isinstance(source, str) and "/" in source and not path.exists() and not source.startswith((".", "/")):
-        import datasets  # the hub id path: only imported when used
-
-        return list(datasets.load_dataset(source, hf_config, split=split))
+        return _from_hub(source, split, hf_config)
     raise FileNotFoundError(f"{source}: no such file or directory (and not a HF dataset id)")
+
+
+def _json_lines(path: Path) -> list[Any]:
+    """The JSON values of a ``.jsonl`` file's non-blank lines; a line that is not JSON is a ``ValueError``
+    naming its line number in the file."""
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except ValueError as e:
+                raise ValueError(f"{path} line {number} is not JSON ({getattr(e, 'msg', e)})") from None
+    return rows
+
+
+HUB_LOGGERS = ("huggingface_hub", "datasets", "fsspec")
+"""Libraries that log each failed request to the hub: quiet while a load tries it (its error says it once)."""
+
+
+def _from_hub(source: str, split: str, hf_config: str | None) -> list[dict[str, Any]]:
+    """The rows of a HF ``datasets`` id; a hub that cannot be reached is :class:`~rlkit.errors.NoNetwork`."""
+    import logging
+
+    import datasets  # the hub id path: only imported when used
+
+    from rlkit.errors import NoNetwork
+
+    loggers = [logging.getLogger(name) for name in HUB_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        return list(datasets.load_dataset(source, hf_config, split=split))
+    except ConnectionError as e:
+        raise NoNetwork(f"{source} is a Hugging Face dataset id and the hub cannot be reached ({e}): "
+                        "this needs the network, or give --source a local .jsonl/.parquet file or "
+                        "folder") from None
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 def load(source: str | Path = "openai/gsm8k", split: str = "train") -> list[dict[str, Any]]:

@@ -195,34 +195,34 @@ def split_by_hash(examples: Sequence[Mapping[str, str]], test_fraction: float = 
     return train, test
 
 
-def load_gsm8k(source: str | os.PathLike, split: str) -> list[dict[str, str]]:
+def load_gsm8k(source: str | os.PathLike, split: str, flag: str = "--source") -> list[dict[str, str]]:
     """:func:`rlkit.tasks.gsm8k.load`, with a missing, empty or malformed source refused
-    (:class:`~rlkit.errors.BadSource`) naming it."""
+    (:class:`~rlkit.errors.BadSource`) naming it and its ``flag``."""
     local = Path(source).exists() or str(source).startswith((".", "/", "~")) or str(source).endswith(
         (".jsonl", ".parquet")) or str(source).count("/") != 1
     if local and not Path(source).expanduser().exists():
-        raise BadSource(f"--source {source}: no such file or directory (give a local .jsonl/.parquet file or "
+        raise BadSource(f"{flag} {source}: no such file or directory (give a local .jsonl/.parquet file or "
                         "folder, or a Hugging Face dataset id such as openai/gsm8k)")
     try:
         examples = gsm8k.load(Path(source).expanduser() if local else source, split)
     except FileNotFoundError as e:
-        raise BadSource(f"--source {source}: {e}") from None
+        raise BadSource(f"{flag} {source}: {e}") from None
     except (ValueError, KeyError, TypeError) as e:
-        raise BadSource(f"--source {source} ({split}): {e}; each row needs 'question' and 'answer' "
+        raise BadSource(f"{flag} {source} ({split}): {e}; each row needs 'question' and 'answer' "
                         "(ending '#### <number>')") from None
     if not examples:
-        raise BadSource(f"--source {source} has no {split} problems: give a file with GSM8K rows")
+        raise BadSource(f"{flag} {source} has no {split} problems: give a file with GSM8K rows")
     bad = []
     for i, ex in enumerate(examples):
         if not isinstance(ex["question"], str) or not isinstance(ex["answer"], str):
-            raise BadSource(f"--source {source} ({split}) row {i + 1}: 'question' and 'answer' must be strings")
+            raise BadSource(f"{flag} {source} ({split}) row {i + 1}: 'question' and 'answer' must be strings")
         try:
             gsm8k.gold_answer(ex["answer"])
         except ValueError as e:
             bad.append(f"row {i + 1}: {e}")
     if bad:
-        raise BadSource(f"--source {source} ({split}): {len(bad)} of {len(examples)} rows lack an answer ending "
-                        f"'#### <number>' ({bad[0]}); fix or remove them")
+        raise BadSource(f"{flag} {source} ({split}): {len(bad)} of {len(examples)} rows lack an answer "
+                        f"ending '#### <number>' ({bad[0]}); fix or remove them")
     return examples
 
 
@@ -236,7 +236,8 @@ def prepare_gsm8k(out: str | os.PathLike, source: str | os.PathLike = GSM8K_SOUR
     never share a problem."""
     single = Path(source).expanduser().is_file()
     if test_source is not None:
-        splits = {"train": load_gsm8k(source, "train"), "test": load_gsm8k(test_source, "test")}
+        splits = {"train": load_gsm8k(source, "train"),
+                  "test": load_gsm8k(test_source, "test", "--test-source")}
     elif single:
         splits = dict(zip(("train", "test"), split_by_hash(load_gsm8k(source, "train"), test_fraction)))
         for split, rows in splits.items():

@@ -50,6 +50,7 @@ from pathlib import Path, PurePath
 from typing import Any
 
 from rlkit.core.rollout_correction import VERL_NEEDS, verl_overrides
+from rlkit.environ import check_dir
 from rlkit.errors import ConflictingOptions
 from rlkit.files import LAUNCH_RUN, claim_dir
 from rlkit.verl import cpu, runner
@@ -264,6 +265,7 @@ def check_arguments(*, gpus: int | None, nodes: int | None, steps: int | None, r
             raise LaunchError(f"{flag} {value}: must be ≥ 1")
     if not runs_dir:
         raise LaunchError("--runs-dir is empty: give the directory that holds the runs (default runs)")
+    check_dir(Path(runs_dir).expanduser(), f"--runs-dir {runs_dir}")  # a file, or a file above it
     if experiment is not None:
         name = PurePath(experiment)
         if name.is_absolute() or not name.parts or ".." in name.parts:
@@ -335,9 +337,76 @@ def check(p: Plan):
     if p.tool == "calculator":
         check_tool_tags(p.model)
     cfg = compose(p.overrides)
+    check_types(cfg, p.overrides)
     validate(cfg, tool_config=_tool_source(p, cfg))
+    check_clip_ratios(cfg)
     check_rollout_correction(cfg)
     return cfg
+
+
+def check_types(cfg, overrides: Sequence[str]) -> None:
+    """Each override of a field of one of verl's config dataclasses (the class its block's ``_target_`` names,
+    which verl builds it as) holds a value of the type that field declares, checked by the validation verl's
+    own ``omega_conf_to_dataclass`` runs for a typed class (OmegaConf's structured config of the dataclass):
+    verl itself instantiates these blocks untyped, so ``optim.lr=abc`` would fail only when the optimizer is
+    built, on the GPUs."""
+    from omegaconf import DictConfig, OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    for item in overrides:
+        key, eq, _ = item.partition("=")
+        key = key.lstrip("+")
+        parent, _, leaf = key.rpartition(".")
+        wanted = parent and eq and not item.startswith("~")
+        node = OmegaConf.select(cfg, parent, default=None) if wanted else None
+        schema = _schema(node.get("_target_")) if isinstance(node, DictConfig) else None
+        if schema is None or leaf not in schema:
+            continue
+        try:
+            value = OmegaConf.select(cfg, key)
+            OmegaConf.merge(schema, {leaf: value})
+        except OmegaConfBaseException as e:
+            field_type = OmegaConf.get_type(schema, leaf)
+            kind = getattr(field_type, "__name__", None) or str(field_type)
+            owner = str(node.get("_target_")).rpartition(".")[2]
+            raise LaunchError(f"{item}: verl's {owner} takes {leaf} as a {kind} "
+                              f"({str(e).splitlines()[0]})") from None
+
+
+def _schema(target: Any):
+    """The structured config (OmegaConf) of the dataclass ``target`` names, or None (no such dataclass, or one
+    OmegaConf cannot type)."""
+    import dataclasses
+    import importlib
+
+    from omegaconf import OmegaConf
+
+    module, _, name = str(target or "").rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+        return OmegaConf.structured(cls) if dataclasses.is_dataclass(cls) else None
+    except Exception:  # not importable, or a class OmegaConf cannot type: nothing to check against
+        return None
+
+
+CLIP_RATIOS = ("clip_ratio", "clip_ratio_low", "clip_ratio_high")
+"""The actor's clip bounds: each the ε of a ratio's range [1 − ε_low, 1 + ε_high]."""
+
+
+def check_clip_ratios(cfg) -> None:
+    """The actor's clip bounds are numbers ≥ 0 (verl checks none of them: a negative one turns the range
+    inside out) and its dual clip ``clip_ratio_c`` above 1, as verl's loss asserts only at its first step."""
+    actor = cfg.actor_rollout_ref.actor
+    bounds = {key: actor.get(key) for key in CLIP_RATIOS} | {"clip_ratio_c": actor.get("clip_ratio_c")}
+    for key, value in bounds.items():
+        low = 1.0 if key == "clip_ratio_c" else 0.0
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                value > low if key == "clip_ratio_c" else value >= low) or not math.isfinite(value):
+            need = "> 1 (the dual clip's bound on the ratio)" if key == "clip_ratio_c" else \
+                "≥ 0 (the ε of the ratio's clip range)"
+            raise LaunchError(f"actor_rollout_ref.actor.{key}={value}: must be a number {need}")
 
 
 def check_rollout_correction(cfg) -> None:
