@@ -86,8 +86,9 @@ def stage(book: Path | None = None, results: Path | None = None, specs_dir: Path
 
 def read_executed(path: Path, remedy: str = "execute it again (rlkit reproduce)") -> dict[str, Any]:
     """The executed notebook at ``path``; refused, with ``remedy``, when it cannot be read or is cut off
-    (:class:`~rlkit.errors.DamagedFile`) or when its execution failed (:class:`~rlkit.errors.ExecutionFailed`:
-    a cell's output is an error, as papermill leaves it)."""
+    (:class:`~rlkit.errors.DamagedFile`) or when its execution failed or stopped before its end
+    (:class:`~rlkit.errors.ExecutionFailed`: a cell's output is an error, as papermill leaves it, or a code
+    cell was not executed, :func:`not_executed`)."""
     with os_errors():
         text = Path(path).read_text(encoding="utf-8", errors="replace")
     try:
@@ -103,7 +104,24 @@ def read_executed(path: Path, remedy: str = "execute it again (rlkit reproduce)"
                 error = f"{output.get('ename', '?')}: {str(output.get('evalue', '')).strip()}".splitlines()[0]
                 raise ExecutionFailed(f"{path}: its execution failed in cell [{cell.get('execution_count')}] "
                                       f"({error}), and the book does not publish a traceback: {remedy}")
+    for number, cell in enumerate(nb["cells"], 1):
+        if not_run := not_executed(cell):
+            raise ExecutionFailed(f"{path}: code cell {number} was not executed ({not_run}): the "
+                                  "execution stopped before the end, and the book publishes only notebooks "
+                                  f"executed to the end: {remedy}")
     return nb
+
+
+def not_executed(cell: Any) -> str | None:
+    """Why a notebook's code ``cell`` was not executed (papermill left it ``pending``, or it has no execution
+    count), or None: executed, or nothing to execute (a markdown cell, an empty code cell)."""
+    source = "".join(cell.get("source", "")) if isinstance(cell, dict) else ""
+    if not isinstance(cell, dict) or cell.get("cell_type") != "code" or not source.strip():
+        return None
+    status = (cell.get("metadata", {}).get("papermill") or {}).get("status")
+    if status not in (None, "completed"):
+        return f"papermill left it {status}"
+    return "it has no execution count" if cell.get("execution_count") is None else None
 
 
 _ASSIGNMENT = re.compile(r"^(?P<name>[A-Za-z_]\w*)\s*=\s*(?P<value>[^#]*?)\s*(?P<comment>#.*)?$")

@@ -41,6 +41,7 @@ import pandas as pd
 from rlkit.errors import DamagedFile
 from rlkit.lab.claims import regime_of
 from rlkit.files import RESULTS, os_errors, read_json, writable_dir, write_text
+from rlkit.lab.runs import check_finished, whole_number
 from rlkit.metrics import read_metrics
 
 IDENTICAL, SAME_RUN, WITHIN, OUTSIDE, MISSING, DAMAGED, UNFINISHED = (
@@ -103,22 +104,21 @@ def final_accuracy(run_dir: Path) -> tuple[float, int] | None:
     rows = [r["data"] for r in _metrics(run_dir) if "val/acc_final" in r["data"]]
     if not rows:
         return None
-    n = read_json(run_dir / "config.json").get("final_eval_size", 1000)
-    return float(rows[-1]["val/acc_final"]), int(n)
+    path = run_dir / "config.json"
+    config = read_json(path)
+    n = whole_number(config, "final_eval_size", path) if "final_eval_size" in config else 1000
+    return float(rows[-1]["val/acc_final"]), n
 
 
 def check_run(run_dir: Path) -> tuple[str, str] | None:
     """Why the run present in ``run_dir`` cannot be compared — ``(DAMAGED, which file and what is wrong)``: a
-    ``config.json`` or ``metrics.jsonl`` missing, any of its files cut off or not what it should hold; ``(UNFINISHED,
-    where its metrics end)``: whole files without the final evaluation — or None for a whole, finished run."""
+    file a run must have missing, cut off or not what it should hold (:func:`rlkit.lab.runs.check_finished`);
+    ``(UNFINISHED, where its metrics end)``: whole files without the final evaluation — or None for a whole,
+    finished run."""
     try:
-        config = read_json(run_dir / "config.json")
-        if (run_dir / "env.json").exists():
-            read_json(run_dir / "env.json")
-        _per_problem(run_dir)
-        if final_accuracy(run_dir) is not None:
+        if check_finished(run_dir) and final_accuracy(run_dir) is not None:
             return None
-        rows = _metrics(run_dir)
+        config, rows = read_json(run_dir / "config.json"), _metrics(run_dir)
     except DamagedFile as e:
         return DAMAGED, str(e)
     last = f"ends at step {rows[-1]['step']}" if rows else "is empty"
@@ -269,6 +269,20 @@ def machine(root: str | Path) -> dict[str, Any]:
     return {"processor": "?", "fingerprint": "?", "sft_start": "?"}
 
 
+def scales(root: str | Path) -> list[str]:
+    """The scales (``scale`` of config.json) of the runs under ``root``; damaged configs are left to
+    :func:`check_run`."""
+    found = set()
+    for config in Path(root).glob("*/seed*/config.json"):
+        try:
+            scale = read_json(config).get("scale")
+        except DamagedFile:
+            continue
+        if isinstance(scale, str):
+            found.add(scale)
+    return sorted(found)
+
+
 def report(results: str | Path, published: str | Path, specs: Sequence[Any] | None = None, *,
            out: str | Path | None = None) -> dict[str, Any]:
     """Both comparisons and both machines, written to ``<out>/reproduced.json`` and ``reproduced.md`` (default
@@ -286,6 +300,7 @@ def report(results: str | Path, published: str | Path, specs: Sequence[Any] | No
     claims = compare_claims(results, published, specs, not_judged)
     damaged = runs[runs["status"].isin(CANNOT_COMPARE)]
     done = {"machines": {"here": machine(results), "published": machine(published)},
+            "scales": {"here": scales(results), "published": scales(published)},
             "runs": runs.to_dict("records"), "claims": claims.to_dict("records"),
             "counts": runs["status"].value_counts().to_dict(),
             "claims_differ": int((~claims["same"]).sum()) if len(claims) else 0, "claims_judged": len(claims),
@@ -303,6 +318,19 @@ def problems(report: dict[str, Any]) -> list[str]:
     found = report.get("problems", {})
     return ([f"{r['run']} seed {r['seed']}: {r['status']}: {r['problem']}" for r in found.get("runs", [])]
             + [f"{c['spec']}: claims not judged: {c['problem']}" for c in found.get("claims", [])])
+
+
+def _other_scale(found: dict[str, list[str]]) -> list[str]:
+    """The report's warning (and a blank line) when this machine's runs are at another scale than the
+    published ones."""
+    here, there = found.get("here") or [], found.get("published") or []
+    if not here or not there or set(here) == set(there):
+        return []
+    return [f"**Another scale**: these runs are at {' and '.join(here)} scale, the published ones at "
+            f"{' and '.join(there)} scale. A run at another scale is not expected to match the published "
+            "one: its status below says only whether it falls in the published band by chance, and the "
+            "claims' verdicts are not the publication's (`rlkit reproduce` without --scale runs the "
+            "publication's).", ""]
 
 
 def to_markdown(out: dict[str, Any]) -> str:
@@ -328,6 +356,7 @@ def to_markdown(out: dict[str, Any]) -> str:
         "**The SFT starts differ**: these runs did not start from the publication's weights (`rlkit start`), so "
         "they can agree with it only statistically.",
         "",
+        *_other_scale(out.get("scales", {})),
         "Runs: " + ", ".join(f"{n} {s}" for s, n in out["counts"].items()),
         "",
     ]

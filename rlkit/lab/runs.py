@@ -9,6 +9,8 @@ run finished.
 from __future__ import annotations
 
 import json
+import warnings
+import zipfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from rlkit.errors import DamagedFile
 from rlkit.files import read_json
 from rlkit.metrics import metrics_frame, read_metrics
 
@@ -131,6 +134,7 @@ def final_correct(run: Run) -> np.ndarray | None:
     """Per held-out problem, 1/0 at the last greedy evaluation (``eval.jsonl``: ``{"step": N, "data":
     {"correct": [...]}}`` lines, written like the metrics), or None if the run did not save them."""
     path = Path(run.path) / "eval.jsonl"
+    check_finished(run.path)  # a damaged one named, never read as a run that saved none
     records = read_metrics(path) if path.exists() else []
     return np.asarray(records[-1]["data"]["correct"], dtype=float) if records else None
 
@@ -145,13 +149,81 @@ def available_seeds(results: str | Path, name: str, cap: int | None = None) -> l
 
 
 def finished(run_dir: Path) -> bool:
-    """Whether ``run_dir`` holds a run whose metrics reach its last step (``steps`` of its config.json)."""
+    """Whether ``run_dir`` holds a run whose metrics reach its last step (``steps`` of its config.json); one
+    whose files are damaged is refused naming the file (:func:`check_finished`)."""
     config, metrics = run_dir / "config.json", run_dir / "metrics.jsonl"
-    if not (config.exists() and metrics.exists()):
-        return False
+    return config.exists() and metrics.exists() and check_finished(run_dir)
+
+
+def check_finished(run_dir: str | Path, *, checkpoint: bool | None = None) -> bool:
+    """Whether the run in ``run_dir`` finished (its metrics reach the last step of its config.json), every
+    file it has whole: a config, metrics, environment or per-problem results missing, cut off or not what they
+    should hold is :class:`~rlkit.errors.DamagedFile` naming the file. The one check of a run read back:
+    ``rlkit reproduced``, the reuse of a finished run, the claims.
+
+    A tiny-engine run (its config names ``final_eval_size``) has ``env.json`` and, once finished, its final
+    evaluation's per-problem results in ``eval.jsonl``. ``checkpoint``: True, ``checkpoint.pt`` must be there
+    and whole (a run whose final checkpoint is read); None, it is checked when there; False, not checked."""
+    run_dir = Path(run_dir)
     try:
-        steps = json.loads(config.read_text())["steps"]
+        return _check(run_dir, checkpoint)
+    except DamagedFile as e:
+        raise DamagedFile(f"{e}: restore it, or delete {run_dir} to train the run again") from None
+
+
+def _check(run_dir: Path, checkpoint: bool | None) -> bool:
+    config = read_json(run_dir / "config.json")
+    steps = whole_number(config, "steps", run_dir / "config.json", least=0)
+    tiny = "final_eval_size" in config
+    if tiny:
+        whole_number(config, "final_eval_size", run_dir / "config.json")
+        read_json(run_dir / "env.json")
+    elif (run_dir / "env.json").exists():
+        read_json(run_dir / "env.json")
+    metrics = run_dir / "metrics.jsonl"
+    if not metrics.exists():
+        raise DamagedFile(f"{metrics} is missing")
+    with warnings.catch_warnings():  # a torn last line: a run killed while writing it, not finished
+        warnings.simplefilter("ignore")
         records = read_metrics(metrics)
-    except (ValueError, KeyError, TypeError):
-        return False
-    return bool(records) and records[-1]["step"] >= steps
+    ended = bool(records) and records[-1]["step"] >= steps
+    if ended:
+        read_metrics(metrics, whole=True)
+    per_problem = run_dir / "eval.jsonl"
+    if per_problem.exists() or (tiny and ended):
+        _check_per_problem(per_problem, ended)
+    ckpt = run_dir / "checkpoint.pt"
+    if checkpoint or (checkpoint is None and ckpt.exists()):
+        _check_zip(ckpt)
+    return ended
+
+
+def whole_number(config: dict[str, Any], key: str, path: Path, least: int = 1) -> int:
+    """``config[key]``, a whole number ≥ ``least``, or :class:`~rlkit.errors.DamagedFile` naming ``path``."""
+    value = config.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise DamagedFile(f"{path}: {key} is {json.dumps(value)}, not a whole number ≥ {least}")
+    return value
+
+
+def _check_per_problem(path: Path, ended: bool) -> None:
+    if not path.exists():
+        raise DamagedFile(f"{path} is missing (the final evaluation's result per held-out problem)")
+    records = read_metrics(path, whole=ended)
+    if ended and not records:
+        raise DamagedFile(f"{path} is empty: it holds no final evaluation")
+    for n, record in enumerate(records, 1):
+        correct = record["data"].get("correct")
+        if not isinstance(correct, list) or not all(type(v) in (int, bool) and v in (0, 1) for v in correct):
+            raise DamagedFile(f"{path}:{n}: correct is not a list of 0/1, one per held-out problem")
+
+
+def _check_zip(path: Path) -> None:
+    """``path`` is a whole ``torch.save`` file (a zip archive whose directory, written last, is there)."""
+    if not path.exists():
+        raise DamagedFile(f"{path} is missing (the run's final checkpoint)")
+    try:
+        with zipfile.ZipFile(path) as archive:
+            archive.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError) as e:
+        raise DamagedFile(f"{path} is damaged (not a whole torch checkpoint: {e})") from None
