@@ -14,8 +14,8 @@ from typing import Any
 import torch
 
 import rlkit
-from rlkit.errors import CannotResume
-from rlkit.files import atomic_write
+from rlkit.errors import CannotResume, DamagedFile
+from rlkit.files import atomic_write, read_torch
 from rlkit.tiny import machine as this_machine
 from rlkit.tiny.config import RLConfig
 
@@ -55,16 +55,9 @@ def save_checkpoint(path: Path, model, opt, state: RunState, *, logged: dict[str
 def load_checkpoint(path: Path) -> dict[str, Any]:
     """The contents of :func:`save_checkpoint`'s ``path``; :class:`~rlkit.errors.CannotResume` if it is damaged."""
     try:
-        blob = torch.load(path, map_location="cpu", weights_only=False)
-    except OSError:
-        raise
-    except Exception as e:  # torch reports a damaged zip or pickle in several exception types
-        raise CannotResume(f"{path} is damaged ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}): "
-                           "the run cannot resume; start it again in another --out") from e
-    if not isinstance(blob, dict) or not {"model", "optimizer", "step"} <= blob.keys():
-        raise CannotResume(f"{path} is not an rlkit checkpoint: the run cannot resume; start it again in another "
-                           "--out")
-    return blob
+        return read_torch(path, ("model", "optimizer", "step"), weights_only=False)
+    except DamagedFile as e:
+        raise CannotResume(f"{e}: the run cannot resume; start it again in another --out") from None
 
 
 def restore_checkpoint(path: Path | dict, model, opt, state: RunState) -> None:

@@ -13,12 +13,16 @@ the full schedule ends on a plateau, so the start does not hinge on where traini
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import hashlib
 import json
 import math
 import sys
 import time
+import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -26,6 +30,7 @@ import torch
 from tqdm.auto import tqdm
 
 from rlkit.environ import cache_origin, cache_root, check_dir, flag, writable_dir
+from rlkit.errors import DamagedFile
 from rlkit.numerics import cpu_model, weights_sha256
 from rlkit.tasks import arithmetic
 from rlkit.tiny.model import ARCHITECTURE, ModelConfig, TinyDecoder
@@ -144,47 +149,132 @@ def sft_step(model: TinyDecoder, opt: torch.optim.Optimizer, tokenizer: CharToke
     return loss.item()
 
 
-def train(cfg: SFTConfig, *, device: str = "cpu", progress: bool = True,
-          curve: tuple[int, ...] = ()) -> tuple[TinyDecoder, dict]:
-    """Train a fresh model on gold solutions, on one CPU thread; returns the model and ``info`` (loss, accuracy,
-    minutes)."""
+def train(cfg: SFTConfig, *, device: str = "cpu", progress: bool = True, curve: tuple[int, ...] = (),
+          partial: Path | None = None) -> tuple[TinyDecoder, dict]:
+    """Train a fresh model on gold solutions, on one CPU thread; returns the model and ``info`` (loss,
+    accuracy, minutes). ``partial`` (default :data:`CHECKPOINTED_TO`'s): a file the training is checkpointed
+    to (:func:`save_partial`) and resumed from, so that a training stopped by Ctrl-C or a kill goes on from
+    its last finished step, to the same weights."""
     if cfg.form not in arithmetic.FORMS:
         raise ValueError(f"unknown form {cfg.form!r}; valid: {', '.join(arithmetic.FORMS)}")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # reductions split over threads round differently: one thread, one result per CPU
     try:
-        return _train(cfg, device, progress, curve)
+        return _train(cfg, device, progress, curve, partial or CHECKPOINTED_TO.get())
     finally:
         torch.set_num_threads(threads)
 
 
-def _train(cfg: SFTConfig, device: str, progress: bool, curve: tuple[int, ...]) -> tuple[TinyDecoder, dict]:
+CHECKPOINTED_TO: contextvars.ContextVar[Path | None] = contextvars.ContextVar("sft_partial", default=None)
+"""Where :func:`train` checkpoints when no ``partial`` is given: :func:`warm_start` sets it beside the file it
+caches the start in (:func:`partial_path`)."""
+PARTIAL_EVERY_S = 60.0
+"""Seconds between two checkpoints of an SFT training in progress (and one at Ctrl-C, after the step it is
+in)."""
+
+
+def _train(cfg: SFTConfig, device: str, progress: bool, curve: tuple[int, ...],
+           partial: Path | None) -> tuple[TinyDecoder, dict]:
     tokenizer = build_tokenizer()
     torch.manual_seed(cfg.seed)
-    model = TinyDecoder(ModelConfig(vocab_size=tokenizer.vocab_size, d_model=cfg.d_model, n_layers=cfg.n_layers,
-                                    n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, max_len=cfg.max_len)).to(device)
+    model = TinyDecoder(model_config(cfg, tokenizer)).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     stream = arithmetic.iter_split("train", cfg.seed, **asdict(cfg.task))
-    start, loss_ema = time.perf_counter(), None
-    bar = tqdm(range(cfg.steps), desc="SFT", disable=not progress, leave=False)
+    first, loss_ema, along, before = load_partial(partial, model, opt)
+    for _ in range(first * cfg.batch_size):  # the problems the finished steps drew, drawn again
+        next(stream)
+    start = saved_at = time.perf_counter()
+    bar = tqdm(range(first, cfg.steps), desc="SFT", disable=not progress, leave=False, initial=first,
+               total=cfg.steps)
     held_out = arithmetic.make_split(cfg.eval_size, "test", seed=0, **asdict(cfg.task))
     max_new = max_response_tokens(cfg.task, cfg.form)
-    along: dict[int, float] = {}
-    for step in bar:
-        loss = sft_step(model, opt, tokenizer, [next(stream) for _ in range(cfg.batch_size)], step, cfg, device)
-        loss_ema = loss if loss_ema is None else 0.95 * loss_ema + 0.05 * loss
-        if step + 1 in curve and step + 1 < cfg.steps:  # greedy: draws no random numbers, changes no weight
-            along[step + 1] = accuracy(evaluate(model, tokenizer, held_out, max_new_tokens=max_new, form=cfg.form))
-        bar.set_postfix(loss=f"{loss_ema:.3f}")
+
+    def save(done: int) -> None:
+        minutes = before + (time.perf_counter() - start) / 60
+        state = {"step": done, "loss_ema": loss_ema, "along": along, "minutes": minutes}
+        save_partial(partial, model, opt, state)
+
+    with _steps_end_before_ctrl_c() as interrupted:
+        for step in bar:
+            problems = [next(stream) for _ in range(cfg.batch_size)]
+            loss = sft_step(model, opt, tokenizer, problems, step, cfg, device)
+            loss_ema = loss if loss_ema is None else 0.95 * loss_ema + 0.05 * loss
+            if step + 1 in curve and step + 1 < cfg.steps:  # greedy: no random number drawn, no weight moved
+                along[step + 1] = accuracy(evaluate(model, tokenizer, held_out, max_new_tokens=max_new,
+                                                    form=cfg.form))
+            bar.set_postfix(loss=f"{loss_ema:.3f}")
+            if partial is not None and (interrupted() or step + 1 == cfg.steps
+                                        or time.perf_counter() - saved_at > PARTIAL_EVERY_S):
+                save(step + 1)
+                saved_at = time.perf_counter()
+            if interrupted():
+                raise KeyboardInterrupt
     model.eval()
     correct = evaluate(model, tokenizer, held_out, max_new_tokens=max_new, form=cfg.form)
     along[cfg.steps] = accuracy(correct)
-    info = {"loss": loss_ema, "val/acc": accuracy(correct), "minutes": (time.perf_counter() - start) / 60,
-            "steps": cfg.steps, "curve": along if curve else {},
+    minutes = before + (time.perf_counter() - start) / 60
+    info = {"loss": loss_ema, "val/acc": accuracy(correct), "minutes": minutes, "steps": cfg.steps,
+            "curve": along if curve else {},
             "processor": cpu_model(), "fingerprint": fingerprint(),  # the machine that made these weights
             # per problem, with what produced it: an RL run's step-0 evaluation of the same problems reuses it
             "val/correct": correct.int().tolist(), "val/max_new_tokens": max_new, "val/device": str(device)}
     return model, info
+
+
+def partial_path(path: Path) -> Path:
+    """Where the training of the SFT start cached at ``path`` is checkpointed while it runs."""
+    return path.with_name(f"partial-{path.name}")
+
+
+def save_partial(path: Path | None, model: TinyDecoder, opt: torch.optim.Optimizer, state: dict) -> None:
+    """An SFT training's checkpoint after ``state["step"]`` steps (weights, optimizer, ``state``),
+    atomically."""
+    from rlkit.files import atomic_write
+
+    if path is None:
+        return
+    with atomic_write(path, "wb", fsync=False) as f:
+        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), **state}, f)
+
+
+def load_partial(path: Path | None, model: TinyDecoder,
+                 opt: torch.optim.Optimizer) -> tuple[int, float | None, dict[int, float], float]:
+    """Restore :func:`save_partial`'s checkpoint at ``path`` into ``model`` and ``opt``: ``(steps done, the
+    loss's running mean, the curve so far, minutes spent)``; ``(0, None, {}, 0.0)`` without one. A damaged one
+    is said (a warning) and the training starts from its first step."""
+    from rlkit.files import read_torch
+
+    if path is None or not path.exists():
+        return 0, None, {}, 0.0
+    try:
+        blob = read_torch(path, ("model", "optimizer", "step", "loss_ema", "along", "minutes"))
+        model.load_state_dict(blob["model"])
+        opt.load_state_dict(blob["optimizer"])
+    except (DamagedFile, RuntimeError, ValueError, KeyError) as e:
+        warnings.warn(f"the SFT training's checkpoint is damaged ({e}): training from its first step",
+                      stacklevel=3)
+        return 0, None, {}, 0.0
+    return int(blob["step"]), blob["loss_ema"], dict(blob["along"]), float(blob["minutes"])
+
+
+@contextlib.contextmanager
+def _steps_end_before_ctrl_c() -> Iterator[Callable[[], bool]]:
+    """Ctrl-C during a step lets the step end first (the loop then checkpoints and stops); yields whether it
+    came. Only where Ctrl-C raises ``KeyboardInterrupt`` in the main thread (a worker with its own handler
+    keeps it)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield lambda: False
+        return
+    came: list[bool] = []
+    previous = signal.signal(signal.SIGINT, lambda *_: came.append(True))
+    try:
+        yield lambda: bool(came)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 SHIPPED_DIR = Path(__file__).parent / "start"
@@ -208,7 +298,9 @@ def shipped_manifest() -> dict[str, dict]:
 def load_checkpoint(path: Path, device: str, expected_sha256: str | None = None) -> tuple[TinyDecoder, dict]:
     """An SFT checkpoint file as a model in eval mode and its ``info`` (with the weights' ``sha256``); refuses a
     file whose weights do not hash to ``expected_sha256``."""
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    from rlkit.files import read_torch
+
+    state = read_torch(path, ("model", "model_config", "info"))
     digest = weights_sha256(state["model"])
     if expected_sha256 is not None and digest != expected_sha256:
         raise RuntimeError(f"{path}: its weights hash to {digest[:12]}, not the {expected_sha256[:12]} that "
@@ -245,8 +337,11 @@ def warm_start(
         model, info = load_checkpoint(path, device, shipped_manifest().get(path.name, {}).get("sha256"))
         return model, tokenizer, {**info, "source": "shipped", "cached": True}
     if source == "cache":
-        model, info = load_checkpoint(path, device)
-        return model, tokenizer, {**info, "source": "cache", "cached": True}
+        try:
+            model, info = load_checkpoint(path, device)
+            return model, tokenizer, {**info, "source": "cache", "cached": True}
+        except DamagedFile as e:  # trained again, and the new file replaces it
+            warnings.warn(f"the cached SFT start is damaged ({e}): training it again", stacklevel=2)
     if progress:
         why = "--retrain-sft" if (SHIPPED_DIR / path.name).exists() else "rlkit ships no start for this SFT config"
         # the estimate is for one CPU thread; on a GPU it says nothing (the gpu scale's 1,500 steps: ~85 min on a
@@ -257,8 +352,13 @@ def warm_start(
         print(f"SFT start: training {cfg.steps:,} steps on this machine ({why}), {where} (progress below; Ctrl-C "
               f"stops it); its weights, and every number after them, depend on {kernels}", file=sys.stderr,
               flush=True)
-    model, info = train(cfg, device=device, progress=progress)
+    token = CHECKPOINTED_TO.set(partial_path(path))
+    try:
+        model, info = train(cfg, device=device, progress=progress)
+    finally:
+        CHECKPOINTED_TO.reset(token)
     save_checkpoint(path, model, info, cfg)
+    partial_path(path).unlink(missing_ok=True)
     return model, tokenizer, {**info, "source": "trained", "cached": False, "path": str(path),
                               "sha256": weights_sha256(model.state_dict())}
 
@@ -277,7 +377,21 @@ def start_source(cfg: SFTConfig, *, cache_dir: str | Path | None = None,
     check_dir(folder, origin)
     if (folder / name).exists():
         return "cache", folder / name
-    return "trained", writable_dir(folder, origin) / name
+    return "trained", writable_dir(folder, origin, checkpoint_bytes(cfg)) / name
+
+
+def model_config(cfg: SFTConfig, tokenizer: CharTokenizer) -> ModelConfig:
+    """The shape of ``cfg``'s model."""
+    return ModelConfig(vocab_size=tokenizer.vocab_size, d_model=cfg.d_model, n_layers=cfg.n_layers,
+                       n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, max_len=cfg.max_len)
+
+
+def checkpoint_bytes(cfg: SFTConfig) -> int:
+    """About the size of ``cfg``'s SFT checkpoint file: its weights as float32 (counted on a model of no
+    storage), and a megabyte for the rest (its info, the pickle)."""
+    with torch.device("meta"):
+        model = TinyDecoder(model_config(cfg, build_tokenizer()))
+    return 4 * sum(t.numel() for t in model.state_dict().values()) + (1 << 20)
 
 
 def seed_spread(cfg: SFTConfig, seeds: int = 3, *, problems: int = 1000, workers: int = 2,
