@@ -9,20 +9,24 @@ here (verl's own registries are filled from this one by ``rlkit.verl.plugin``).
   math as its paper writes it, and the one every trainer runs: there is no second implementation of it.
 
 Knobs are keyword-only parameters named exactly like ``Config`` fields: :func:`kwargs_for` is the one place a
-``Config`` becomes keyword arguments. Each function is registered with its *home* method, whose ``Config`` holds
-its knobs (``grpo`` and ``ppo``: GRPO's). An estimator reads its home ``Config``; a policy loss reads its home
-``Config`` overlaid by the run's method's (SPO sets the PPO clip range it borrows from GRPO in ``spo.*``; ASPO,
-whose ``Config`` has no clip fields, trains with GRPO's). Inputs that are not knobs — the token ``entropy``,
-``behav_logp``, ``loss_scale_factor``, an estimator's ``estimate`` (another estimator on the same batch, for
+``Config`` becomes keyword arguments. A run's estimator and loss read its own method's ``Config`` and no other:
+a method's ``Config`` holds every knob of the functions it trains with (GSPO's the group advantage's
+``norm_by_std`` and ``eps`` beside its clip). The knobs several methods share are declared once, here, with their
+ranges: :class:`GroupKnobs` (GRPO's group advantage), :class:`LossKnobs` (the aggregation), :class:`ClipKnobs` and
+:class:`DualClipKnobs` (the PPO clip); a method's ``Config`` extends them and overrides a default by assigning it
+(``clip_low: float = 3e-4``), its range kept. Inputs that are not knobs — the token ``entropy``, ``behav_logp``,
+``loss_scale_factor``, an estimator's ``estimate`` (another estimator on the same batch and ``Config``, for
 ASPO's base advantage) — go to the functions whose signatures name them.
 
-:func:`advantage` and :func:`policy_loss` are the dispatch by method name. Registering a name twice fails; an unknown name lists the valid ones.
+:func:`advantage` and :func:`policy_loss` are the dispatch by method name. Registering a name twice fails; an
+unknown name lists the valid ones.
 
 A ``Config`` declares the values its knobs may take: a range in the field's metadata (:func:`knob`:
 ``temperature_tau: float = knob(0.05, gt=0, lt=1)``) and, for knobs that take one of a few values, the class
-variable ``CHOICES`` (``{"rho_type": ("kl", "constant")}``). :func:`check_settings` is the one check of a method's
-section against them, which both engines run before any work (the tiny engine's ``--set hapo.…``, verl's
-``+algorithm.hapo.…``): a refusal is one line naming the full key, ``spo.d_half=-1: must be > 0``.
+variable ``CHOICES`` (``{"rho_type": ("kl", "constant")}``); both are inherited from the ``Config`` it extends.
+:func:`check_settings` is the one check of a method's section against them, which both engines run before any
+work (the tiny engine's ``--set hapo.…``, verl's ``+algorithm.hapo.…``): a refusal is one line naming the full key,
+``spo.d_half=-1: must be > 0``.
 """
 
 from __future__ import annotations
@@ -35,7 +39,9 @@ import types
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+
+from rlkit.core.aggregation import AGG_MODES
 
 if TYPE_CHECKING:
     import torch
@@ -45,7 +51,8 @@ F = TypeVar("F", bound=Callable)
 _ADVANTAGES: dict[str, Callable] = {}
 _POLICY_LOSSES: dict[str, Callable] = {}
 _HOMES: dict[tuple[str, str], str] = {}
-"""``(kind, name)`` of a registered function → its home method (the method whose ``Config`` holds its knobs)."""
+"""``(kind, name)`` of a registered function → its home method, whose module registers it (the method verl's
+``rlkit_<name>`` stands for, :mod:`rlkit.verl`)."""
 _METHODS: dict[str, Method] = {}
 _KINDS = {"advantage estimator": _ADVANTAGES, "policy loss": _POLICY_LOSSES}
 
@@ -121,7 +128,8 @@ class Method:
     name: str
     """The method's name (``--method``, ``RLConfig.<name>``, verl's ``+algorithm.<name>.*``)."""
     config: type
-    """Its ``Config`` dataclass; field names are the keyword names of its functions (:func:`kwargs_for`)."""
+    """Its ``Config`` dataclass, every knob of its estimator and loss: field names are the keyword names of its
+    functions (:func:`kwargs_for`)."""
     advantage: str
     """The registered advantage estimator it trains with (a ``Config`` field ``adv_estimator`` overrides it)."""
     policy_loss: str
@@ -193,7 +201,7 @@ def _register(table: dict[str, Callable], kind: str, name: str, method: str | No
 def register_advantage(name: str, *, method: str | None = None) -> Callable[[F], F]:
     """Decorator: register ``fn(inputs: AdvantageInputs, *, knobs) -> Tensor`` as estimator ``name``.
 
-    ``method``: the home method whose ``Config`` holds its knobs.
+    ``method``: its home method, whose module registers it.
     """
     return _register(_ADVANTAGES, "advantage estimator", name, method)
 
@@ -201,7 +209,7 @@ def register_advantage(name: str, *, method: str | None = None) -> Callable[[F],
 def register_policy_loss(name: str, *, method: str | None = None) -> Callable[[F], F]:
     """Decorator: register ``fn(logp, old_logp, adv, mask, *, knobs) -> (loss, metrics)`` as policy loss ``name``.
 
-    ``method``: the home method whose ``Config`` holds its knobs.
+    ``method``: its home method, whose module registers it.
     """
     return _register(_POLICY_LOSSES, "policy loss", name, method)
 
@@ -220,7 +228,7 @@ def register_method(method: Method) -> Method:
     unknown = sorted(set(method.engine_defaults) - fields)
     if unknown:
         raise ValueError(f"method {method.name!r}: engine default(s) {', '.join(unknown)} are not Config fields")
-    unknown = sorted(set(getattr(method.config, "CHOICES", {})) - fields)
+    unknown = sorted(set(_choices(method.config)) - fields)
     if unknown:
         raise ValueError(f"method {method.name!r}: CHOICES name(s) {', '.join(unknown)} that are not Config fields")
     unknown = sorted(set(method.verl_choices) - fields)
@@ -307,10 +315,25 @@ def knob(default: Any, *, gt: float | None = None, ge: float | None = None, lt: 
 
 
 def declared_rules(config: type) -> dict[str, tuple[Range | None, tuple | None]]:
-    """Field → ``(range, choices)`` for each field of the ``Config`` class ``config`` that declares either."""
-    choices = getattr(config, "CHOICES", {})
-    rules = {f.name: (f.metadata.get("range"), choices.get(f.name)) for f in dataclasses.fields(config)}
+    """Field → ``(range, choices)`` for each field of the ``Config`` class ``config`` that declares either, itself
+    or in a ``Config`` it extends (a default overridden by a plain assignment keeps the range declared above)."""
+    choices = _choices(config)
+    rules = {f.name: (_range(config, f.name), choices.get(f.name)) for f in dataclasses.fields(config)}
     return {name: rule for name, rule in rules.items() if rule != (None, None)}
+
+
+def _choices(config: type) -> dict[str, tuple]:
+    """``CHOICES`` of ``config`` merged with those of the classes it extends (its own win)."""
+    return {k: v for cls in reversed(config.__mro__) for k, v in vars(cls).get("CHOICES", {}).items()}
+
+
+def _range(config: type, name: str) -> Range | None:
+    """The range of field ``name``: the first one declared along ``config``'s bases, itself first."""
+    for cls in config.__mro__:
+        field = vars(cls).get("__dataclass_fields__", {}).get(name)
+        if field is not None and "range" in field.metadata:
+            return field.metadata["range"]
+    return None
 
 
 def check_settings(method: str, section: Mapping[str, Any] | Any = None) -> Any:
@@ -384,6 +407,54 @@ def _shown(value: Any) -> str:
     return str(value)
 
 
+# --------------------------------------------------------------------------- knobs several methods share
+
+
+@dataclass
+class GroupKnobs:
+    """The knobs of GRPO's group advantage (:func:`rlkit.core.groups.group_advantage`), in the ``Config`` of every
+    method that trains with it."""
+
+    norm_by_std: bool = True
+    """Divide by the group std (GRPO); False is Dr. GRPO's mean-only baseline."""
+    eps: float = knob(1e-6, ge=0)
+    """Added to the group std."""
+
+
+@dataclass
+class LossKnobs:
+    """The knob of every policy loss: how its token terms are aggregated."""
+
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"agg": AGG_MODES}
+    """The values each choice field may take (checked by :func:`check_settings`)."""
+
+    agg: str = "token-mean"
+    """Loss aggregation (see :mod:`rlkit.core.aggregation`)."""
+
+
+@dataclass
+class ClipKnobs(LossKnobs):
+    """A clipped ratio's bounds, ε_low and ε_high (PPO, arXiv 1707.06347, Eq. 7; each method reads them its way)."""
+
+    clip_low: float = knob(0.2, ge=0)
+    """ε_low: the ratio is clipped below at 1 − clip_low."""
+    clip_high: float = knob(0.2, ge=0)
+    """ε_high: the ratio is clipped above at 1 + clip_high (DAPO's clip-higher uses 0.28)."""
+
+
+@dataclass
+class DualClipKnobs(ClipKnobs):
+    """The PPO clip with verl's dual clip for negative advantages."""
+
+    clip_c: float | None = knob(None, gt=1)
+    """Dual-clip constant c > 1: the loss of a token with Â < 0 is at most −Â·c (verl uses 3.0); None: off."""
+
+
+TINY_ENGINE_CLIP: Mapping[str, float] = types.MappingProxyType({"clip_high": 0.28, "clip_c": 3.0})
+"""The clip the tiny engine trains GRPO with — DAPO's clip-higher (ε_high 0.28) and verl's dual clip (c = 3) — and
+the methods compared with it on GRPO's loss (their :attr:`Method.engine_defaults`)."""
+
+
 # --------------------------------------------------------------------------- lookup
 
 
@@ -444,8 +515,8 @@ def get_method(name: str) -> Method:
 
 
 def home_method(kind: str, name: str) -> str | None:
-    """The method whose ``Config`` holds the knobs of the registered ``kind`` (``advantage`` | ``policy_loss``)
-    function ``name`` (None when it was registered without one)."""
+    """The home method of the registered ``kind`` (``advantage`` | ``policy_loss``) function ``name``, whose module
+    registers it (None when it was registered without one): verl's ``rlkit_<name>`` runs as that method."""
     _load_methods()
     return _HOMES.get(({"advantage": "advantage estimator", "policy_loss": "policy loss"}[kind], name))
 
@@ -491,46 +562,39 @@ def kwargs_for(fn: Callable, config: Any) -> dict[str, Any]:
 
 
 def config_for(method: str, configs: Mapping[str, Any] | None) -> Any:
-    """``configs[method]``, or the method's ``Config()`` defaults when ``configs`` has none for it."""
+    """``configs[method]``, or the method's ``Config()`` defaults when ``configs`` has none for it: the one
+    ``Config`` a run of ``method`` reads (no other method's)."""
     config = (configs or {}).get(method)
     return config if config is not None else get_method(method).config()
-
-
-def _knobs(kind: str, name: str, configs: Mapping[str, Any] | None, *methods: str) -> dict[str, Any]:
-    """Knobs of the ``kind`` function ``name`` from its home method's Config, then ``methods``' (later ones win)."""
-    fn = _KINDS[kind][name]
-    kwargs: dict[str, Any] = {}
-    for method in dict.fromkeys((_HOMES.get((kind, name)), *methods)):
-        if method is not None and (method in _METHODS or (configs or {}).get(method) is not None):
-            kwargs.update(kwargs_for(fn, config_for(method, configs)))
-    return kwargs
 
 
 # --------------------------------------------------------------------------- dispatch
 
 
-def estimate(name: str, inputs: AdvantageInputs, configs: Mapping[str, Any] | None = None) -> torch.Tensor:
-    """Advantage estimator ``name`` on ``inputs`` with the knobs of its home method's Config from ``configs``
-    (method name → Config; missing ones are the defaults)."""
+def estimate(name: str, inputs: AdvantageInputs, config: Any = None) -> torch.Tensor:
+    """Advantage estimator ``name`` on ``inputs`` with the knobs of ``config`` (the run's method's ``Config``;
+    None: the function's defaults)."""
     fn = get_advantage(name)
-    kwargs = _knobs("advantage estimator", name, configs)
+    kwargs = kwargs_for(fn, config)
     if "estimate" in _keywords(fn):  # a post-processor of another estimator's advantage (ASPO)
-        kwargs["estimate"] = lambda other, batch=None: estimate(other, inputs if batch is None else batch, configs)
+        kwargs["estimate"] = lambda other, batch=None: estimate(other, inputs if batch is None else batch, config)
     return fn(inputs, **kwargs)
 
 
 def advantage(method: str, inputs: AdvantageInputs, configs: Mapping[str, Any] | None = None) -> torch.Tensor:
-    """The advantage ``(B, T)`` of ``method``'s estimator (:meth:`Method.estimator`) on ``inputs``.
+    """The advantage ``(B, T)`` of ``method``'s estimator (:meth:`Method.estimator`) on ``inputs``, its knobs from
+    ``method``'s ``Config`` alone.
 
     ``configs``: method name → its ``Config`` (the tiny engine's ``RLConfig.method_configs``, the verl trainer's
     ``algorithm.<method>`` sections); a method missing from it runs with its ``Config`` defaults.
     """
-    return estimate(get_method(method).estimator(config_for(method, configs)), inputs, configs)
+    config = config_for(method, configs)
+    return estimate(get_method(method).estimator(config), inputs, config)
 
 
 def policy_loss(method: str, logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
                 configs: Mapping[str, Any] | None = None, **inputs: Any) -> tuple[torch.Tensor, dict[str, float]]:
-    """``method``'s policy loss → ``(loss, metrics)``, knobs from its home Config overlaid by ``method``'s.
+    """``method``'s policy loss → ``(loss, metrics)``, its knobs from ``method``'s ``Config`` alone.
 
     ``inputs`` (``entropy``, ``behav_logp``, ``loss_scale_factor``, ...) go to the loss when its signature names
     them; one it does not name must be None or in :data:`OPTIONAL_INPUTS`. A loss whose entropy switches are on
@@ -548,11 +612,11 @@ def policy_loss(method: str, logp: torch.Tensor, old_logp: torch.Tensor, adv: to
     refused = sorted(k for k, v in inputs.items() if k not in taken and v is not None and k not in OPTIONAL_INPUTS)
     if refused:
         raise TypeError(f"policy loss {m.policy_loss!r} takes no {', '.join(refused)}")
-    kwargs = loss_kwargs(method, configs)
+    kwargs = kwargs_for(fn, config)
     kwargs.update({k: v for k, v in inputs.items() if k in taken})
     return fn(logp, old_logp, adv, mask, **kwargs)
 
 
 def loss_kwargs(method: str, configs: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The knobs :func:`policy_loss` passes to ``method``'s loss: its home Config's overlaid by ``method``'s."""
-    return _knobs("policy loss", get_method(method).policy_loss, configs, method)
+    """The knobs :func:`policy_loss` passes to ``method``'s loss: the fields of ``method``'s ``Config`` it takes."""
+    return kwargs_for(get_policy_loss(get_method(method).policy_loss), config_for(method, configs))

@@ -368,10 +368,11 @@ def test_estimator_shapes_its_base_advantage_through_the_registry():
     inputs = AdvantageInputs(rewards, ids, b["mask"], correct=rewards > 0, first_code_pos=pos,
                              lengths=lengths, code_pass=passed)
     base = grpo_advantage(rewards, ids, b["mask"], eps=1e-4)
-    configs = {"aspo": Config(delta=-2.5, k=0.9, require_code_pass=True), "grpo": GRPOConfig(eps=1e-4)}
+    configs = {"aspo": Config(delta=-2.5, k=0.9, require_code_pass=True, eps=1e-4)}  # its base's eps: its own
     expected = aspo_shape(base, ids, rewards > 0, pos, lengths, delta=-2.5, k=0.9, code_pass=passed, mask=b["mask"])
     assert torch.equal(advantage("aspo", inputs, configs), expected)
-    assert torch.equal(advantage("aspo", inputs, {**configs, "aspo": Config(enabled=False)}), base)
+    assert torch.equal(advantage("aspo", inputs, {**configs, "grpo": GRPOConfig(eps=1e-2)}), expected)  # not GRPO's
+    assert torch.equal(advantage("aspo", inputs, {"aspo": Config(enabled=False, eps=1e-4)}), base)
     with pytest.raises(MissingInputs, match="aspo needs per-response correct, first_code_pos, lengths"):
         advantage("aspo", AdvantageInputs(rewards, ids, b["mask"]), configs)
 

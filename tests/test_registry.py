@@ -19,7 +19,7 @@ from conftest import make_inputs
 from rlkit import registry
 from rlkit.core.groups import group_advantage
 from rlkit.core.masked import masked_mean
-from rlkit.methods import aepo, grpo, gspo, hapo, spo
+from rlkit.methods import aepo, aspo, grpo, gspo, hapo, spo
 from rlkit.methods.grpo import grpo_estimator, ppo_clip_loss
 from rlkit.methods.gspo import gspo_loss
 from rlkit.registry import AdvantageInputs, Method, MissingInputs, kwargs_for
@@ -150,14 +150,16 @@ def test_dispatch_is_the_direct_call_with_the_configs_fields():
                                    release_compat=True),
                "grpo": grpo.Config(eps=1e-3, clip_low=0.1, clip_high=0.3, clip_c=3.0),
                "spo": spo.Config(clip_low=0.15, clip_high=0.25, clip_c=5.0, adv_eps=1e-4),
-               "aepo": aepo.Config(coef=0.3, use_entropy_advantage=False),
-               "gspo": gspo.Config(clip_low=3e-3, clip_high=4e-3, variant="token")}
+               "aepo": aepo.Config(eps=1e-3, coef=0.3, use_entropy_advantage=False),
+               "gspo": gspo.Config(eps=1e-3, clip_low=3e-3, clip_high=4e-3, variant="token"),
+               "aspo": aspo.Config(clip_low=0.1, clip_high=0.3, clip_c=3.0)}
     tlga = hapo.tlga_advantage(inputs.rewards, inputs.group_ids, inputs.mask, fallback_threshold=2.0)
     assert torch.equal(registry.advantage("hapo", inputs, configs), tlga)
     grpo_adv = grpo.grpo_advantage(inputs.rewards, inputs.group_ids, inputs.mask, eps=1e-3)
-    for method in ("grpo", "gspo", "aepo"):  # GRPO's estimator, with GRPO's knobs whoever runs it
+    for method in ("grpo", "gspo", "aepo"):  # GRPO's estimator, with the knobs of the run's own Config
         assert torch.equal(registry.advantage(method, inputs, configs), grpo_adv)
-    no_tlga = {**configs, "hapo": dataclasses.replace(configs["hapo"], adv_estimator="grpo")}  # HAPO without B
+    assert not torch.equal(registry.advantage("gspo", inputs, {"grpo": configs["grpo"]}), grpo_adv)  # not GRPO's
+    no_tlga = {**configs, "hapo": dataclasses.replace(configs["hapo"], adv_estimator="grpo", eps=1e-3)}  # without B
     assert torch.equal(registry.advantage("hapo", inputs, no_tlga), grpo_adv)
     spo_adv = spo.spo_advantage(inputs.rewards, inputs.baselines, adv_eps=1e-4, mask=inputs.mask)
     assert torch.equal(registry.advantage("spo", inputs, configs), spo_adv)
@@ -171,8 +173,8 @@ def test_dispatch_is_the_direct_call_with_the_configs_fields():
         "hapo": call("hapo", *args, entropy=entropy, adv_beta=0.5, clip_alpha=0.7, entropy_pivot=0.6, clip_c=4.0,
                      release_compat=True),
         "grpo": call("ppo", *args, clip_low=0.1, clip_high=0.3, clip_c=3.0),
-        "aspo": call("ppo", *args, clip_low=0.1, clip_high=0.3, clip_c=3.0),  # no clip fields: GRPO's
-        "spo": call("ppo", *args, clip_low=0.15, clip_high=0.25, clip_c=5.0),  # its own clip over GRPO's
+        "aspo": call("ppo", *args, clip_low=0.1, clip_high=0.3, clip_c=3.0),  # GRPO's loss with its own clip
+        "spo": call("ppo", *args, clip_low=0.15, clip_high=0.25, clip_c=5.0),
         "aepo": call("aepo", *args, coef=0.3),  # entropy switched off: ignored
         "gspo": call("gspo", *args, clip_low=3e-3, clip_high=4e-3, variant="token"),
     }

@@ -51,10 +51,9 @@ from typing import ClassVar
 
 import torch
 
-from rlkit.core.aggregation import AGG_MODES
 from rlkit.core.masked import check_shapes, masked_mean, masked_share
 from rlkit.core.ppo import clipped_surrogate, log_ratio, reduce_policy_loss
-from rlkit.registry import Method, knob, register_method, register_policy_loss
+from rlkit.registry import DualClipKnobs, GroupKnobs, Method, knob, register_method, register_policy_loss
 
 Tensor = torch.Tensor
 
@@ -62,22 +61,21 @@ VARIANTS = ("paper", "arlarena")
 
 
 @dataclass
-class Config:
-    """AEPO hyperparameters (the paper's; ARLArena's math config for the clip)."""
+class Config(GroupKnobs, DualClipKnobs):
+    """AEPO hyperparameters (the paper's; ARLArena's math config for the clip): GRPO's group advantage, the PPO
+    clip with a stop-gradient upper bound (token-mean, both codes)."""
 
-    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"agg": AGG_MODES, "variant": VARIANTS}
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"variant": VARIANTS}
     """The values each choice field may take (checked by :func:`rlkit.registry.check_settings`)."""
 
     coef: float = 0.2
     """a in Ã = A·(1 + a·H̃): the weight of the standardized entropy (hard-coded 0.2 in both codes)."""
     clip_low: float = knob(0.2, ge=0, lt=1)
-    """ε_l: the ratio is clipped below at 1 − 0.2."""
-    clip_high: float = knob(0.28, ge=0)
+    """ε_l: the ratio is clipped below at 1 − ε_l, which must stay above 0."""
+    clip_high: float = 0.28
     """ε_h: the upper bound (1+ε_h)/sg(r)·r (ARLArena math config; the ARPO scripts use 0.2)."""
-    clip_c: float | None = knob(3.0, gt=1)
+    clip_c: float | None = 3.0
     """Dual-clip constant c for negative advantages (both codes: 3.0); None disables it."""
-    agg: str = "token-mean"
-    """Loss aggregation (see :mod:`rlkit.core.aggregation`)."""
     variant: str = "paper"
     """"paper" (stop-gradient bound on all tokens) or "arlarena" (ARLArena's H̃ ≤ 0 gating)."""
     use_entropy_advantage: bool = True

@@ -44,14 +44,19 @@ from rlkit.core.masked import advantage_shift, check_shapes, masked_mean
 from rlkit.core.tool_use import flags as _flags, per_sample as _per_sample
 from rlkit.core.tool_use import tool_metrics as aspo_metrics  # noqa: F401  (every run's tool metrics: ASPO's names)
 from rlkit.hooks import Hooks, StepBatch
-from rlkit.registry import AdvantageInputs, Method, VerlKey, estimate, knob, register_advantage, register_method
+from rlkit.registry import (
+    TINY_ENGINE_CLIP, AdvantageInputs, DualClipKnobs, GroupKnobs, Method, VerlKey, estimate, knob, register_advantage,
+    register_method,
+)
 
 Tensor = torch.Tensor
 
 
 @dataclass
-class Config:
-    """ASPO hyperparameters (paper §4.5), under the verl recipe's names ``algorithm.aspo.*``."""
+class Config(GroupKnobs, DualClipKnobs):
+    """ASPO hyperparameters (paper §4.5), under the verl recipe's names ``algorithm.aspo.*``; beside them the knobs
+    of the base estimator (GRPO's group advantage by default; another base's other knobs are its function's
+    defaults) and of GRPO's PPO clip, which it trains with (:mod:`rlkit.registry`'s)."""
 
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"shaping": ("advantage", "reward")}
     """The values each choice field may take (checked by :func:`rlkit.registry.check_settings`)."""
@@ -163,7 +168,7 @@ def aspo_estimator(
     ``shaping="reward"``: the base estimator on Eq. 1's rewards (:func:`eq1_rewards`) instead.
 
     The base is the ``base_advantage`` estimator's (``estimate(name)``: the registry's, on the same batch and
-    configs); the shaping reads ``inputs.correct``, ``first_code_pos``, ``lengths`` (and ``code_pass`` when
+    ``Config``); the shaping reads ``inputs.correct``, ``first_code_pos``, ``lengths`` (and ``code_pass`` when
     ``require_code_pass``). Not ``enabled``: the base advantage, unshaped."""
     if shaping not in ("advantage", "reward"):
         raise ValueError(f"aspo shaping must be 'advantage' (Eq. 2) or 'reward' (Eq. 1), got {shaping!r}")
@@ -220,10 +225,12 @@ class AspoHooks(Hooks):
     responses it changed, and ``aspo/bias_ratio``, Σ|shaped − base| / Σ|base| over valid tokens)."""
 
     def advantage_metrics(self, adv: Tensor, inputs: AdvantageInputs, batch: StepBatch) -> dict[str, float]:
-        return shaping_metrics(adv, estimate(self.config.base_advantage, inputs, self.configs), inputs.mask)
+        return shaping_metrics(adv, estimate(self.config.base_advantage, inputs, self.config), inputs.mask)
 
 
+# The tiny engine trains ASPO with the clip of the tiny engine's GRPO, so that the two differ only in the shaping.
 register_method(Method("aspo", Config, advantage="aspo", policy_loss="ppo", hooks=AspoHooks,
+                       engine_defaults=TINY_ENGINE_CLIP,
                        inputs=("correct", "first_code_pos", "lengths", "code_pass"),
                        # verl: the detectors that find the first code call in decoded responses (None: the defaults),
                        # and the base estimators whose inputs the verl trainer gives

@@ -39,32 +39,26 @@ Deviation from verl: ``behav_logp`` switches on AReaL's decoupled form as for ev
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 
-from rlkit.core.aggregation import AGG_MODES
 from rlkit.core.masked import check_shapes, masked_share
 from rlkit.core.ppo import log_ratio, reduce_policy_loss
-from rlkit.registry import Method, knob, register_method, register_policy_loss
+from rlkit.registry import ClipKnobs, GroupKnobs, Method, register_method, register_policy_loss
 
 Tensor = torch.Tensor
 
 
 @dataclass
-class Config:
-    """CISPO hyperparameters (MiniMax-M1 §3.1)."""
+class Config(GroupKnobs, ClipKnobs):
+    """CISPO hyperparameters (MiniMax-M1 §3.1): GRPO's group advantage (the paper's Eq. 2) and the clip of the IS
+    weight; the aggregation is :mod:`rlkit.registry`'s token mean, Eq. 4's 1/Σ_i|o_i|."""
 
-    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"agg": AGG_MODES}
-    """The values each choice field may take (checked by :func:`rlkit.registry.check_settings`)."""
-
-    clip_low: float = knob(1.0, ge=0)
+    clip_low: float = 1.0
     """ε_low^IS: the weight is clipped below at 1 − clip_low; 1.0 is the paper's "no lower bound"."""
-    clip_high: float = knob(0.28, ge=0)
-    """ε_high^IS: the weight is clipped above at 1 + clip_high (the paper tunes it without giving a value; 0.28 is
+    clip_high: float = 0.28
+    """ε_high^IS: the weight is clipped above at 1 + clip_high (the paper tunes it without giving a value; this is
     DAPO's clip-higher, the tiny engine GRPO's)."""
-    agg: str = "token-mean"
-    """Loss aggregation: Eq. 4's 1/Σ_i|o_i| is the token mean (see :mod:`rlkit.core.aggregation`)."""
 
 
 def clipped_weight(ratio: Tensor, *, clip_low: float = 1.0, clip_high: float = 0.28) -> tuple[Tensor, Tensor]:

@@ -40,32 +40,24 @@ Deviations:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
-from rlkit.core.aggregation import AGG_MODES
 from rlkit.hooks import Hooks
-from rlkit.registry import Method, knob, register_method
+from rlkit.registry import DualClipKnobs, GroupKnobs, Method, knob, register_method
 
 Tensor = torch.Tensor
 
 
 @dataclass
-class Config:
-    """DAPO hyperparameters (paper §4.1 / verl's ``recipe/dapo``)."""
+class Config(GroupKnobs, DualClipKnobs):
+    """DAPO hyperparameters (paper §4.1 / verl's ``recipe/dapo``): GRPO's group advantage and PPO clip with ε_low
+    0.2 (§3.1), no dual clip (not part of DAPO) and the token-level loss ``token-mean`` (§3.3, Eq. 12: every
+    token of the batch weighs the same), as :mod:`rlkit.registry` declares them; clip-higher and the rest here."""
 
-    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"agg": AGG_MODES}
-    """The values each choice field may take (checked by :func:`rlkit.registry.check_settings`)."""
-
-    clip_low: float = knob(0.2, ge=0)
-    """ε_low (§3.1)."""
-    clip_high: float = knob(0.28, ge=0)
+    clip_high: float = 0.28
     """ε_high, clip-higher (§3.1)."""
-    clip_c: float | None = knob(None, gt=1)
-    """Dual clip for negative advantages: not part of DAPO (None: off)."""
-    agg: str = "token-mean"
-    """Token-level loss (§3.3, Eq. 12): every token of the batch weighs the same."""
     dynamic_sampling: bool = True
     """Drop groups whose rewards are all equal and refill the batch (§3.2, Eq. 11)."""
     oversample: int = knob(2, gt=0)

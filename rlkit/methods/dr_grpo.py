@@ -38,36 +38,27 @@ of the reward std over groups whose rewards differ — 0 means GRPO's 1/std is o
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
-from rlkit.core.aggregation import AGG_MODES
 from rlkit.core.groups import group_advantage, group_index, group_mean_std
 from rlkit.core.masked import masked_count
 from rlkit.hooks import Hooks, StepBatch
-from rlkit.registry import AdvantageInputs, Method, knob, register_advantage, register_method
+from rlkit.registry import (
+    TINY_ENGINE_CLIP, AdvantageInputs, DualClipKnobs, GroupKnobs, Method, knob, register_advantage, register_method,
+)
 
 Tensor = torch.Tensor
 
 
 @dataclass
-class Config:
-    """Dr. GRPO hyperparameters (§3.2; the PPO clip as in Eq. 2)."""
-
-    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"agg": AGG_MODES}
-    """The values each choice field may take (checked by :func:`rlkit.registry.check_settings`)."""
+class Config(GroupKnobs, DualClipKnobs):
+    """Dr. GRPO hyperparameters (§3.2): GRPO's, less the std and the 1/|o_i|; the PPO clip as in Eq. 2 (ε 0.2 each
+    side, no dual clip: not part of the paper), as :mod:`rlkit.registry` declares it."""
 
     norm_by_std: bool = False
     """Divide the advantage by the group std (Eq. 3, GRPO's); Dr. GRPO's is False."""
-    eps: float = knob(1e-6, ge=0)
-    """Added to the group std when ``norm_by_std`` is on."""
-    clip_low: float = knob(0.2, ge=0)
-    """ε of Eq. 2's clip, below: the ratio is clipped at 1 − clip_low."""
-    clip_high: float = knob(0.2, ge=0)
-    """ε of Eq. 2's clip, above: the ratio is clipped at 1 + clip_high."""
-    clip_c: float | None = knob(None, gt=1)
-    """Dual-clip constant c > 1 for negative advantages; not part of the paper (None: off)."""
     agg: str = "seq-mean-token-sum-norm"
     """Each response's token losses summed and divided by ``loss_scale_factor``, averaged over responses (§3.2);
     ``seq-mean-token-mean`` is Eq. 2's 1/|o_i|."""
@@ -108,5 +99,5 @@ class DrGrpoHooks(Hooks):
 # two differ only in the terms Dr. GRPO removes. Its responses are not padded to the budget (a batch is as wide as
 # its longest response), so the constant is set: 164 tokens, the response budget at cpu and gpu scale.
 register_method(Method("dr_grpo", Config, advantage="dr_grpo", policy_loss="ppo", hooks=DrGrpoHooks,
-                       engine_defaults={"clip_high": 0.28, "clip_c": 3.0, "loss_scale_factor": 164},
+                       engine_defaults={**TINY_ENGINE_CLIP, "loss_scale_factor": 164},
                        logs=frozenset({"dr_grpo/length_cv", "dr_grpo/group_std_cv"})))

@@ -64,29 +64,25 @@ such a response gets.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 
-from rlkit.core.aggregation import AGG_MODES
 from rlkit.core.masked import check_shapes, masked_count, masked_mean, masked_share
 from rlkit.core.ppo import log_ratio, reduce_policy_loss
-from rlkit.registry import Method, knob, register_method, register_policy_loss
+from rlkit.registry import ClipKnobs, GroupKnobs, Method, register_method, register_policy_loss
 
 Tensor = torch.Tensor
 
 
 @dataclass
-class Config:
-    """GMPO hyperparameters (arXiv 2507.20673: its experiments and Table 4)."""
+class Config(GroupKnobs, ClipKnobs):
+    """GMPO hyperparameters (arXiv 2507.20673: its experiments and Table 4): GRPO's group advantage, the clip in log
+    space."""
 
-    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"agg": AGG_MODES}
-    """The values each choice field may take (checked by :func:`rlkit.registry.check_settings`)."""
-
-    clip_low: float = knob(0.4, ge=0)
-    """ε_low, in log space: a token's log-ratio is clipped below at −0.4 (the ratio at e^{−0.4} = 0.670)."""
-    clip_high: float = knob(0.4, ge=0)
-    """ε_high, in log space: clipped above at 0.4 (the ratio at e^{0.4} = 1.492)."""
+    clip_low: float = 0.4
+    """ε_low, in log space: a token's log-ratio is clipped below at −ε_low (0.4: the ratio at e^{−0.4} = 0.670)."""
+    clip_high: float = 0.4
+    """ε_high, in log space: clipped above at ε_high (0.4: the ratio at e^{0.4} = 1.492)."""
     agg: str = "seq-mean-token-mean"
     """Loss aggregation: the objective's (1/G) Σ_i, one term per response (see :mod:`rlkit.core.aggregation`)."""
 

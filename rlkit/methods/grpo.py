@@ -20,38 +20,25 @@ Deviations: none from verl. ``norm_by_std=False`` drops the std (Dr. GRPO, arXiv
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 
-from rlkit.core.aggregation import AGG_MODES
 from rlkit.core.groups import group_advantage
 from rlkit.core.masked import check_shapes
 from rlkit.core.ppo import clipped_surrogate, log_ratio, reduce_policy_loss
-from rlkit.registry import AdvantageInputs, Method, knob, register_advantage, register_method, register_policy_loss
+from rlkit.registry import (
+    TINY_ENGINE_CLIP, AdvantageInputs, DualClipKnobs, GroupKnobs, Method, register_advantage, register_method,
+    register_policy_loss,
+)
 
 Tensor = torch.Tensor
 
 
 @dataclass
-class Config:
-    """GRPO hyperparameters (DeepSeekMath; verl's defaults)."""
-
-    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"agg": AGG_MODES}
-    """The values each choice field may take (checked by :func:`rlkit.registry.check_settings`)."""
-
-    norm_by_std: bool = True
-    """Divide by the group std (GRPO); False is Dr. GRPO's mean-only baseline."""
-    eps: float = knob(1e-6, ge=0)
-    """Added to the group std."""
-    clip_low: float = knob(0.2, ge=0)
-    """ε_low: the ratio is clipped below at 1 − clip_low."""
-    clip_high: float = knob(0.2, ge=0)
-    """ε_high: the ratio is clipped above at 1 + clip_high (DAPO's clip-higher uses 0.28)."""
-    clip_c: float | None = knob(None, gt=1)
-    """Dual-clip constant c > 1 for negative advantages (verl uses 3.0); None disables it."""
-    agg: str = "token-mean"
-    """Loss aggregation (see :mod:`rlkit.core.aggregation`)."""
+class Config(GroupKnobs, DualClipKnobs):
+    """GRPO hyperparameters (DeepSeekMath; verl's defaults): the group advantage's (``norm_by_std`` True, ``eps``
+    1e-6) and the PPO clip's (ε_low = ε_high = 0.2, no dual clip, token-mean), as :mod:`rlkit.registry` declares
+    them for every method that shares them."""
 
 
 grpo_advantage = group_advantage
@@ -103,5 +90,4 @@ def ppo_clip_loss(
 
 
 # The tiny engine trains GRPO with DAPO's clip-higher (ε_high 0.28) and verl's dual clip c = 3.
-register_method(Method("grpo", Config, advantage="grpo", policy_loss="ppo",
-                       engine_defaults={"clip_high": 0.28, "clip_c": 3.0}))
+register_method(Method("grpo", Config, advantage="grpo", policy_loss="ppo", engine_defaults=TINY_ENGINE_CLIP))

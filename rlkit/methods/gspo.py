@@ -23,10 +23,9 @@ from typing import ClassVar
 
 import torch
 
-from rlkit.core.aggregation import AGG_MODES
 from rlkit.core.masked import check_shapes, masked_count, masked_mean
 from rlkit.core.ppo import clipped_surrogate, log_ratio, reduce_policy_loss
-from rlkit.registry import Method, knob, register_method, register_policy_loss
+from rlkit.registry import ClipKnobs, GroupKnobs, Method, register_method, register_policy_loss
 
 Tensor = torch.Tensor
 
@@ -35,16 +34,17 @@ LOG_SEQ_RATIO_MAX = 10.0  # verl's clamp on log s_{i,t}
 
 
 @dataclass
-class Config:
-    """GSPO hyperparameters (paper v2 §5.1)."""
+class Config(GroupKnobs, ClipKnobs):
+    """GSPO hyperparameters (paper v2 §5.1): GRPO's group advantage (:class:`rlkit.registry.GroupKnobs`), its own
+    clip on s_i."""
 
-    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"agg": AGG_MODES, "variant": VARIANTS}
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"variant": VARIANTS}
     """The values each choice field may take (checked by :func:`rlkit.registry.check_settings`)."""
 
-    clip_low: float = knob(3e-4, ge=0)
-    """ε_left: s_i is clipped below at 1 − 3e-4 (GRPO uses 0.2: sequence ratios move far less)."""
-    clip_high: float = knob(4e-4, ge=0)
-    """ε_right: s_i is clipped above at 1 + 4e-4."""
+    clip_low: float = 3e-4
+    """ε_left (§5.1): s_i is clipped below at 1 − ε_left (GRPO's ε is 0.2: sequence ratios move far less)."""
+    clip_high: float = 4e-4
+    """ε_right (§5.1): s_i is clipped above at 1 + ε_right."""
     agg: str = "seq-mean-token-mean"
     """Every sequence weighs the same, as in Eq. 5's (1/G) Σ_i."""
     variant: str = "sequence"

@@ -44,15 +44,14 @@ from typing import Any, ClassVar, NamedTuple
 
 import torch
 
-from rlkit.core.aggregation import AGG_MODES
 from rlkit.core.entropy import entropy_from_logits
 from rlkit.core.groups import group_inputs, group_mean_std, group_scalars, group_sum
 from rlkit.core.masked import advantage_shift, check_shapes, masked_mean, masked_share
 from rlkit.core.ppo import clipped_surrogate, log_ratio, reduce_policy_loss
 from rlkit.hooks import Hooks, StepBatch
 from rlkit.registry import (
-    AdvantageInputs, Method, VerlKey, estimate, knob, kwargs_for, register_advantage, register_method,
-    register_policy_loss,
+    AdvantageInputs, DualClipKnobs, GroupKnobs, Method, VerlKey, estimate, knob, kwargs_for, register_advantage,
+    register_method, register_policy_loss,
 )
 
 Tensor = torch.Tensor
@@ -62,11 +61,13 @@ EPS = 1e-8
 
 
 @dataclass
-class Config:
+class Config(GroupKnobs, DualClipKnobs):
     """HAPO hyperparameters: field names are the keyword names of this module's functions (one name per knob,
-    :func:`rlkit.registry.kwargs_for`); defaults the paper's, but for τ."""
+    :func:`rlkit.registry.kwargs_for`); defaults the paper's, but for τ. The group std's ``norm_by_std``
+    (``norm_adv_by_std_in_grpo``, TLGA's and GRPO's) and ``eps``, ε_L 0.2 and the token-mean loss are
+    :mod:`rlkit.registry`'s."""
 
-    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"adv_estimator": ("hapo_tlga", "grpo"), "agg": AGG_MODES}
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"adv_estimator": ("hapo_tlga", "grpo")}
     """The values each choice field may take (checked by :func:`rlkit.registry.check_settings`); ``adv_estimator``:
     component B on (``hapo_tlga``) or off (``grpo``)."""
 
@@ -80,12 +81,8 @@ class Config:
     """ρ: h is centred on the ρ-quantile of the log-entropies."""
     adv_estimator: str = "hapo_tlga"
     """B: the registered advantage estimator (the released code's ``adv_estimator=hapo``)."""
-    norm_by_std: bool = True
-    """Divide TLGA by the group's token std (``norm_adv_by_std_in_grpo``)."""
     fallback_threshold: float | None = knob(5.0, gt=0)
     """A group where some |A| reaches this falls back to GRPO; None never falls back."""
-    eps: float = knob(1e-6, ge=0)
-    """Added to the group std."""
     use_redistribution: bool = True
     """C: advantage redistribution."""
     adv_beta: float = knob(1.0, ge=0, le=1)
@@ -94,14 +91,10 @@ class Config:
     """D: entropy-adaptive clip bounds."""
     clip_alpha: float = knob(1.0, ge=0)
     """α, the adaptive clip's strength."""
-    clip_low: float = knob(0.2, ge=0)
-    """ε_L, the base lower clip range."""
-    clip_high: float = knob(0.28, ge=0)
+    clip_high: float = 0.28
     """ε_R, the base upper clip range (paper, DAPO clip-higher; the released recipes use 0.2)."""
-    clip_c: float | None = knob(10.0, gt=1)
+    clip_c: float | None = 10.0
     """Dual-clip constant c for negative advantages (the recipes' ``clip_ratio_c``)."""
-    agg: str = "token-mean"
-    """Loss aggregation (see :mod:`rlkit.core.aggregation`)."""
     release_compat: bool = False
     """Reproduce the released code's h̃ ≥ 0 for low-entropy tokens (module doc, Deviations)."""
 
@@ -407,7 +400,7 @@ class HapoHooks(Hooks):
     def advantage_metrics(self, adv: Tensor, inputs: AdvantageInputs, batch: StepBatch) -> dict[str, float]:
         if self.config.adv_estimator == "grpo":
             return {"hapo/tlga_shift": 0.0}
-        return {"hapo/tlga_shift": advantage_shift(adv, estimate("grpo", inputs, self.configs), inputs.mask)[1]}
+        return {"hapo/tlga_shift": advantage_shift(adv, estimate("grpo", inputs, self.config), inputs.mask)[1]}
 
     def after_update(self, batch: StepBatch, engine: Any) -> dict[str, float]:
         self.stats = entropy_stats(batch.entropy, batch.mask, **kwargs_for(entropy_stats, self.config))

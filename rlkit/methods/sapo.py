@@ -50,24 +50,20 @@ gate more than halved (f'(r) < 1/2): the tokens SAPO damps where GRPO's clip wou
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 
-from rlkit.core.aggregation import AGG_MODES
 from rlkit.core.masked import check_shapes, masked_mean, masked_share
 from rlkit.core.ppo import log_ratio, reduce_policy_loss
-from rlkit.registry import Method, knob, register_method, register_policy_loss
+from rlkit.registry import GroupKnobs, LossKnobs, Method, knob, register_method, register_policy_loss
 
 Tensor = torch.Tensor
 
 
 @dataclass
-class Config:
-    """SAPO hyperparameters (arXiv 2511.20347: Eq. 5 and its experiments)."""
-
-    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"agg": AGG_MODES}
-    """The values each choice field may take (checked by :func:`rlkit.registry.check_settings`)."""
+class Config(GroupKnobs, LossKnobs):
+    """SAPO hyperparameters (arXiv 2511.20347: Eq. 5 and its experiments): GRPO's group advantage, the gate's
+    temperatures."""
 
     tau_pos: float = knob(1.0, gt=0)
     """τ_pos: the gate's temperature for tokens with Â > 0 (the paper's 1.0); larger decays faster off-policy."""

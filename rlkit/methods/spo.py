@@ -46,12 +46,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from rlkit.core.aggregation import AGG_MODES
 from rlkit.core.groups import group_sum
 from rlkit.core.masked import check_shapes, masked_mean
 from rlkit.hooks import Hooks, StepBatch, draw, side_generator
 from rlkit.registry import (
-    AdvantageInputs, Method, OfflinePass, VerlKey, knob, kwargs_for, register_advantage, register_method,
+    AdvantageInputs, DualClipKnobs, Method, OfflinePass, VerlKey, knob, kwargs_for, register_advantage,
+    register_method,
 )
 
 Tensor = torch.Tensor
@@ -60,10 +60,12 @@ RHO_TYPES = ("kl", "constant")
 
 
 @dataclass
-class Config:
-    """SPO hyperparameters (verl recipe ``spo_trainer.yaml`` / ``train.sh``; the paper's where they agree)."""
+class Config(DualClipKnobs):
+    """SPO hyperparameters (verl recipe ``spo_trainer.yaml`` / ``train.sh``; the paper's where they agree): its own
+    advantage, and the PPO clip with the recipe's ε_low 0.2 and token-mean loss (``loss_agg_mode``), as
+    :mod:`rlkit.registry` declares them."""
 
-    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"agg": AGG_MODES, "rho_type": RHO_TYPES}
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"rho_type": RHO_TYPES}
     """The values each choice field may take (checked by :func:`rlkit.registry.check_settings`)."""
 
     rho_type: str = "kl"
@@ -86,14 +88,10 @@ class Config:
     """Added to the batch std in the advantage normalisation."""
     no_baseline: bool = False
     """Ablation (recipe ``no_baseline``, paper App. F): v̂ = 0, i.e. trainers pass zero baselines."""
-    clip_low: float = knob(0.2, ge=0)
-    """ε_low of the PPO clip (recipe)."""
-    clip_high: float = knob(0.28, ge=0)
+    clip_high: float = 0.28
     """ε_high of the PPO clip (recipe, clip-higher)."""
-    clip_c: float | None = knob(10.0, gt=1)
+    clip_c: float | None = 10.0
     """Dual-clip constant for negative advantages (recipe ``clip_ratio_c``)."""
-    agg: str = "token-mean"
-    """Loss aggregation (recipe ``loss_agg_mode``)."""
 
 
 # --------------------------------------------------------------------------- forgetting factor ρ

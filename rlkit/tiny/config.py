@@ -3,7 +3,7 @@
 
 Each method's settings are its ``Config`` from :mod:`rlkit.methods` under the method's name (``--set
 hapo.adv_beta=0.5``); the field names are the keyword names of the method's functions
-(:func:`rlkit.registry.kwargs_for`).
+(:func:`rlkit.registry.kwargs_for`). A run reads its own method's section only: setting another's is refused.
 """
 
 from __future__ import annotations
@@ -174,7 +174,8 @@ RLConfig = make_dataclass(
     bases=(RunSettings,), namespace={"__module__": __name__})
 RLConfig.__doc__ = """One tiny-engine run: the engine's settings (:class:`RunSettings`) and one section per registered
 method, its ``Config`` with the method's engine defaults (:attr:`rlkit.registry.Method.engine_defaults`): ``--set
-grpo.clip_high=0.28``. Field names are the CLI's ``--set`` keys and the notebooks' parameters. A method registered
+grpo.clip_high=0.28``. Field names are the CLI's ``--set`` keys and the notebooks' parameters. A run reads its own
+method's section alone; the others are recorded with it (``config.json``) at their defaults. A method registered
 after this module is imported has no section: it runs with its ``Config``'s defaults."""
 
 
@@ -225,9 +226,21 @@ def build_config(method: str, scale: str = "cpu", overrides: dict[str, Any] | No
     if not registry.get_method(method).grouped:  # one response per prompt, as many prompts as samples
         _apply(cfg, {"group_size": 1, "prompts_per_step": cfg.samples_per_step})
     for key, value in (overrides or {}).items():
+        _check_own_section(method, key)
         set_field(cfg, key, value)
     cfg.__post_init__()
     return cfg
+
+
+def _check_own_section(method: str, key: str) -> None:
+    """Refuse ``key`` of another method's section: a run's estimator and loss read its own method's ``Config``
+    alone (:func:`rlkit.registry.config_for`), so the value would change nothing."""
+    section, _, knob = key.partition(".")
+    if section != method and section in registry.list_methods()["method"]:
+        own = {f.name for f in fields(registry.get_method(method).config)}
+        hint = f": set {method}.{knob}" if knob in own else f" (its knobs are {method}.<knob>)"
+        raise InvalidSetting(f"{key}: a {method} run reads only its own method's settings, and {section}'s change "
+                             f"nothing in it{hint}")
 
 
 def default_config(scale: str = "cpu", overrides: dict[str, Any] | None = None) -> RLConfig:
@@ -308,8 +321,9 @@ def _choices() -> dict[str, tuple]:
             "rollout_correction": (None, *MODES), "old_logp_source": (None, "sampler", "trainer")}
 
 
-_POSITIVE = {"lr", "temperature", "grad_clip", "rollout_top_p", "sft.lr", "sft.grad_clip", "sft.d_model", "sft.n_layers", "sft.n_heads",
-             "sft.max_len", "sft.steps", "sft.batch_size", "sft.eval_size", "max_new_tokens", "sft.n_kv_heads"}
+_POSITIVE = {"lr", "temperature", "grad_clip", "rollout_top_p", "sft.lr", "sft.grad_clip", "sft.d_model",
+             "sft.n_layers", "sft.n_heads", "sft.max_len", "sft.steps", "sft.batch_size", "sft.eval_size",
+             "max_new_tokens", "sft.n_kv_heads"}
 """Fields that must be > 0 (when set: None stays allowed where the type allows it). A method's ranges are declared
 on its ``Config`` (:func:`rlkit.registry.knob`)."""
 _NON_NEGATIVE = {"warmup_steps", "staleness", "sft.warmup", "sft.weight_decay", "behav_imp_weight_cap"}

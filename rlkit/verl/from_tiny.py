@@ -146,31 +146,36 @@ def overrides(cfg: RLConfig) -> dict[str, Any]:
         keys.update(overlong(options.overlong_buffer, options.overlong_penalty))
         if keys["algorithm.filter_groups.enable"]:  # groups kept by correctness, before the shaping (as the tiny's)
             keys["algorithm.filter_groups.metric"] = "acc"
-    configs = cfg.method_configs
-    for name in _homes(cfg):  # the options of every method whose Config the run's functions read
-        keys.update(_method_options(name, configs[name]))
+    for name, section in _sections(cfg).items():
+        keys.update(_method_options(name, section))
     keys.pop(f"+algorithm.{cfg.method}.base_advantage", None)  # the tiny engine's base: the registry's default
     return keys
 
 
-def _homes(cfg: RLConfig) -> list[str]:
-    """The methods whose ``Config`` the run's estimator and loss read: their home methods, then the run's own."""
+def _sections(cfg: RLConfig) -> dict[str, Any]:
+    """Method → the ``Config`` of its ``+algorithm.<method>`` section: verl reads a function's knobs from its home
+    method's section, so each home of the run's estimator, loss and base estimator gets the knobs that function
+    takes from the run's own ``Config`` (a tiny run reads its own method's alone), the run's method its whole."""
     from rlkit import registry
 
+    own = cfg.method_configs[cfg.method]
     m = registry.get_method(cfg.method)
-    estimator = m.estimator(cfg.method_configs[cfg.method])
-    homes = [registry.home_method("advantage", estimator), registry.home_method("policy_loss", m.policy_loss)]
-    base = getattr(cfg.method_configs[cfg.method], "base_advantage", None)  # an estimator shaping another's
-    if base is not None:
-        homes.append(registry.home_method("advantage", base))
-    return [h for h in dict.fromkeys([*homes, cfg.method]) if h is not None]
+    base = getattr(own, "base_advantage", None)  # an estimator shaping another's
+    used = [("advantage", name, registry.get_advantage(name)) for name in (m.estimator(own), base) if name]
+    used.insert(1, ("policy_loss", m.policy_loss, registry.get_policy_loss(m.policy_loss)))
+    knobs: dict[str, dict[str, Any]] = {}
+    for kind, name, fn in used:
+        home = registry.home_method(kind, name)
+        if home is not None:
+            fields = {f.name for f in dataclasses.fields(registry.get_method(home).config)}
+            knobs.setdefault(home, {}).update((k, v) for k, v in registry.kwargs_for(fn, own).items() if k in fields)
+    return {home: own if home == cfg.method else registry.get_method(home).config(**values)
+            for home, values in {**knobs, cfg.method: {}}.items()}
 
 
 def _norm_by_std(cfg: RLConfig) -> bool:
-    """``norm_by_std`` of the first of the run's methods (:func:`_homes`, estimators first) whose Config has one."""
-    configs = cfg.method_configs
-    values = [getattr(configs[h], "norm_by_std") for h in _homes(cfg) if hasattr(configs[h], "norm_by_std")]
-    return bool(values[0]) if values else True
+    """The run's ``norm_by_std`` (True where its method's Config has none: verl's default)."""
+    return bool(getattr(cfg.method_configs[cfg.method], "norm_by_std", True))
 
 
 def prepare(cfg: RLConfig, root: str | os.PathLike, *, device: str = "cpu", progress: bool = True) -> dict[str, Path]:
