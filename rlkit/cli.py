@@ -224,6 +224,8 @@ def _reproduce(args: argparse.Namespace) -> int:
     except NotebookFailed as e:
         print(f"rlkit reproduce: {e}", file=sys.stderr)
         return 1
+    except RlkitError:  # a damaged run (exit 1), a bad path (exit 2): their own codes
+        raise
     except (KeyError, FileNotFoundError, ValueError) as e:
         raise UsageError(e.args[0] if e.args else str(e)) from None
     total = sum(done["minutes"].values())

@@ -485,6 +485,16 @@ def test_reuse_and_the_claims_refuse_a_damaged_finished_run(damage, grpo_copy):
     assert {p: p.read_bytes() for p in grpo_copy.rglob("*") if p.is_file()} == before
 
 
+def test_reproduce_refuses_to_reuse_a_damaged_run_before_training_anything(grpo_copy, capsys, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    named = damage_eval_missing(grpo_copy / "grpo" / "seed1")
+    before = tree(grpo_copy)
+    code, err = refused(["reproduce", "--only", "grpo", "--results", str(grpo_copy), "--workers", "1"], capsys,
+                        quiet=False)
+    assert code == 1 and f"{grpo_copy / 'grpo' / 'seed1' / 'eval.jsonl'}" in err and named in err, err
+    assert tree(grpo_copy) == before
+
+
 def test_smoke_results_are_said_not_to_be_expected_to_match():
     from rlkit.lab.reproduced import to_markdown
 
