@@ -5,12 +5,13 @@ from these, in this order:
 
 1. :data:`COMMON` — what every rlkit run sets (rlkit's trainer, vLLM, no KL, verl's ``file`` logger);
 2. :data:`DATASETS` — lengths, files, reward and validation of GSM8K (small models) and DAPO-Math (papers');
-3. :data:`PRESETS` — each method's hyperparameters, with the paper section each value comes from;
+3. :data:`PRESETS` — each method's hyperparameters, with the paper section each value comes from (a value its
+   ``Config`` already holds is read from there, :data:`DEFAULTS`);
 4. the batch, scaled to the GPUs (:func:`scaled_batch`), and the run's paths;
 5. the user's own overrides (after ``--``), which replace a preset's value for the same key.
 
 Keys with a leading ``+`` are not in verl's schema (Hydra adds them); the rest override verl's defaults. Nothing
-here imports verl, Hydra or torch: the CLI reads the method, dataset and device names from this module.
+here imports verl or Hydra: the CLI reads the method, dataset and device names from this module.
 
 Batch scaling. GSM8K presets keep the samples per GPU fixed (:data:`GSM8K_SAMPLES_PER_GPU`): prompts per
 step grow with the GPU count, and each method keeps its paper's responses per prompt and optimizer steps per
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlkit import registry
 from rlkit.environ import cache_root
 from rlkit.errors import UsageError
 from rlkit.verl import TRAINER
@@ -178,6 +180,12 @@ def _clip(low: float, high: float, c: float) -> dict[str, Any]:
             "actor_rollout_ref.actor.clip_ratio_c": c}
 
 
+DEFAULTS = {name: registry.get_method(name).config() for name in registry.list_methods()["method"]}
+"""rlkit method → its ``Config()``: the values its paper gives, written once in its module (:mod:`rlkit.methods`,
+with the section each comes from); a preset reads them here rather than restating them."""
+_GRPO_CLIP = _clip(0.2, 0.28, 10.0)  # SPO train.sh, shared by its GRPO runs (method notes: SPO)
+
+
 def _val(n: int, temperature: float, top_p: float | None = None, top_k: int | None = None) -> dict[str, Any]:
     """Validation sampling: ``n`` answers per problem (verl reports their mean accuracy, ``mean@n``)."""
     given = {"n": n, "temperature": temperature, "top_p": top_p, "top_k": top_k}
@@ -197,7 +205,7 @@ PRESETS: dict[str, Preset] = {
         keys={
             "algorithm.adv_estimator": "rlkit_grpo",
             "actor_rollout_ref.actor.policy_loss.loss_mode": "rlkit_ppo",
-            **_clip(0.2, 0.28, 10.0),  # SPO train.sh, shared by its GRPO runs (method notes: SPO)
+            **_GRPO_CLIP,
             "actor_rollout_ref.actor.loss_agg_mode": "token-mean",  # SPO recipe (method notes: SPO)
         },
         dapo={"data.max_response_length": 8192, **_SPO_VAL, **_SPO_FORMAT},  # SPO train.sh (method notes: SPO)
@@ -209,8 +217,9 @@ PRESETS: dict[str, Preset] = {
         keys={
             "algorithm.adv_estimator": "rlkit_grpo",
             "actor_rollout_ref.actor.policy_loss.loss_mode": "rlkit_gspo",
-            **_clip(3e-4, 4e-4, 10.0),  # ε_left 3e-4, ε_right 4e-4: paper §5.1; c = 10: verl's GSPO example
-            "actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-mean",  # Eq. 5's (1/G)Σ_i (method notes: GSPO)
+            # ε_left, ε_right: paper §5.1 (gspo.Config's); c = 10: verl's GSPO example
+            **_clip(DEFAULTS["gspo"].clip_low, DEFAULTS["gspo"].clip_high, 10.0),
+            "actor_rollout_ref.actor.loss_agg_mode": DEFAULTS["gspo"].agg,  # Eq. 5's (1/G)Σ_i (method notes: GSPO)
         },
         # verl's GSPO example on DAPO-Math: 8k responses, overlong penalty, validation top-p 0.7 at T 1.0
         dapo={"data.max_response_length": 8192, **overlong(), **_val(1, 1.0, 0.7)},
@@ -222,11 +231,12 @@ PRESETS: dict[str, Preset] = {
         keys={
             "algorithm.adv_estimator": "rlkit_aspo",
             "actor_rollout_ref.actor.policy_loss.loss_mode": "rlkit_ppo",
-            **_clip(0.2, 0.28, 10.0),  # DAPO's clip-higher (verl's DAPO recipe, HAPO recipes: c = 10)
-            "actor_rollout_ref.actor.loss_agg_mode": "token-mean",  # DAPO's token-level loss
+            # DAPO's clip-higher (verl's DAPO recipe, HAPO recipes: c = 10)
+            **_clip(DEFAULTS["dapo"].clip_low, DEFAULTS["dapo"].clip_high, 10.0),
+            "actor_rollout_ref.actor.loss_agg_mode": DEFAULTS["dapo"].agg,  # DAPO's token-level loss
             **_DYNAMIC_SAMPLING,  # DAPO (method notes: ASPO: "DAPO dynamic sampling removes all-correct groups")
-            "+algorithm.aspo.delta": -2.0,  # conservative setting, §4.5
-            "+algorithm.aspo.k": 0.7,  # §4.5
+            "+algorithm.aspo.delta": DEFAULTS["aspo"].delta,  # conservative setting, §4.5
+            "+algorithm.aspo.k": DEFAULTS["aspo"].k,  # §4.5
         },
         # §4.1: 16,384 tokens, 3 epochs, evaluation at T 0.6; AIME scored avg@16 (§4.5)
         dapo={"data.max_response_length": 16384, **overlong(), "trainer.total_epochs": 3, **_val(16, 0.6)},
@@ -239,8 +249,9 @@ PRESETS: dict[str, Preset] = {
         keys={
             "algorithm.adv_estimator": "rlkit_grpo",
             "actor_rollout_ref.actor.policy_loss.loss_mode": "rlkit_aepo",
-            **_clip(0.2, 0.28, 3.0),  # ARLArena math_agent_trainer.yaml (method notes: AEPO)
-            "actor_rollout_ref.actor.loss_agg_mode": "token-mean",  # both AEPO codes (method notes: implementation)
+            # ARLArena math_agent_trainer.yaml (method notes: AEPO)
+            **_clip(DEFAULTS["aepo"].clip_low, DEFAULTS["aepo"].clip_high, DEFAULTS["aepo"].clip_c),
+            "actor_rollout_ref.actor.loss_agg_mode": DEFAULTS["aepo"].agg,  # both codes (method notes: implementation)
         },
         dapo={"data.max_response_length": 16384},  # ARLArena's 4B script (its KL loss left off: coefficient?)
     ),
@@ -250,8 +261,8 @@ PRESETS: dict[str, Preset] = {
         keys={
             "algorithm.adv_estimator": "rlkit_spo",
             "actor_rollout_ref.actor.policy_loss.loss_mode": "rlkit_ppo",
-            **_clip(0.2, 0.28, 10.0),  # train.sh (method notes: SPO)
-            "actor_rollout_ref.actor.loss_agg_mode": "token-mean",
+            **_clip(DEFAULTS["spo"].clip_low, DEFAULTS["spo"].clip_high, DEFAULTS["spo"].clip_c),  # train.sh
+            "actor_rollout_ref.actor.loss_agg_mode": DEFAULTS["spo"].agg,
             "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": 8,  # train.sh (method notes: SPO)
         },
         dapo={"data.max_response_length": 8192, **_SPO_VAL, **_SPO_FORMAT,  # train.sh (method notes: SPO)
@@ -264,8 +275,9 @@ PRESETS: dict[str, Preset] = {
         keys={
             "algorithm.adv_estimator": "rlkit_hapo_tlga",  # B: token-level group average
             "actor_rollout_ref.actor.policy_loss.loss_mode": "rlkit_hapo",  # C, D: redistribution, clip
-            **_clip(0.2, 0.28, 10.0),  # paper's clip-higher 0.28 (the recipes: 0.2), c = 10 (method notes: HAPO)
-            "actor_rollout_ref.actor.loss_agg_mode": "token-mean",
+            # the paper's clip-higher (the recipes': 0.2), the recipes' c (method notes: HAPO)
+            **_clip(DEFAULTS["hapo"].clip_low, DEFAULTS["hapo"].clip_high, DEFAULTS["hapo"].clip_c),
+            "actor_rollout_ref.actor.loss_agg_mode": DEFAULTS["hapo"].agg,
             **_DYNAMIC_SAMPLING,
             "actor_rollout_ref.actor.optim.lr_warmup_steps": 10,  # recipes (method notes: HAPO)
             "actor_rollout_ref.actor.optim.weight_decay": 0.1,  # recipes (method notes: HAPO)
@@ -282,8 +294,9 @@ PRESETS: dict[str, Preset] = {
         keys={
             "algorithm.adv_estimator": "rlkit_grpo",  # GRPO's group advantage (Eq. 10)
             "actor_rollout_ref.actor.policy_loss.loss_mode": "rlkit_ppo",
-            **_clip(0.2, 0.28, 10.0),  # clip-higher ε_low 0.2, ε_high 0.28 (§3.1); c = 10: verl's DAPO recipe
-            "actor_rollout_ref.actor.loss_agg_mode": "token-mean",  # token-level loss (§3.3, Eq. 12)
+            # clip-higher ε_low, ε_high (§3.1); c = 10: verl's DAPO recipe
+            **_clip(DEFAULTS["dapo"].clip_low, DEFAULTS["dapo"].clip_high, 10.0),
+            "actor_rollout_ref.actor.loss_agg_mode": DEFAULTS["dapo"].agg,  # token-level loss (§3.3, Eq. 12)
             **_DYNAMIC_SAMPLING,  # dynamic sampling (§3.2, Eq. 11)
             "actor_rollout_ref.actor.optim.lr_warmup_steps": 20,  # lr 1e-6 with 20 warm-up steps (§4.1)
         },
@@ -297,13 +310,13 @@ PRESETS: dict[str, Preset] = {
         n=8, updates=8, dapo_prompts=128,  # GRPO's preset
         keys={
             "algorithm.adv_estimator": "rlkit_dr_grpo",  # Â = R − mean R (§3.2, Fig. 1) ...
-            "algorithm.norm_adv_by_std_in_grpo": False,  # ... no std: verl's key sets dr_grpo.norm_by_std
+            "algorithm.norm_adv_by_std_in_grpo": DEFAULTS["dr_grpo"].norm_by_std,  # ... no std: verl's key
             "actor_rollout_ref.actor.policy_loss.loss_mode": "rlkit_ppo",
-            **_clip(0.2, 0.28, 10.0),  # GRPO's preset
+            **_GRPO_CLIP,  # GRPO's preset
             # each response's token losses summed and divided by one constant, the generation budget (§3.2; the
             # paper's code divides by MAX_TOKENS): verl pads a micro-batch only to its longest response, so the
             # constant is set rather than left to the padded width
-            "actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-sum-norm",
+            "actor_rollout_ref.actor.loss_agg_mode": DEFAULTS["dr_grpo"].agg,
             "actor_rollout_ref.actor.loss_scale_factor": "${data.max_response_length}",
         },
         dapo={"data.max_response_length": 8192, **_SPO_VAL, **_SPO_FORMAT},  # GRPO's preset
@@ -318,8 +331,8 @@ PRESETS: dict[str, Preset] = {
             "actor_rollout_ref.actor.policy_loss.loss_mode": "rlkit_cispo",
             # ε_low^IS 1.0: no lower bound on the weight (§3.1); ε_high^IS tuned, value not given: DAPO's 0.28;
             # c: not read by CISPO (verl's default)
-            **_clip(1.0, 0.28, 3.0),
-            "actor_rollout_ref.actor.loss_agg_mode": "token-mean",  # Eq. 4's 1/Σ_i|o_i|
+            **_clip(DEFAULTS["cispo"].clip_low, DEFAULTS["cispo"].clip_high, 3.0),
+            "actor_rollout_ref.actor.loss_agg_mode": DEFAULTS["cispo"].agg,  # Eq. 4's 1/Σ_i|o_i|
         },
         dapo={"data.max_response_length": 8192, **_SPO_VAL, **_SPO_FORMAT},  # GRPO's preset
     ),
@@ -333,9 +346,9 @@ PRESETS: dict[str, Preset] = {
             "algorithm.adv_estimator": "rlkit_grpo",
             "actor_rollout_ref.actor.policy_loss.loss_mode": "rlkit_sapo",
             # no clip: SAPO reads none of verl's clip_ratio_* keys (verl's defaults stand)
-            "actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-mean",  # Eq. 5's (1/G) Σ_i (1/|y_i|) Σ_t
-            "+algorithm.sapo.tau_pos": 1.0,  # τ_pos, the paper's
-            "+algorithm.sapo.tau_neg": 1.05,  # τ_neg > τ_pos (Fig. 5); verl's actor.tau_* keys are not read
+            "actor_rollout_ref.actor.loss_agg_mode": DEFAULTS["sapo"].agg,  # Eq. 5's (1/G) Σ_i (1/|y_i|) Σ_t
+            "+algorithm.sapo.tau_pos": DEFAULTS["sapo"].tau_pos,  # τ_pos, the paper's
+            "+algorithm.sapo.tau_neg": DEFAULTS["sapo"].tau_neg,  # τ_neg > τ_pos (Fig. 5); verl's actor.tau_* unread
         },
         dapo={"data.max_response_length": 8192, **overlong(), **_val(1, 1.0, 0.7)},  # GSPO's preset
     ),
@@ -349,9 +362,9 @@ PRESETS: dict[str, Preset] = {
             "actor_rollout_ref.actor.policy_loss.loss_mode": "rlkit_gmpo",
             # ε_low = ε_high = 0.4 in log space: ratios within (e^-0.4, e^0.4), the paper's best (Table 4); verl's keys,
             # read in log space by this loss; no clip_ratio_c: GMPO has no dual clip
-            "actor_rollout_ref.actor.clip_ratio_low": 0.4,
-            "actor_rollout_ref.actor.clip_ratio_high": 0.4,
-            "actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-mean",  # the objective's (1/G) Σ_i
+            "actor_rollout_ref.actor.clip_ratio_low": DEFAULTS["gmpo"].clip_low,
+            "actor_rollout_ref.actor.clip_ratio_high": DEFAULTS["gmpo"].clip_high,
+            "actor_rollout_ref.actor.loss_agg_mode": DEFAULTS["gmpo"].agg,  # the objective's (1/G) Σ_i
         },
         # the paper's 3,000-token responses and greedy evaluation (Dr. GRPO's protocol, which it follows)
         dapo={"data.max_response_length": 3000, **_val(1, 0.0)},
