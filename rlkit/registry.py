@@ -256,11 +256,13 @@ def register_method(method: Method) -> Method:
 
 
 def make_hooks(method: str, configs: Mapping[str, Any] | None = None) -> Any:
-    """A run's instance of ``method``'s hooks (:mod:`rlkit.hooks`; the do-nothing defaults when it has none)."""
+    """A run's instance of ``method``'s hooks (:mod:`rlkit.hooks`; the do-nothing defaults when it has none), given
+    ``method``'s ``Config`` alone (its ``configs`` too hold only that one)."""
     from rlkit.hooks import Hooks
 
     m = get_method(method)
-    hooks = (m.hooks or Hooks)(config_for(method, configs), configs or {})
+    config = config_for(method, configs)
+    hooks = (m.hooks or Hooks)(config, {method: config})
     hooks.method = method
     return hooks
 

@@ -58,8 +58,10 @@ def test_a_run_reads_its_own_methods_config_and_no_other(method):
     assert registry.loss_kwargs(method, others) == registry.loss_kwargs(method, own)
     loss, _ = registry.policy_loss(method, *args, own, entropy=entropy)
     assert torch.equal(registry.policy_loss(method, *args, others, entropy=entropy)[0], loss)
+    hooks = registry.make_hooks(method, others)
+    assert hooks.config is own[method] and hooks.configs == own
     if registry.get_method(method).offline_pass is None:  # SPO's metrics read its tracker, filled by a run's start
-        registry.make_hooks(method, others).advantage_metrics(adv, inputs, None)
+        hooks.advantage_metrics(adv, inputs, None)
 
 
 def test_gspo_trains_with_its_own_group_advantage_knobs():
