@@ -15,7 +15,9 @@ import pytest
 from rlkit.cli import main
 from rlkit.lab import paths
 from rlkit.lab.book import executed_notebooks, fold_parameters, one_parameters_cell, results_shown
-from rlkit.lab.notebook import fold_checks, fold_registration, run_settings, show_source, source_view, tail
+from rlkit.lab.notebook import (
+    FOLD_LINES, fold_checks, fold_registration, run_settings, show_source, source_lines, source_view, tail,
+)
 from rlkit.lab.reproduce import load_specs
 
 REPO, BOOK_DIR = paths.project_root(), paths.book_dir()
@@ -27,7 +29,7 @@ METHOD_SPECS = {Path(s.notebook).stem: s for s in load_specs() if s.method_page}
 one."""
 SECTIONS = ["Background", "Key equations", "Implementation", "Checks on toy tensors", "Run it",
             "Results beside the paper's claim", "Logged metrics explained", "Pitfalls and deviations", "Exercises",
-            "References"]
+            "References", "Summary"]
 NOTES = REPO / "book" / "method_notes.md"
 
 
@@ -78,6 +80,12 @@ def test_method_page_anatomy(name):
     text = (REPO / "notebooks" / f"{name}.md").read_text()
     first_section = text.index("\n## ")
     assert "{admonition} Quick facts" in text[:first_section], f"{name}: no Quick facts box before the sections"
+    opening = text[:text.index("```{admonition}")]  # the title and the method in one paragraph, then when to use it
+    assert text.index("{admonition} When to use it") < text.index("{admonition} Quick facts"), \
+        f"{name}: no 'When to use it' box right after the opening paragraph"
+    assert "```{code-cell}" not in opening and opening.count("\n\n") <= 3, f"{name}: more than one opening paragraph"
+    summary = text[text.index("\n## Summary\n"):]
+    assert 3 <= len(re.findall(r"^- ", summary, re.M)) <= 5, f"{name}: the Summary is not 3–5 lines"
     assert "{admonition} Pseudocode: one training step" in text[:first_section], f"{name}: no pseudocode"
     assert re.findall(r"^## (.+)$", text, re.M) == SECTIONS
     assert "remove-cell" not in text, f"{name}: a hidden cell (imports must stay visible: hide-input)"
@@ -87,6 +95,19 @@ def test_method_page_anatomy(name):
     if f"({'notes-' + METHOD_SPECS[name].method})=" in NOTES.read_text():
         assert "<notes-" in text, f"{name}: no link to its method notes"
 
+
+
+
+def test_grpos_list_of_what_each_method_changes_names_every_method_page():
+    text = (REPO / "notebooks" / "01_grpo.md").read_text()
+    box = text[text.index("{admonition} From PPO to GRPO"):text.index("## Key equations")]
+    missing = [stem for stem in METHOD_SPECS if stem != "01_grpo" and f"{{doc}}`{stem}`" not in box]
+    assert not missing, f"GRPO's 'What each method changes' leaves out {missing}"
+
+def test_the_method_notes_have_a_section_for_every_method_page():
+    labels = re.findall(r"^\(notes-([\w-]+)\)=$", NOTES.read_text(), re.M)
+    missing = [s.method for s in METHOD_SPECS.values() if s.method not in labels]
+    assert not missing, f"book/method_notes.md has no section (notes-METHOD) for {missing}"
 
 def test_hapo_exercise_names_the_advantage_estimator_switch():
     text = (REPO / "notebooks" / "06_hapo.md").read_text()
@@ -309,13 +330,28 @@ def test_show_source_folds_registration_and_checks_and_keeps_every_line(monkeypa
 
     shown: list = []
     monkeypatch.setattr(IPython.display, "display", shown.append)
-    show_source(ppo_clip_loss)
-    header, code, full = shown
-    assert "registered by `@register_policy_loss(\"ppo\", method=\"grpo\")`" in header.data
-    assert "1 line of argument checks folded" in header.data
-    assert "@register" not in code.data and "raise" not in code.data and "log_r = log_ratio" in code.data
+    show_source(ppo_clip_loss, fold=True)
+    listing, full = shown  # folded: each under its one-line summary
+    summary = html.unescape(re.search(r"<summary>(.*?)</summary>", listing.data, re.S)[1])
+    assert "registered by `@register_policy_loss(\"ppo\", method=\"grpo\")`" in summary
+    assert "1 line of argument checks folded" in summary
+    code = html.unescape(re.sub(r"<[^>]+>", "", listing.data.split("</summary>", 1)[1]))
+    assert listing.data.startswith("<details")
+    assert "@register" not in code and "raise" not in code and "log_r = log_ratio" in code
     every_line = html.unescape(re.sub(r"<[^>]+>", "", full.data))
     assert full.data.startswith("<details") and source_view(ppo_clip_loss).full.strip() in every_line
+
+    shown.clear()
+    show_source(ppo_clip_loss, fold=False)  # unfolded: the header, the math, every line
+    header, code, full = shown
+    shown.clear()
+    show_source(ppo_clip_loss)  # by its length
+    assert len(shown) == 2 if len(source_view(ppo_clip_loss).shown.splitlines()) > FOLD_LINES else len(shown) == 3
+    assert "1 line of argument checks folded" in header.data and "log_r = log_ratio" in code.data
+    assert source_lines(ppo_clip_loss, "log_ratio(", "clipped_surrogate(").splitlines()[0].endswith(
+        "log_r = log_ratio(logp, old_logp)")
+    with pytest.raises(ValueError, match="no line contains"):
+        source_lines(ppo_clip_loss, "no such line")
 
     source = "@dataclass\n@register_advantage(\n    'x', method='m')\ndef f(x):\n    return x\n"
     assert fold_registration(source) == ("@dataclass\ndef f(x):\n    return x\n",
@@ -664,7 +700,7 @@ def test_the_method_list_rule_catches_a_method_the_pages_do_not_follow(monkeypat
 
 # The book's lists of the methods — the table of contents, the intro's and the papers page's tables, the Full-scale
 # runs page's commands — are generated from the specs and the registry (rlkit.lab.book_pages), never typed.
-@pytest.mark.parametrize("name", ["_toc.yml", "intro.md", "papers.md", "full_scale_runs.md"])
+@pytest.mark.parametrize("name", ["_toc.yml", "intro.md", "papers.md", "full_scale_runs.md", "method_notes.md"])
 def test_the_books_generated_lists_are_up_to_date(name):
     from rlkit.lab import book_pages
 
@@ -675,22 +711,36 @@ def test_the_books_generated_lists_are_up_to_date(name):
 
 
 
+
+def test_the_overviews_references_name_every_method_page():
+    """The overview's references are generated from the specs (every method page's paper), not typed."""
+    from rlkit.lab import book_pages
+
+    overview = REPO / "notebooks" / "00_overview.md"
+    assert overview in book_pages.generated_pages()
+    text = overview.read_text()
+    assert book_pages.update_book_page(text) == text, "00_overview.md is stale: python -m rlkit.lab.book_pages"
+    block = text[text.index("<!-- rlkit references -->"):]
+    assert all(f"{{cite:p}}`{s.paper}`" in block for s in METHOD_SPECS.values())
+
 def test_the_verdict_legend_is_read_from_the_verdict_words_in_five_lines():
     """The legend beside every claims table and in the intro comes from the verdict constants and glossary: no
     verdict word is typed twice, and a table's legend names only the words it uses and the seeds it was judged on."""
     from rlkit.lab import book_pages
-    from rlkit.lab.claims import HOLDS, INCONCLUSIVE, VERDICTS
+    from rlkit.lab.claims import INCONCLUSIVE, VERDICTS
     from rlkit.lab.report import GLOSSARY
+
+    first = VERDICTS[0]  # the claim shown
 
     everything = book_pages.verdict_legend()
     assert [term for term, _ in everything] == ["verdicts", "interval (CI)", "margin", "seeds", "rules"]
     assert [word for word, _ in everything[0][1]] == [v for v in VERDICTS if v in GLOSSARY]
-    records = [{"verdict": HOLDS, "interval": [0.1, 0.2], "seeds": [0, 1, 2]},
+    records = [{"verdict": first, "interval": [0.1, 0.2], "seeds": [0, 1, 2]},
                {"verdict": INCONCLUSIVE, "interval": [-0.1, 0.2], "seeds": list(range(12))}]
     legend = book_pages.verdict_legend(records)
-    assert legend[0][1] == [(HOLDS, GLOSSARY[HOLDS]), (INCONCLUSIVE, GLOSSARY[INCONCLUSIVE])]
+    assert legend[0][1] == [(first, GLOSSARY[first]), (INCONCLUSIVE, GLOSSARY[INCONCLUSIVE])]
     assert "judged on 3–12 seeds" in legend[3][1]
-    html_box = book_pages.verdict_legend_html(records, rules_href="07_comparison.html#verdict-rules")
+    html_box = book_pages.verdict_legend_html(records, rules_html="<a href='07_comparison.html#verdict-rules'>")
     assert html_box.count("<li>") == 5 and "07_comparison.html#verdict-rules" in html_box
     intro = (BOOK_DIR / "intro.md").read_text()
     assert book_pages.verdict_legend_markdown() in intro  # defined once in the intro, from the same lines
@@ -814,3 +864,20 @@ def test_the_typed_share_rule_catches_a_measured_percentage():
     assert _typed_run_numbers("left, not the property: 0.73–0.85% over steps 1–15") == ["0.73–0.85%"]
     assert _typed_run_numbers("the clip binds on about 0.02% of tokens, where 4–5% of tokens") == ["0.02%", "4–5%"]
     assert not _typed_run_numbers("a 14B model; p(1 − p)/(G − 1) ≈ 0.016 at G = 8")
+
+
+def test_the_worked_example_is_every_method_on_one_group_by_hand():
+    """The overview's worked example: a row per registered method, computed by the registered functions; GRPO's row
+    is the hand computation the page prints (mean 3/8, unbiased std 0.5175, clip 0.2/0.28)."""
+    from rlkit.lab.notebook import worked_example
+    from rlkit.registry import list_methods
+
+    table = worked_example()
+    assert set(table.index) == set(list_methods()["method"])
+    grpo = table.loc["grpo"]
+    assert grpo["Â of the right answers"] == "+1.208" and grpo["Â of the wrong answers"] == "-0.725"
+    assert grpo["weight at r = 1.5 (right)"] == "0.000" and grpo["weight at r = 0.7 (wrong)"] == "0.000"
+    by_hand = (-1.2076 * 1.28 + 0.7246 * 0.8 - 2 * 1.2076 + 4 * 0.7246) / 8
+    assert abs(float(grpo["loss"]) - by_hand) < 1e-3
+    assert table.loc["cispo", "weight at r = 1.5 (right)"] == "1.280"  # its clipped weight, kept
+    assert len(table.loc["aspo", "Â of the right answers"].split(", ")) == 3  # earlier calls, larger advantages

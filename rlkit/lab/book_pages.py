@@ -12,7 +12,9 @@ engines* page and those that have none yet (:func:`twins_block`, from :func:`rlk
 ``book/intro.md``, ``<!-- rlkit method pages -->`` is the table of the method pages (:func:`method_pages_table`);
 on ``book/papers.md``, ``<!-- rlkit papers -->`` the table of papers (:func:`papers_table`); on the project's
 ``README.md``, ``<!-- rlkit methods -->`` the table of the methods and their modules (:func:`methods_table`);
-``book/_toc.yml`` lists the method pages between ``# rlkit method pages`` and ``# end``, and the topic pages
+on ``notebooks/00_overview.md``, ``<!-- rlkit references -->`` every method cited by its paper
+(:func:`references_line`); on ``book/intro.md``, ``<!-- rlkit verdicts -->`` the verdict legend
+(:func:`verdict_legend_markdown`); ``book/_toc.yml`` lists the method pages between ``# rlkit method pages`` and ``# end``, and the topic pages
 between ``# rlkit topic pages`` and ``# end`` (:func:`toc_block`).
 
 The method pages are the specs that train a method on its own page (:func:`method_specs`), in notebook order, each named by its
@@ -120,21 +122,26 @@ def verdict_legend_markdown(records: Sequence[Mapping[str, Any]] | None = None) 
     return "<!-- rlkit verdicts -->\n" + "\n".join(lines) + "\n<!-- end -->"
 
 
-def verdict_legend_html(records: Sequence[Mapping[str, Any]] | None = None, rules_href: str = "") -> str:
+def verdict_legend_html(records: Sequence[Mapping[str, Any]] | None = None, rules_html: str = "") -> str:
     """:func:`verdict_legend` as HTML, the box beside a claims table, one line a term (the verdict words of
-    ``records`` on the first); the rules line links to ``rules_href``."""
+    ``records`` on the first); ``rules_html``, where given, is the rules line's text (a link to them)."""
     items = []
     for term, meaning in verdict_legend(records):
         if term == "verdicts":
             body = "; ".join(f"<i>{escape(word)}</i>: {escape(gloss)}" for word, gloss in meaning)
         else:
-            body = escape(meaning) + (f": <a href='{escape(rules_href)}'>verdict rules</a>" if term == "rules"
-                                      and rules_href else "")
+            body = rules_html if term == "rules" and rules_html else escape(meaning)
         items.append(f"<li><b>{escape(term)}</b>: {body}</li>")
     return f"<div class='rlkit-legend'><p class='rlkit-legend-title'>Reading the verdicts</p><ul>{''.join(items)}</ul></div>"
 
 
-_BLOCK = re.compile(r"<!-- rlkit (presets|twins|cpu command|cpu launches|method pages|methods|papers|verdicts|"
+def references_line(specs_dir: Path | None = None) -> str:
+    """The overview's references: every method page's method by name, cited (its spec's paper), in notebook order."""
+    cited = ", ".join(f"{display_name(s)} {{cite:p}}`{s.paper}`" for s in method_specs(specs_dir))
+    return f"<!-- rlkit references -->\nThe methods: {cited}; the full list is on {{doc}}`../papers`.\n<!-- end -->"
+
+
+_BLOCK = re.compile(r"<!-- rlkit (presets|twins|cpu command|cpu launches|method pages|methods|papers|verdicts|references|"
                     r"launch (\w+) (\w+)) -->\n.*?<!-- end -->", re.S)
 _RUNS = re.compile(r"<!-- rlkit runs (\w+) -->\n.*?<!-- end runs -->", re.S)
 _TOC = re.compile(r"^( *)# rlkit (method|topic) pages\n.*?^ *# end\n", re.S | re.M)
@@ -346,22 +353,25 @@ def update_book_page(text: str) -> str:
         fixed = {"presets": presets_table, "twins": twins_block, "cpu command": cpu_command,
                  "cpu launches": launches_table,
                  "method pages": method_pages_table, "methods": methods_table,
-                 "papers": papers_table, "verdicts": verdict_legend_markdown}.get(match.group(1))
+                 "papers": papers_table, "verdicts": verdict_legend_markdown,
+                 "references": references_line}.get(match.group(1))
         return fixed() if fixed else book_block(match.group(2), match.group(3))
 
     text = _TOC.sub(lambda m: toc_block(m.group(1), kind=m.group(2)), text)
     return _BLOCK.sub(render, _RUNS.sub(lambda m: runs_block(m.group(1)), text))
 
 
-BOOK_PAGES = ("_toc.yml", "intro.md", "papers.md", "full_scale_runs.md")
+BOOK_PAGES = ("_toc.yml", "intro.md", "papers.md", "full_scale_runs.md", "method_notes.md")
 """The book's hand-written files that hold generated blocks."""
+PROJECT_PAGES = ("README.md", "notebooks/00_overview.md")
+"""The project's other files that hold them: the README's table of the methods, the overview's references."""
 
 
 def generated_pages(book: Path | None = None) -> list[Path]:
     """Every hand-written file that holds generated blocks: :data:`BOOK_PAGES` in ``book`` (default: the
-    project's) and the project's ``README.md``."""
+    project's) and the project's :data:`PROJECT_PAGES`."""
     pages = [Path(book or paths.book_dir()) / name for name in BOOK_PAGES]
-    return [*pages, paths.project_root() / "README.md"]
+    return [*pages, *(paths.project_root() / name for name in PROJECT_PAGES)]
 
 
 def update_book(book: Path | None = None) -> list[Path]:

@@ -17,11 +17,16 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from rlkit.lab import claims, findings, judge, paths, plots, report
+from rlkit.lab.book_pages import verdict_legend_html
 from rlkit.lab.claims import run_name
 from rlkit.lab.runs import Run, available_seeds
 from rlkit.lab.reproduce import ensure_run, get_spec
 
+
+pd.set_option("display.max_colwidth", None)  # a page's tables print every value whole: no "0.26..." in a cell
 
 REGISTRATION = "register"
 """A decorator whose name starts with this enters the function into :mod:`rlkit.registry`: plumbing, which
@@ -71,19 +76,61 @@ def fold_registration(source: str) -> tuple[str, list[str]]:
     return "".join(lines), [f"@{ast.get_source_segment(source, d)}" for d in plumbing]
 
 
-def show_source(*objects: Any, checks: bool = False) -> None:
+FOLD_LINES = 24
+"""A listing longer than this many lines is shown in a dropdown (:func:`show_source`): a page keeps the short
+functions where an equation becomes code visible, and a whole listing one click away."""
+
+
+def show_source(*objects: Any, checks: bool = False, fold: bool | None = None) -> None:
     """Display the source of functions, classes or modules, highlighted, each under its qualified name: the math
-    first (:func:`source_view`: registration and argument checks folded), then, where anything was folded, every
-    line in a dropdown. ``checks=True`` shows every line at once."""
+    (:func:`source_view`: registration and argument checks folded), then, where anything was folded, every line in
+    a second dropdown. ``fold`` True puts the listing itself in a dropdown under its one-line header, False shows it;
+    None (the default) folds a listing longer than :data:`FOLD_LINES` (the lines where the equations live can stay
+    visible beside it: :func:`show_lines`). ``checks=True`` shows every line at once."""
     from IPython.display import HTML, Code, Markdown, display
 
     for obj in objects:
         view = source_view(obj, checks=checks)
-        display(Markdown(f"`{view.name}` — `{view.where}`, {'; '.join(view.notes)}"))
-        display(Code(view.shown, language="python"))
+        header = f"`{view.name}` — `{view.where}`, {'; '.join(view.notes)}"
+        if fold or fold is None and len(view.shown.splitlines()) > FOLD_LINES:
+            display(HTML(f'<details class="rlkit-source"><summary>Source of <code>{escape(view.name)}</code> '
+                         f"({len(view.shown.splitlines())} lines; {escape(view.where)}, {escape('; '.join(view.notes))})"
+                         f"</summary>{Code(view.shown, language='python')._repr_html_()}</details>"))
+        else:
+            display(Markdown(header))
+            display(Code(view.shown, language="python"))
         if view.shown != view.full:
             display(HTML(f'<details class="rlkit-source"><summary>Full source of <code>{escape(view.name)}</code>, '
                          f"every line</summary>{Code(view.full, language='python')._repr_html_()}</details>"))
+
+
+def source_lines(obj: Any, *needles: str) -> str:
+    """The lines of ``obj``'s source (as :func:`source_view` shows it) that contain any of ``needles``, each with its
+    line number in its file, ``…`` where lines were skipped: the few lines where the equations live."""
+    view = source_view(obj)
+    first = inspect.getsourcelines(obj)[1]
+    full = view.full.splitlines()
+    out, last = [], None
+    for i, line in enumerate(full):
+        if any(n in line for n in needles):
+            if last is not None and i > last + 1:
+                out.append("    …")
+            out.append(f"{first + i:4d}  {line}")
+            last = i
+    missing = [n for n in needles if not any(n in line for line in full)]
+    if missing:
+        raise ValueError(f"{view.name}: no line contains {missing}")
+    return "\n".join(out)
+
+
+def show_lines(obj: Any, *needles: str) -> None:
+    """Display :func:`source_lines` under the function's name and file: the equation-to-line excerpt a page keeps
+    visible above its folded listings (:func:`show_source`)."""
+    from IPython.display import Code, Markdown, display
+
+    view = source_view(obj)
+    display(Markdown(f"`{view.name}` — `{view.where}`"))
+    display(Code(source_lines(obj, *needles), language="python"))
 
 
 def _call_name(node: ast.AST) -> str:
@@ -317,9 +364,9 @@ def regime_settings(method: str, scale: str, regime: str = "stress") -> str:
             "run's.")
 
 
-RULES_LINK = ("<p>What each verdict word means and how verdicts are reached — intervals, margins, the seed rule — "
-              "is stated once, on <a href='07_comparison.html#verdict-rules'>the comparison page</a>.</p>")
-"""The link every claims table ends with: the verdict words and rules are stated once in the book (the comparison
+RULES_LINK = ("every rule — intervals, margins, the seed rule — in one paragraph, on "
+              "<a href='07_comparison.html#verdict-rules'>the comparison page</a>")
+"""The last line of the legend under every claims table: the rules are stated once in the book (the comparison
 page), not repeated under each table."""
 
 
@@ -356,15 +403,17 @@ def note_html(note: str | None) -> str:
 def claims_table(name: str, *, seed: int | None = None, seeds: int | None = None,
                  results: str | Path | None = None):
     """The spec's claims (the rules: :data:`rlkit.lab.report.RULES`) as HTML: a "What we found" box in plain
-    sentences, the narrow table (claim and finding, estimate, coloured verdict; details folded) and a link to the
-    verdict words and rules, stated once on the comparison page (:data:`RULES_LINK`). The records: :func:`claim_records` (with ``seeds`` None, those the reproduction saved in
-    ``claims.json``; judged now only where there are none, or on other explicit seeds — then said above the table)."""
+    sentences, the narrow table (claim and finding, estimate, coloured verdict; details folded) and the verdict
+    legend beside it (:func:`rlkit.lab.book_pages.verdict_legend_html`: the words it uses, the interval, the margin,
+    the seeds, and a link to the rules, stated once on the comparison page: :data:`RULES_LINK`). The records:
+    :func:`claim_records` (with ``seeds`` None, those the reproduction saved in ``claims.json``; judged now only where
+    there are none, or on other explicit seeds — then said above the table)."""
     records, note = claim_records(name, seed=seed, seeds=seeds, results=results)
     from IPython.display import HTML
 
     collapses = records_sentences(records)[1:]  # its first sentence, the counts, opens the "What we found" box
     return HTML(note_html(note) + (say_html(collapses) if collapses else "")
-                + report.found_box(records) + report.html(records) + RULES_LINK)
+                + report.found_box(records) + report.html(records) + verdict_legend_html(records, RULES_LINK))
 
 
 # ------------------------------------------------------------------------------------------------ words after results
@@ -539,3 +588,149 @@ def anatomy_table() -> str:
             rows.append(f"| {label} | " + " | ".join(spec.anatomy[k] for k in ANATOMY) + " |")
     return "\n".join(rows)
 
+
+
+# ------------------------------------------------------------------------------------------------ the worked example
+
+EXAMPLE_REWARDS = (1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0)
+"""The overview's worked example: one group of eight answers to one prompt, three of them right."""
+EXAMPLE_RATIOS = (1.5, 0.7, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0)
+"""Each answer's one token's ratio π_θ/π_old after some updates: the first right answer's has risen to 1.5, the
+first wrong one's fallen to 0.7, the rest unmoved."""
+EXAMPLE_FIRST_CALLS = (2.0, -1.0, 6.0, 3.0, -1.0, 10.0, 4.0, -1.0)
+"""Where each answer first calls the calculator (−1: never), out of 12 tokens: what ASPO's bias reads."""
+
+
+def worked_example(methods: Sequence[str] | None = None) -> pd.DataFrame:
+    """One group of eight answers (:data:`EXAMPLE_REWARDS`, one token each, at :data:`EXAMPLE_RATIOS`) carried
+    through every registered method (default: :func:`rlkit.lab.plots.methods`, the book's order) by the registered
+    functions with the tiny engine's settings: the advantages of the right and wrong answers
+    (:func:`rlkit.registry.advantage`), the gradient weight of the token at ratio 1.5 (right) and 0.7 (wrong)
+    (:func:`rlkit.lab.stability.gradient_weight`: 1 is the plain policy gradient, 0 a token the loss drops) and the
+    group's loss (:func:`rlkit.registry.policy_loss`). SPO, which has no groups, sees eight prompts whose tracked
+    value is 0.5; methods that read entropy see 1 nat at every token."""
+    import torch
+
+    from rlkit import registry
+    from rlkit.lab.stability import gradient_weight
+    from rlkit.tiny.config import build_config
+
+    rewards = torch.tensor(EXAMPLE_REWARDS, dtype=torch.float64)
+    n = len(rewards)
+    mask = torch.ones(n, 1, dtype=torch.float64)
+    inputs = registry.AdvantageInputs(
+        rewards, ["prompt"] * n, mask, correct=rewards.bool(), first_code_pos=torch.tensor(EXAMPLE_FIRST_CALLS),
+        lengths=torch.full((n,), 12.0), code_pass=torch.ones(n, dtype=torch.bool),
+        baselines=torch.full((n,), 0.5))
+    right = rewards.bool()
+    rows = {}
+    for method in methods or plots.methods():
+        configs = build_config(method, "cpu").method_configs
+        adv = registry.advantage(method, inputs, configs).to(torch.float64)
+        logp = torch.tensor(EXAMPLE_RATIOS, dtype=torch.float64).log().unsqueeze(1)
+        entropy = torch.ones_like(logp) if registry.get_method(method).needs_entropy(configs[method]) else None
+        loss, _ = registry.policy_loss(method, logp, torch.zeros_like(logp), adv, mask, configs, entropy=entropy)
+        rows[method] = {
+            "Â of the right answers": ", ".join(dict.fromkeys(f"{a:+.3f}" for a in adv[right, 0].tolist())),
+            "Â of the wrong answers": ", ".join(dict.fromkeys(f"{a:+.3f}" for a in adv[~right, 0].tolist())),
+            "weight at r = 1.5 (right)": f"{gradient_weight(method, EXAMPLE_RATIOS[0], 1.0):.3f}",
+            "weight at r = 0.7 (wrong)": f"{gradient_weight(method, EXAMPLE_RATIOS[1], -1.0):.3f}",
+            "loss": f"{loss.item():+.4f}",
+        }
+    return pd.DataFrame.from_dict(rows, orient="index").rename_axis("method")
+
+
+# ------------------------------------------------------------------------------------------------ the comparison page
+
+def judged(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The records with an interval: the claims the runs decided or left inconclusive (not the untestable, the
+    dropped, or those whose mechanism stayed idle)."""
+    return [r for r in records if r.get("interval") is not None and None not in r["interval"]]
+
+
+def verdict_counts(records: Sequence[Mapping[str, Any]]) -> str:
+    """One sentence counting ``records`` by verdict, in the verdict words' order (:data:`rlkit.lab.claims.VERDICTS`):
+    the count every other place that counts the claims should agree with (it is computed from the same records)."""
+    words = list(claims.VERDICTS) + sorted({r["verdict"] for r in records} - set(claims.VERDICTS))
+    counts = {v: sum(r["verdict"] == v for r in records) for v in words}
+    words = "; ".join(f"{n} {v}" for v, n in counts.items() if n)
+    return f"Of the {len(records)} claims, {len(judged(records))} were judged on intervals: {words}."
+
+
+def claims_summary_html(records: Sequence[Mapping[str, Any]]) -> str:
+    """Every claim in one line each — its method, its statement, its verdict (coloured as the claims tables) —
+    under :func:`verdict_counts`: the comparison page's first screen, the whole answer before the curves."""
+    rows = "".join(
+        f"<tr><td>{escape(str(r['id']).rsplit('-', 1)[0])}</td><td>{escape(r['statement'])}</td>"
+        f"<td style='background-color:{report.COLOURS.get(r['verdict'], 'white')}'>{escape(r['verdict'])}</td></tr>"
+        for r in records)
+    return (f"<p>{escape(verdict_counts(records))}</p><table class='rlkit-claims rlkit-summary'><thead><tr>"
+            f"<th>method</th><th>claim</th><th>verdict</th></tr></thead><tbody>{rows}</tbody></table>")
+
+
+NON_INFERIORITY = ("not lower", "within ±margin")
+"""Words of a record's rule that make it a claim of no loss (non-inferiority, equality) rather than of a gain."""
+
+
+def forest_panels(records: Sequence[Mapping[str, Any]], width: int = 44):
+    """The forest plot in two panels: the claims of a gain (superiority: it holds right of +1 margin) and those of no
+    loss (non-inferiority and equality: it holds while the interval stays right of −1, or inside ±1), each claim's
+    estimate and interval in units of its margin, signed so that the claimed direction points right, and labelled
+    by its whole statement (wrapped at ``width`` characters). Returns the figure."""
+    import textwrap
+
+    import matplotlib.pyplot as plt
+
+    shown = [r for r in judged(records) if r["margin"]]
+    kinds = {"claims of a gain (superiority): hold right of +1":
+             [r for r in shown if not any(w in (r.get("rule") or "") for w in NON_INFERIORITY)],
+             "claims of no loss (non-inferiority, equality): hold right of −1":
+             [r for r in shown if any(w in (r.get("rule") or "") for w in NON_INFERIORITY)]}
+    kinds = {k: v for k, v in kinds.items() if v}
+    labels = {id(r): textwrap.fill(f"{str(r['id']).rsplit('-', 1)[0]}: {r['statement']}", width)
+              for r in shown}
+    heights = [sum(labels[id(r)].count("\n") + 1 for r in rs) * 0.16 + 0.16 * len(rs) + 0.8 for rs in kinds.values()]
+    fig, axes = plt.subplots(len(kinds), 1, figsize=(plots.PAGE_WIDTH, sum(heights) + 1.0), squeeze=False,
+                             gridspec_kw={"height_ratios": heights})
+    for ax, (title, rs) in zip(axes[:, 0], kinds.items()):
+        ax.axvspan(-1, 1, color="#dddddd", alpha=0.6, lw=0)
+        ax.axvline(0, color="#777777", lw=0.8)
+        for y, r in enumerate(reversed(rs)):
+            sign = -1.0 if r["direction"] == "lower" else 1.0
+            lo, hi = sorted(sign * v / r["margin"] for v in r["interval"])
+            colour = report.MARKERS.get(r["verdict"], "#999999")
+            ax.plot([lo, hi], [y, y], color=colour, lw=2)
+            ax.plot(sign * r["estimate"] / r["margin"], y, report.SHAPES.get(r["verdict"], "o"), color=colour, ms=6)
+        ax.set_yticks(range(len(rs)), [labels[id(r)] for r in reversed(rs)], fontsize=8.5)
+        ax.set_ylim(-0.7, len(rs) - 0.3)
+        ax.set_title(title, fontsize=10, loc="left")
+        ax.grid(axis="x", alpha=0.3)
+    axes[-1, 0].set_xlabel("difference in the claimed direction, in units of the claim's margin (its CI)")
+    handles = [plt.Line2D([], [], color=c, marker=report.SHAPES.get(v, "o"), lw=2, label=v)
+               for v, c in report.MARKERS.items() if any(r["verdict"] == v for r in shown)]
+    fig.tight_layout()
+    fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2, frameon=False, fontsize=9)
+    return fig
+
+
+def accuracy_multiples(runs: Sequence[Run], metric: str = "val/acc", baseline: str = "grpo", ncols: int = 4):
+    """Held-out accuracy as small multiples: one panel per method (the book's order), its runs' mean over seeds with
+    the seeds' band in its colour, the ``baseline`` method's mean in grey behind every other panel, on one y-scale.
+    Returns the figure."""
+    groups = plots.by_method(runs)
+    names = [m for m in plots.methods() if m in groups] + [m for m in groups if m not in plots.methods()]
+    fig, axes, _ = plots.panels(len(names), ncols=ncols, height=2.1, sharex=True, sharey=True)
+    base = plots.seed_band(groups[baseline], metric) if baseline in groups else None
+    for ax, name in zip(axes, names):
+        band = plots.seed_band(groups[name], metric)
+        if base is not None and name != baseline:
+            ax.plot(base.index, base["mean"], color="#bbbbbb", lw=1.5, label=baseline)
+        colour = plots.method_color(groups[name][0].method)
+        ax.plot(band.index, band["mean"], color=colour, lw=1.8)
+        ax.fill_between(band.index, band["low"], band["high"], color=colour, alpha=0.2, lw=0)
+        ax.set_title(f"{name} ({len(groups[name])} seeds)", fontsize=10)
+        ax.grid(alpha=0.3)
+    for ax in axes[-ncols:]:
+        ax.set_xlabel("RL step")
+    fig.tight_layout()
+    return fig
