@@ -56,6 +56,24 @@ WIDTH = """() => {
 
 
 FIRST_SCREENS = 1800  # CSS px from the top of a method page that show the method, not code output
+SCREEN = 800  # CSS px: one screen of a 1280 × 800 laptop
+MAX_SCREENS = 15  # a method page's length, in screens, with its dropdowns and folded cells closed
+OVER_BUDGET = {"01_grpo": 17, "02_gspo": 19, "03_aspo": 22, "04_aepo": 20, "05_spo": 30, "06_hapo": 31}
+"""The method pages still longer than :data:`MAX_SCREENS` (issue 47), each with the most screens it may take: a
+ratchet — measured at 1280 × 800 on the published runs (16.0, 18.0, 20.8, 19.2, 28.5, 29.9 screens), a page may
+only shrink, and one that fits the budget must leave this list."""
+METHOD_PAGE_HTML = {f"notebooks/{Path(s.notebook).stem}.html" for s in load_specs() if s.method_page}
+READING = """screen => {
+  const column = document.querySelector('article.bd-article');
+  const sections = [...column.querySelectorAll('section > h2')].map(h => h.textContent.replace(/#$/, '').trim());
+  const when = [...column.querySelectorAll('.admonition')].find(a => /When to use it/.test(a.textContent));
+  const cut = [...column.querySelectorAll('table td, table th')].map(c => c.textContent.trim())
+    .filter(t => /\.\.\.$|\u2026$/.test(t) && t.length > 3);
+  const summary = column.querySelector('table.rlkit-summary');
+  return {screens: document.documentElement.scrollHeight / screen, sections,
+          answer: summary ? summary.getBoundingClientRect().top + window.scrollY : null,
+          when: when ? when.getBoundingClientRect().bottom + window.scrollY : null, cut};
+}"""
 A_METHOD_PER_PAGE = {f"notebooks/{Path(s.notebook).stem}.html" for s in load_specs() if s.method}
 EARLY_OUTPUT = """limit => [...document.querySelectorAll('article.bd-article .cell_output')]
   .filter(e => e.textContent.trim() || e.querySelector('img'))
@@ -212,6 +230,35 @@ def test_book_builds_with_warnings_as_errors(book):
         tags = [c.get("metadata", {}).get("tags", []) for c in json.loads(staged.read_text())["cells"]]
         assert sum("parameters" in t for t in tags) == 1, f"{staged.name}: one parameters cell a page"
         assert not any("injected-parameters" in t for t in tags), staged.name
+    leaks = machine_paths(html, [book.parents[3], paths.project_root()])  # <tmp>/book/_build/html/index.html
+    assert not leaks, f"the built book names paths of the machine that built it: {leaks[:5]}"
+
+
+MACHINE_PATH = re.compile(r"(?<![\w.:/~-])/(?:tmp|work|home|root|Users|var|private|mnt|opt|srv|scratch)/[\w.@+-]+")
+"""An absolute path on a machine (a home, a scratch or temporary folder): a page names the project's files
+relative to it, never where a machine keeps them."""
+
+
+def machine_paths(html: Path, roots: list[Path]) -> list[str]:
+    """Where the built book under ``html`` (its pages and the notebooks it offers for download) names an absolute
+    path of the machine: one of ``roots`` (the results and project folders it was built from) or any
+    :data:`MACHINE_PATH`."""
+    found = []
+    for path in sorted([*html.rglob("*.html"), *html.rglob("*.ipynb")]):
+        if "_static" in path.parts:
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace")
+        hits = [str(r) for r in roots if str(r) in text] + MACHINE_PATH.findall(text)
+        found += [f"{path.relative_to(html)}: {h}" for h in dict.fromkeys(hits)]
+    return found
+
+
+def test_the_machine_path_rule_sees_absolute_paths_and_passes_project_paths(tmp_path):
+    (tmp_path / "a.html").write_text('<pre>results = "/tmp/pytest-of-x/smoke0/results"</pre>')
+    (tmp_path / "b.html").write_text("<p>reproductions/results-cpu, https://example.org/tmp/x, 1/2/3</p>")
+    (tmp_path / "c.ipynb").write_text('{"papermill": {"output_path": "/work/R4/grpo/x.ipynb"}}')
+    assert machine_paths(tmp_path, [tmp_path / "nowhere"]) == [
+        "a.html: /tmp/pytest-of-x", "c.ipynb: /work/R4"]
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):
@@ -309,6 +356,21 @@ def test_every_page_shows_its_figures_and_its_links_resolve(book, served, browse
         if name in A_METHOD_PER_PAGE:  # the comparison, overview and two-engines pages open with their results
             early = page.evaluate(EARLY_OUTPUT, FIRST_SCREENS)
             assert not early, f"{name}: code output in the first {FIRST_SCREENS} px: {early}"
+        reading = page.evaluate(READING, SCREEN)
+        assert not reading["cut"], f"{name}: table values cut short: {reading['cut'][:3]}"
+        if name in METHOD_PAGE_HTML:  # a method page a learner finishes: what, why and when first, a summary last
+            stem = Path(name).stem
+            budget = OVER_BUDGET.get(stem, MAX_SCREENS)
+            assert reading["screens"] <= budget, \
+                f"{name}: {reading['screens']:.1f} screens of {SCREEN} px, more than {budget}"
+            assert stem not in OVER_BUDGET or reading["screens"] > MAX_SCREENS, \
+                f"{name}: {reading['screens']:.1f} screens fit the budget of {MAX_SCREENS}: strike it off OVER_BUDGET"
+            assert reading["when"] is not None and reading["when"] <= SCREEN, \
+                f"{name}: 'When to use it' is not on the first screen (ends at {reading['when']} px)"
+            assert reading["sections"][-1] == "Summary", f"{name}: ends with {reading['sections'][-1]!r}"
+        if name == "notebooks/07_comparison.html":  # the results page leads with the answer: every claim's verdict
+            assert reading["answer"] is not None and reading["answer"] <= SCREEN, \
+                f"{name}: the claims' summary does not start on the first screen ({reading['answer']} px)"
         width = page.evaluate(WIDTH)
         assert not width["equations"], f"{name}: equations wider than the text column: {width['equations']}"
         assert not width["tables"], f"{name}: tables wider than the text column: {width['tables']}"
