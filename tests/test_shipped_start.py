@@ -126,3 +126,18 @@ def test_ship_start_writes_the_start_its_manifest_and_spos_offline_passes(tmp_pa
     monkeypatch.setattr(rl, "rollout", lambda *a, **k: sizes.append(len(a[2])) or real(*a, **k))
     train(cfg, tmp_path / "run", progress=False, sft_cache=tmp_path / "cache")
     assert cfg.pool_size * cfg.spo.offline_N not in sizes and not (tmp_path / "cache").exists()
+
+
+def test_a_damaged_cached_offline_pass_is_named_and_sampled_again(tmp_path, capsys):
+    cfg = build_config("spo", "smoke", {"steps": 1, "spo.offline_N": 2})
+    first = train(cfg, tmp_path / "first", progress=False, sft_cache=tmp_path / "c")
+    (cached,) = (tmp_path / "c").glob("offline-*.pt")
+    cached.write_bytes(b"not a torch file")
+    capsys.readouterr()
+    second = train(cfg, tmp_path / "second", progress=False, sft_cache=tmp_path / "c")
+    err = capsys.readouterr().err
+    assert cached.name in err and "sampling the offline pass again" in err
+    strip = lambda run: [(r["step"], {k: v for k, v in r["data"].items() if not k.startswith(("timing", "perf"))})
+                         for r in read_metrics(run / "metrics.jsonl")]  # noqa: E731
+    assert strip(first) == strip(second)  # the pass sampled again is the same pass
+    assert torch.load(cached, weights_only=True)["scores"].shape == (cfg.pool_size, 2)  # and cached whole again

@@ -125,8 +125,15 @@ def test_resume_refusals(tmp_path, cache, capsys):
     (out / "checkpoint.pt").write_bytes(good[:100])
     code, err = refused(train_args(out, cache, "--set", "steps=2", "--resume"), capsys)
     assert code == 1 and "checkpoint.pt is damaged" in err
-    # no config.json
+    # a damaged env.json: a resumed run keeps it, so it is refused, named, and left as it is
     (out / "checkpoint.pt").write_bytes(good)
+    env = (out / "env.json").read_text()
+    (out / "env.json").write_text("{not json")
+    code, err = refused(train_args(out, cache, "--set", "steps=2", "--resume"), capsys)
+    assert code == 1 and "env.json" in err and "delete the run" in err
+    assert (out / "env.json").read_text() == "{not json"
+    (out / "env.json").write_text(env)
+    # no config.json
     (out / "config.json").unlink()
     code, err = refused(train_args(out, cache, "--set", "steps=2", "--resume"), capsys)
     assert code == 1 and "no config.json" in err
