@@ -94,9 +94,10 @@ def launch(method: str, steps: int, runs: Path, timeout: float) -> dict:
 
 def machine() -> dict:
     from rlkit import numerics
+    from rlkit.tiny.machine import fingerprint
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    return {"cpu": numerics.cpu_model(), "cores": len(os.sched_getaffinity(0)), "fingerprint": numerics.fingerprint(),
+    return {"cpu": numerics.cpu_model(), "cores": len(os.sched_getaffinity(0)), "fingerprint": fingerprint(),
             "date": datetime.date.today().isoformat(), "commit": commit.stdout.strip() or None}
 
 

@@ -48,9 +48,9 @@ def _methods(args: argparse.Namespace) -> int:
 
 
 def _env(args: argparse.Namespace) -> int:
-    from rlkit import numerics
+    from rlkit.tiny import machine
 
-    here = numerics.describe()
+    here = machine.describe()
     published = _published_machine()
     if args.json:
         print(json.dumps({"here": here, "published": published}, indent=2))
@@ -60,7 +60,7 @@ def _env(args: argparse.Namespace) -> int:
     print(f"ISA          {' '.join(here['cpu_flags']) or '?'}")
     print(f"kernels      torch {_torch_version()}: ATen {k['aten_cpu_capability']}, MKL branch "
           f"{k['mkl_cbwr'] or 'automatic'} (RLKIT_NUMERICS={k['mode']})")
-    print(f"fingerprint  {here['fingerprint']}  ({numerics.FINGERPRINT_STEPS} SFT steps of the cpu-scale model, "
+    print(f"fingerprint  {here['fingerprint']}  ({machine.FINGERPRINT_STEPS} SFT steps of the cpu-scale model, "
           "one thread)")
     if published and published["fingerprint"] == "?":
         print(f"published    no fingerprint recorded ({PUBLISHED_NOTE})")

@@ -141,13 +141,3 @@ def weights_sha256(state_dict: dict) -> str:
         h.update(str(tuple(tensor.shape)).encode())
         h.update(tensor.view(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
-
-
-def __getattr__(name: str) -> Any:
-    """``fingerprint``, ``describe`` and ``FINGERPRINT_STEPS`` live beside the engine they fingerprint
-    (:mod:`rlkit.tiny.machine`); forwarded until rlkit/cli.py and rlkit/lab/reproduce.py import them there."""
-    if name in ("fingerprint", "describe", "FINGERPRINT_STEPS"):
-        from rlkit.tiny import machine  # a cycle pyproject's no-cycles contract names until then
-
-        return getattr(machine, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

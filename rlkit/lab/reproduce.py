@@ -672,6 +672,7 @@ def ship_start(scale: str = "cpu", *, specs_dir: str | Path | None = None, cache
     from rlkit import numerics
     from rlkit.tasks import arithmetic
     from rlkit.tiny.checkpoint import environment
+    from rlkit.tiny.machine import fingerprint
     from rlkit.tiny.rl import offline_scores, side_run
     from rlkit.tiny.sft import SHIPPED_DIR, load_checkpoint, shipped_manifest, warm_start
     from rlkit.tiny.task import build_tokenizer
@@ -687,7 +688,7 @@ def ship_start(scale: str = "cpu", *, specs_dir: str | Path | None = None, cache
              "commit": env["commit"], "dirty": env["dirty"], "torch": env["torch"],
              # the machine that trained the weights (recorded by the training itself), and the one that shipped them
              "processor": info.get("processor"), "fingerprint": info.get("fingerprint"),
-             "shipped_on": {"processor": numerics.cpu_model(), "fingerprint": numerics.fingerprint(),
+             "shipped_on": {"processor": numerics.cpu_model(), "fingerprint": fingerprint(),
                             "kernels": numerics.kernels()},
              "curve": info.get("curve", {}), "spo_offline": []}
     manifest = {**shipped_manifest(), name: entry}
