@@ -881,3 +881,29 @@ def test_the_worked_example_is_every_method_on_one_group_by_hand():
     assert abs(float(grpo["loss"]) - by_hand) < 1e-3
     assert table.loc["cispo", "weight at r = 1.5 (right)"] == "1.280"  # its clipped weight, kept
     assert len(table.loc["aspo", "Â of the right answers"].split(", ")) == 3  # earlier calls, larger advantages
+
+
+def test_the_comparison_pages_summary_and_forest_count_every_claim_once():
+    """The comparison page's first screen: every claim one row under one count computed from the same records; the
+    forest plot's two panels split claims of a gain from claims of no loss, and it draws even with none judged."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from rlkit.lab.claims import DROPPED, INCONCLUSIVE, VERDICTS
+    from rlkit.lab.notebook import claims_summary_html, forest_panels, verdict_counts
+
+    gain = {"id": "a-1", "statement": "A learns faster", "verdict": VERDICTS[0], "interval": [0.2, 0.4],
+            "estimate": 0.3, "margin": 0.1, "direction": "higher", "rule": "the last value, higher than the baseline"}
+    no_loss = {**gain, "id": "a-2", "statement": "A learns at least as well", "verdict": INCONCLUSIVE,
+               "rule": "the last value, not lower than the baseline by the margin"}
+    dropped = {"id": "b-1", "statement": "B is dropped", "verdict": DROPPED, "interval": None, "margin": None}
+    records = [gain, no_loss, dropped]
+    assert verdict_counts(records) == (f"Of the 3 claims, 2 were judged on intervals: 1 {VERDICTS[0]}; "
+                                       f"1 {INCONCLUSIVE}; 1 {DROPPED}.")
+    page = claims_summary_html(records)
+    assert page.count("<tr>") == 4 and "B is dropped" in page  # the header and one row a claim
+    fig = forest_panels(records)
+    titles = [ax.get_title(loc="left") for ax in fig.axes]
+    assert len(titles) == 2 and "gain" in titles[0] and "no loss" in titles[1]
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["a: A learns faster"]
+    assert len(forest_panels([dropped]).axes) == 1

@@ -654,7 +654,7 @@ def verdict_counts(records: Sequence[Mapping[str, Any]]) -> str:
     words = list(claims.VERDICTS) + sorted({r["verdict"] for r in records} - set(claims.VERDICTS))
     counts = {v: sum(r["verdict"] == v for r in records) for v in words}
     words = "; ".join(f"{n} {v}" for v, n in counts.items() if n)
-    return f"Of the {len(records)} claims, {len(judged(records))} were judged on intervals: {words}."
+    return f"Of the {len(records)} claims, {len(judged(records))} were judged on intervals" + (f": {words}." if words else ".")
 
 
 def claims_summary_html(records: Sequence[Mapping[str, Any]]) -> str:
@@ -686,10 +686,11 @@ def forest_panels(records: Sequence[Mapping[str, Any]], width: int = 44):
              [r for r in shown if not any(w in (r.get("rule") or "") for w in NON_INFERIORITY)],
              "claims of no loss (non-inferiority, equality): hold right of −1":
              [r for r in shown if any(w in (r.get("rule") or "") for w in NON_INFERIORITY)]}
-    kinds = {k: v for k, v in kinds.items() if v}
+    kinds = {k: v for k, v in kinds.items() if v} or {"no claim was judged on an interval with a margin": []}
     labels = {id(r): textwrap.fill(f"{str(r['id']).rsplit('-', 1)[0]}: {r['statement']}", width)
               for r in shown}
-    heights = [sum(labels[id(r)].count("\n") + 1 for r in rs) * 0.16 + 0.16 * len(rs) + 0.8 for rs in kinds.values()]
+    heights = [sum(labels[id(r)].count("\n") + 1 for r in rs) * 0.16 + 0.16 * len(rs) + 0.8 + 0.8 * (not rs)
+               for rs in kinds.values()]
     fig, axes = plt.subplots(len(kinds), 1, figsize=(plots.PAGE_WIDTH, sum(heights) + 1.0), squeeze=False,
                              gridspec_kw={"height_ratios": heights})
     for ax, (title, rs) in zip(axes[:, 0], kinds.items()):
@@ -702,7 +703,7 @@ def forest_panels(records: Sequence[Mapping[str, Any]], width: int = 44):
             ax.plot([lo, hi], [y, y], color=colour, lw=2)
             ax.plot(sign * r["estimate"] / r["margin"], y, report.SHAPES.get(r["verdict"], "o"), color=colour, ms=6)
         ax.set_yticks(range(len(rs)), [labels[id(r)] for r in reversed(rs)], fontsize=8.5)
-        ax.set_ylim(-0.7, len(rs) - 0.3)
+        ax.set_ylim(-0.7, max(len(rs), 1) - 0.3)
         ax.set_title(title, fontsize=10, loc="left")
         ax.grid(axis="x", alpha=0.3)
     axes[-1, 0].set_xlabel("difference in the claimed direction, in units of the claim's margin (its CI)")
