@@ -68,7 +68,7 @@ READING = """screen => {
   const sections = [...column.querySelectorAll('section > h2')].map(h => h.textContent.replace(/#$/, '').trim());
   const when = [...column.querySelectorAll('.admonition')].find(a => /When to use it/.test(a.textContent));
   const cut = [...column.querySelectorAll('table td, table th')].map(c => c.textContent.trim())
-    .filter(t => /\.\.\.$|\u2026$/.test(t) && t.length > 3);
+    .filter(t => /\\.\\.\\.$|\\u2026$/.test(t) && t.length > 3);
   const summary = column.querySelector('table.rlkit-summary');
   return {screens: document.documentElement.scrollHeight / screen, sections,
           answer: summary ? summary.getBoundingClientRect().top + window.scrollY : null,
