@@ -238,6 +238,7 @@ def test_an_ablation_dot_plot_has_a_row_per_run_and_a_dot_per_seed(tmp_path):
 
 
 def test_a_published_run_without_its_checkpoint_says_why_and_what_to_run(tmp_path):
+    from rlkit.errors import DamagedFile
     from rlkit.lab.notebook import final_state
 
     run = load_run(fake_run(tmp_path, "spo", 0, {"val/acc": [0.1, 0.2]}))
@@ -245,6 +246,9 @@ def test_a_published_run_without_its_checkpoint_says_why_and_what_to_run(tmp_pat
         final_state(run)
     torch.save({"tracker": {"alpha": 1.0}}, run.path / "checkpoint.pt")
     assert final_state(run)["tracker"] == {"alpha": 1.0}
+    (run.path / "checkpoint.pt").write_bytes(b"garbage")  # damaged: named, not a pickle traceback
+    with pytest.raises(DamagedFile, match="checkpoint.pt"):
+        final_state(run)
 
 
 def test_seed_band_spans_the_seeds(tmp_path):

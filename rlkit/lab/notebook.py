@@ -19,6 +19,7 @@ from typing import Any
 
 import pandas as pd
 
+from rlkit.files import read_torch
 from rlkit.lab import claims, findings, judge, paths, plots, report
 from rlkit.lab.book_pages import verdict_legend_html
 from rlkit.lab.claims import run_name
@@ -209,18 +210,17 @@ def tail(runs, metric: str, window: int = TAIL_WINDOW) -> float:
     return sum(tail(r, metric, window) for r in runs) / len(runs)
 
 
-def final_state(run: Run, map_location: str = "cpu") -> dict[str, Any]:
-    """A tiny run's final checkpoint (model, optimizer, SPO's tracker...), with a clear error where it is absent:
-    published results keep metrics and evaluations only, not checkpoints (tens of MB each)."""
-    import torch
-
+def final_state(run: Run) -> dict[str, Any]:
+    """A tiny run's final checkpoint (model, optimizer, SPO's tracker...), on the CPU, with a clear error
+    where it is absent (published results keep metrics and evaluations only, not checkpoints: tens of MB each) and
+    :class:`~rlkit.errors.DamagedFile` naming it where it is damaged."""
     path = run.path / "checkpoint.pt"
     if not path.exists():
         raise FileNotFoundError(
             f"{path} is missing: this run's final checkpoint is not in {run.path.parent.parent} (published results "
             "keep metrics only, checkpoints are not committed). Execute this notebook on runs trained here: "
             "`rlkit reproduce --only <spec>` (results in reproductions/results), or `--results DIR`.")
-    return torch.load(path, map_location=map_location, weights_only=True)
+    return read_torch(path)  # load_state_dict copies onto the model's own device
 
 
 def results_dir(results: str | Path | None) -> Path:
