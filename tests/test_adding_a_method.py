@@ -29,8 +29,10 @@ def six_files(method: str) -> list[str]:
 PUBLISHED = ("reproductions/results", "reproductions/LOG.md")
 """Published runs and the log of how they were made: records, not lists to keep."""
 KNOWN = {
-    "rlkit/methods/__init__.py": "imports the methods before rlkit.methods.fast; the registry imports any method "
-                                 "module it does not name (tests/test_registry.py)",
+    "rlkit/methods/__init__.py": "imports the methods that came first; the registry imports any method module it "
+                                 "does not name (tests/test_registry.py)",
+    "book/method_notes.md": "one hand-written section per method (its equations, defaults, the paper-versus-code "
+                            "differences): the notes of a new method are written with it, as its page is",
     "tests/test_verl_cpu_runs.py": "left: OWN_METRICS, what each method's verl CPU run must log (a method without an "
                                    "entry is not run there)",
     "book/full_scale_runs.md": "left: the presets' notes ('Where a value is not in the paper'), one per method; "
