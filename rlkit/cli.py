@@ -300,7 +300,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--method", required=True, choices=METHODS)
     p.add_argument("--scale", default="cpu", choices=list(SCALES), help="smoke (seconds), cpu (default), gpu")
     p.add_argument("--regime", default="standard", choices=list(REGIMES),
-                   help="standard (default) or stress: stale rollouts and many updates per batch, so clipping binds")
+                   help="standard (default); the off-policy ladder: papers-4 (4 mini-batches a batch), async-2 and "
+                        "async-4 (rollouts 2 or 4 steps stale), stress (12 stale, 16 updates a batch: clipping binds)")
     p.add_argument("--seed", type=int, default=None, help="seed of the RL stage (default 0)")
     p.add_argument("--out", required=True, help="run directory: metrics.jsonl, config.json, env.json, checkpoint")
     p.add_argument("--force", action="store_true", help=FORCE_HELP)

@@ -57,7 +57,7 @@ def test_spec_errors_name_the_file_and_the_key(tmp_path):
 
 @pytest.mark.parametrize(("body", "error"), [
     ("seeds: 0", "seeds must be an integer ≥ 1"),
-    ("regimes: [standard, hot]", r"unknown regimes \['hot'\]; valid: standard, stress"),
+    ("regimes: [standard, hot]", r"unknown regimes \['hot'\]; valid: standard, papers-4, async-2, async-4, stress"),
     ("variants: {x-big: {stepz: 3}}", "RLConfig has no field 'stepz'"),
     ("claims: [{claim: c, source: s, metric: gspo/seq_ratio/max, expect: higher, activity: {metric: aspo/shaped_frac, at_least: 0.01}}]",
      "metric 'gspo/seq_ratio/max' is not logged by aspo runs"),

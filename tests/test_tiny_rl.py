@@ -230,8 +230,12 @@ def test_regimes_apply_before_the_scale():
     assert {k: getattr(stress, k) for k in REGIMES["stress"]} == REGIMES["stress"]
     smoke = build_config("gspo", "smoke", regime="stress")
     assert smoke.steps == 2 and smoke.staleness == REGIMES["stress"]["staleness"]  # the scale's size wins
-    with pytest.raises(ValueError, match="valid: standard, stress"):
+    with pytest.raises(ValueError, match="valid: standard, papers-4, async-2, async-4, stress"):
         build_config("grpo", "cpu", regime="hot")
+    # the ladder's rungs as the pilots ran them (reproductions/LOG.md, 2026-12-02)
+    rungs = {r: build_config("grpo", "cpu", regime=r) for r in ("papers-4", "async-2", "async-4")}
+    assert [(c.mini_batches, c.staleness, c.lr, c.steps) for c in rungs.values()] == [
+        (4, 0, 1e-4, 20), (4, 2, 1e-4, 20), (4, 4, 1e-4, 20)]
 
 
 def test_aspo_eq1_option_trains_and_differs_from_eq2(tmp_path, cache):

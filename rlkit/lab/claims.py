@@ -134,7 +134,8 @@ class Claim:
     activity: Activity | None = None
     """The mechanism's activity metric and gate (required for every judged claim)."""
     regime: str = "standard"
-    """``standard`` (the reproductions' runs) or ``stress`` (the off-policy regime): which runs judge it."""
+    """A regime of :data:`rlkit.tiny.config.REGIMES` (``standard``, the off-policy ladder's rungs, ``stress``): which
+    runs judge it."""
     run: str | None = None
     """The run judged (default: the spec's method), e.g. a variant such as ``aspo-eq1``."""
     reason: str = ""

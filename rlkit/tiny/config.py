@@ -200,6 +200,13 @@ SCALES: dict[str, dict[str, Any]] = {
 # Each regime is a set of overrides applied before the scale's (a scale's size wins: smoke stays 2 steps).
 REGIMES: dict[str, dict[str, Any]] = {
     "standard": {},
+    # The off-policy ladder, from the papers' setting to stress (reproductions/LOG.md, 2026-12-02: the pilots that
+    # chose it). papers-4: the papers' own setting (SAPO Fig. 4; GSPO, GMPO and CISPO state their stability claims
+    # there), each batch in 4 mini-batches against its own sampler. async-2 and async-4: an asynchronous trainer's
+    # behaviour policy 2 or 4 steps stale (AReaL; verl's one-step-off-policy recipe is 1), the ratio against it.
+    "papers-4": {"mini_batches": 4, "policy_eval_tail": 10},
+    "async-2": {"staleness": 2, "mini_batches": 4, "policy_eval_tail": 10},
+    "async-4": {"staleness": 4, "mini_batches": 4, "policy_eval_tail": 10},
     # Off-policy enough that clipping binds: rollouts from the policy of 12 steps earlier, 16 optimizer steps per
     # rollout batch, twice the learning rate with a short warm-up, 30 steps. Measured (GRPO, one seed): 5.1% of
     # tokens clipped on average over the run, and GRPO's held-out accuracy falls from 45% to 17% by step 30
@@ -209,7 +216,8 @@ REGIMES: dict[str, dict[str, Any]] = {
     "stress": {"staleness": 12, "mini_batches": 16, "lr": 2e-4, "warmup_steps": 3, "steps": 30,
                "policy_eval_tail": 10},
 }
-"""Regimes of the reproductions: ``standard`` (the defaults) and ``stress``, where the clip mechanisms act."""
+"""Regimes of the reproductions: ``standard`` (the defaults), the off-policy ladder's rungs ``papers-4``, ``async-2``
+and ``async-4``, and ``stress`` beyond any paper, where the clip mechanisms act."""
 
 
 def build_config(method: str, scale: str = "cpu", overrides: dict[str, Any] | None = None,
