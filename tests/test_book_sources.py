@@ -14,7 +14,8 @@ import pytest
 
 from rlkit.cli import main
 from rlkit.lab import paths
-from rlkit.lab.book import executed_notebooks, fold_parameters, one_parameters_cell, results_shown
+from rlkit.lab.book import executed_notebooks, fold_parameters, one_parameters_cell
+from rlkit.lab.paths import results_shown
 from rlkit.lab.notebook import (
     FOLD_LINES, fold_checks, fold_registration, run_settings, show_source, source_lines, source_view, tail,
 )

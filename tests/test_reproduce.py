@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import matplotlib
@@ -469,3 +470,27 @@ def test_a_finished_seed_rule_names_the_claims_it_left_undecided(tmp_path, monke
     assert "claims: the seed rule is finished; 1 claim stays inconclusive at the cap" in out and "grpo-1 (about 27" in out
     reproduce.reproduce(results=tmp_path / "results", specs_dir=specs, progress=False)
     assert "seed rule is finished" not in capsys.readouterr().out  # rounds left (a --rounds limit): not said
+
+
+def test_an_executed_notebook_names_no_folder_of_the_machine_that_ran_it(tmp_path):
+    from rlkit.lab import paths
+    from rlkit.lab.reproduce import without_machine_paths
+
+    results = tmp_path / "rc"
+    nb = results / "grpo" / "01_grpo.ipynb"
+    nb.parent.mkdir(parents=True)
+    root = str(paths.project_root().resolve())
+    nb.write_text(json.dumps({
+        "cells": [{"source": [f'results = "{results}"\n'], "outputs": [{"text": f"read {root}/notebooks/x.md"}]}],
+        "metadata": {"papermill": {"parameters": {"results": str(results)},
+                                   "output_path": f"{results}/grpo/.01_grpo.running.ipynb"}}}))
+    without_machine_paths(nb, results)
+    text = nb.read_text()
+    assert str(tmp_path) not in text and root not in text
+    assert 'results = \\"rc\\"' in text and "read ./notebooks/x.md" in text  # outside the project: by its name
+
+
+def test_no_published_notebook_names_a_machine_folder():
+    published = sorted(Path(__file__).parents[1].glob("reproductions/results-*/*/*.ipynb"))
+    named = [str(p) for p in published if re.search(r'"/(work|tmp|root|home|Users|mnt)/', p.read_text())]
+    assert published and not named, named

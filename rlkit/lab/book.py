@@ -76,7 +76,7 @@ def stage(book: Path | None = None, results: Path | None = None, specs_dir: Path
         remove_owned(target, keep=names)
         record_files(target, BOOK, names)
         staged = []
-        shown = results_shown(results)
+        shown = paths.results_shown(results)
         for name, path in notebooks.items():  # each page with one parameters cell, folded, written once
             page = fold_parameters(one_parameters_cell(pages[name]), shown)
             staged.append(target / path.name)
@@ -157,20 +157,12 @@ def one_parameters_cell(nb: dict[str, Any]) -> dict[str, Any]:
     return {**nb, "cells": [merged if i == own else c for i, c in enumerate(cells) if i != injected]}
 
 
-def results_shown(results: Path | str | None = None) -> str:
-    """The results folder as a page names it: relative to the project when inside it (as ``rlkit reproduce``
-    passes it), else by its own name — never the executing machine's absolute path."""
-    folder = Path(results or paths.results_dir()).resolve()
-    root = paths.project_root().resolve()
-    return str(folder.relative_to(root)) if folder.is_relative_to(root) else folder.name
-
-
 PARAMETERS_LINE = "This page was executed with {values} (the parameters cell, folded here: `rlkit reproduce` sets them)."
 """The line above a page's folded parameters cell: the values it ran with, in one line."""
 
 
 def fold_parameters(nb: dict[str, Any], shown: str) -> dict[str, Any]:
-    """A page's parameters cell as the book shows it: ``results`` named by ``shown`` (:func:`results_shown`: no
+    """A page's parameters cell as the book shows it: ``results`` named by ``shown`` (:func:`rlkit.lab.paths.results_shown`: no
     machine path) in the cell and in papermill's record of the run, the cell folded (``hide-cell``) under one line
     that states its values (:data:`PARAMETERS_LINE`)."""
     cells = nb.get("cells", [])

@@ -97,3 +97,11 @@ def book_dir() -> Path:
 def notebooks_dir() -> Path:
     """``<project>/notebooks``: the MyST notebooks the specs name."""
     return project_root() / "notebooks"
+
+
+def results_shown(results: Path | str | None = None) -> str:
+    """The results folder as a page names it: relative to the project when inside it (as ``rlkit reproduce``
+    passes it), else by its own name — never the executing machine's absolute path."""
+    folder = Path(results or results_dir()).resolve()
+    root = project_root().resolve()
+    return str(folder.relative_to(root)) if folder.is_relative_to(root) else folder.name

@@ -288,9 +288,22 @@ def execute(spec: Spec, out_dir: Path, parameters: dict[str, Any], *, progress: 
         except BaseException:
             running.unlink(missing_ok=True)
             raise
+        without_machine_paths(running, out_dir.parent)
         running.replace(output)
         failed.unlink(missing_ok=True)  # an earlier failure, now superseded
     return output
+
+
+def without_machine_paths(notebook: Path, results: Path) -> None:
+    """Rewrite the executed ``notebook`` (of the results folder ``results``) so that it names no folder of the
+    machine that executed it: the results folder papermill recorded as its parameter, and the project root, become
+    what the project calls them (:func:`rlkit.lab.paths.results_shown`; paths inside the project, relative)."""
+    text = notebook.read_text(encoding="utf-8")
+    recorded = json.loads(text).get("metadata", {}).get("papermill", {}).get("parameters", {}).get("results")
+    for absolute, shown in ((recorded, paths.results_shown(results)), (str(paths.project_root().resolve()), ".")):
+        if isinstance(absolute, str) and Path(absolute).is_absolute() and absolute not in ("/", shown):
+            text = text.replace(absolute, shown)
+    notebook.write_text(text, encoding="utf-8")
 
 
 def failed_path(notebook: Path) -> Path:
