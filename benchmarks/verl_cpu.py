@@ -9,7 +9,7 @@ per generated token where lengths differ.
 
     python benchmarks/verl_cpu.py               # 12 steps on each engine (about 4 minutes)
 
-It prints the start-up too, phase by phase (:data:`rlkit.verl.runner.PHASES`, read from main_ppo's output), the
+It prints the start-up too, phase by phase (:data:`rlkit.verl.launch.runner.PHASES`, read from main_ppo's output), the
 CPU seconds each of verl's processes used for it and for a step (``/proc/<pid>/stat`` of the processes the launch
 marked), and what ``import verl`` costs a fresh process.
     python benchmarks/verl_cpu.py --steps 20
@@ -38,8 +38,8 @@ from pathlib import Path
 import pandas as pd
 
 from rlkit.metrics import metrics_frame
-from rlkit.verl.presets import CPU_SAMPLES
-from rlkit.verl.runner import LAUNCH, METRICS, cpu_seconds, marked_pids
+from rlkit.verl.launch.presets import CPU_SAMPLES
+from rlkit.verl.launch.runner import LAUNCH, METRICS, cpu_seconds, marked_pids
 
 PHASES = [  # (label, verl's timing key, the tiny engine's)
     ("generation", "timing_s/gen", "timing_s/gen"),
@@ -172,7 +172,7 @@ def vllm_alone(responses: int, tokens: int) -> float:
     run's environment) to sample ``responses`` × ``tokens`` tokens from the CPU runs' model: generation without
     verl's agent loop, TransferQueue, reward worker and server around it."""
     from rlkit.verl import cpu
-    from rlkit.verl.presets import CPU, default_cpu_model
+    from rlkit.verl.launch.presets import CPU, default_cpu_model
 
     rollout = "actor_rollout_ref.rollout."
     engine = {key: CPU[rollout + key] for key in ("enforce_eager", "dtype", "max_model_len", "max_num_batched_tokens",
@@ -229,7 +229,7 @@ def main() -> None:
     print(f"vLLM's engine alone (offline LLM.generate, {CPU_SAMPLES} × 64 tokens, the same model and settings): "
           f"{alone:.3f} s, {alone / (CPU_SAMPLES * 64) * 1e3:.2f} ms per token")
     print(f"\nwhole run: verl {verl_s:.0f} s (Ray, vLLM and FSDP start-up included), tiny {tiny_s:.0f} s")
-    print("\nverl's start-up, by phase (rlkit.verl.runner.PHASES), main_ppo's start to the validation before "
+    print("\nverl's start-up, by phase (rlkit.verl.launch.runner.PHASES), main_ppo's start to the validation before "
           "training logged (64 held-out problems, greedy)\n")
     print(f"| {'phase':<45} | {'seconds':>7} |")
     print(f"|{'-' * 47}|{'-' * 9}|")

@@ -341,7 +341,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("reproduce", help="execute the reproduction notebooks with papermill, then build the book")
     p.add_argument("--only", nargs="+", metavar="NAME", help="these specs only (reproductions/specs/NAME.yaml)")
     p.add_argument("--scale", default=None, choices=list(SCALES), help="override every spec's scale")
-    p.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 per run (default: each spec's, 3)")
+    p.add_argument("--seeds", type=int, default=None,
+                   help="the first N seeds per run, from 100 (default: each spec's 3, then the seed rule's rounds)")
     p.add_argument("--rounds", type=int, default=None, metavar="N",
                    help="at most N rounds of the sequential seed rule this time (0: judge the seeds there are); a "
                         "later run goes on from there (default: until every claim is decided or at its cap)")
@@ -399,7 +400,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="image path (.png added when it has no suffix; .svg, .pdf also)")
     p.set_defaults(func=_plot)
 
-    from rlkit.verl.presets import DATASETS, DEVICES, PRESETS  # light: no verl or Hydra at import
+    from rlkit.verl.launch.presets import DATASETS, DEVICES, PRESETS  # light: no verl or Hydra at import
 
     p = sub.add_parser("launch", help="a verl run (GPUs, or this machine's CPU): method preset → validated main_ppo")
     p.add_argument("--method", required=True, choices=list(PRESETS))
@@ -420,7 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue the run in RUNS_DIR/<experiment> from its newest checkpoint")
     p.add_argument("--tiny-scale", default=None, choices=list(SCALES),
                    help="run the tiny engine's run of this scale in verl: its SFT start, pool, held-out problems "
-                        "and settings (rlkit/verl/from_tiny.py)")
+                        "and settings (rlkit/verl/launch/from_tiny.py)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="with --tiny-scale: tiny-engine fields as rlkit train takes them (--set steps=20)")
     p.add_argument("--rollout-correction", default=None, metavar="MODE",
@@ -433,7 +434,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs=argparse.REMAINDER, help="-- then Hydra overrides (key=value ...)")
     p.set_defaults(func=_launch)
 
-    from rlkit.verl.data import add_parser as add_data_parser  # light: no verl, pyarrow or datasets at import
+    from rlkit.verl.launch.data import add_parser as add_data_parser  # light: no verl, pyarrow or datasets at import
 
     add_data_parser(sub)  # rlkit data gsm8k | dapo | spo-split | spo-estimate | spo-merge
     return parser

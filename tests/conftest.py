@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import uuid
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +15,16 @@ import torch
 from hypothesis import settings
 
 torch.set_num_threads(1)  # CI has 2 cores; small tensors run fastest single-threaded
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def load_benchmark(name: str):
+    """The script ``benchmarks/<name>.py`` as a module (the benchmarks are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 # CI explores the same examples every run (a red CI is then reproducible); local runs keep exploring new ones.
 settings.register_profile("ci", derandomize=True, print_blob=True)
@@ -89,8 +101,8 @@ def reaper(monkeypatch):
     """Ends every process the test starts, whatever its outcome. Each inherits ``RLKIT_TEST_OWNER=<a token of this
     test>`` from the test's environment, as do the processes they start in sessions of their own (a launch's
     ``main_ppo``, Ray's and vLLM's processes): after the test they are all continued and stopped (SIGTERM, SIGCONT,
-    then SIGKILL; :func:`rlkit.verl.runner.stop_tree`), frozen ones (SIGSTOP) included. Yields the token."""
-    from rlkit.verl import runner
+    then SIGKILL; :func:`rlkit.verl.launch.runner.stop_tree`), frozen ones (SIGSTOP) included. Yields the token."""
+    from rlkit.verl.launch import runner
 
     token = uuid.uuid4().hex
     monkeypatch.setenv(OWNER, token)

@@ -14,7 +14,7 @@ import pytest
 from rlkit import registry
 from rlkit.lab import book_pages, paths
 from rlkit.lab.reproduce import Spec
-from rlkit.verl.presets import PRESETS
+from rlkit.verl.launch.presets import PRESETS
 
 REPO = paths.project_root()
 SPECS = {s.method: s for s in book_pages.method_specs()}
@@ -23,7 +23,7 @@ SPECS = {s.method: s for s in book_pages.method_specs()}
 def six_files(method: str) -> list[str]:
     """The files a new method's author edits by hand, relative to the project root."""
     return [f"rlkit/methods/{method}.py", f"tests/test_{method}.py", f"reproductions/specs/{SPECS[method].name}.yaml",
-            SPECS[method].notebook, "rlkit/verl/presets.py", "book/references.bib"]
+            SPECS[method].notebook, "rlkit/verl/launch/presets.py", "book/references.bib"]
 
 
 PUBLISHED = ("reproductions/results", "reproductions/LOG.md")
@@ -36,7 +36,7 @@ KNOWN = {
     "tests/test_verl_cpu_runs.py": "left: OWN_METRICS, what each method's verl CPU run must log (a method without an "
                                    "entry is not run there)",
     "book/full_scale_runs.md": "left: the presets' notes ('Where a value is not in the paper'), one per method; "
-                               "generating them needs a note on each Preset in rlkit/verl/presets.py",
+                               "generating them needs a note on each Preset in rlkit/verl/launch/presets.py",
 }
 """Files that still name every method by hand, each with why; a stale entry fails too (the list only shrinks)."""
 
@@ -147,6 +147,6 @@ def test_the_readme_names_the_six_files_and_the_command():
     section = text[text.index("## Adding a method"):]
     section = section[:section.find("\n## ", 3)] if "\n## " in section[3:] else section
     for f in ["rlkit/methods/<name>.py", "tests/test_<name>.py", "reproductions/specs/<name>.yaml",
-              "notebooks/NN_<name>.md", "rlkit/verl/presets.py", "book/references.bib",
+              "notebooks/NN_<name>.md", "rlkit/verl/launch/presets.py", "book/references.bib",
               "python -m rlkit.lab.book_pages"]:
         assert f in section, f"README's Adding a method does not name {f}"

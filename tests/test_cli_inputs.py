@@ -33,7 +33,7 @@ def tree(path: Path) -> list[str]:
 
 def parquet(path: Path, n: int) -> Path:
     """``n`` of the word problems as rows of ``rlkit data`` (written without ``rlkit data``'s directory claim)."""
-    from rlkit.verl import data
+    from rlkit.verl.launch import data
 
     return data.write_rows(data.arithmetic_rows(arithmetic.make_split(n, "train"), "train"), path)
 
@@ -404,7 +404,7 @@ def test_a_garbage_test_hold_is_refused(capsys, monkeypatch):
 def test_a_full_disk_in_export_or_data_does_not_offer_resume(tmp_path, capsys, monkeypatch):
     import errno
 
-    from rlkit.verl import data
+    from rlkit.verl.launch import data
 
     def full(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "o" / "train.parquet"))

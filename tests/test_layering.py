@@ -3,7 +3,7 @@
 The contracts are ``[tool.importlinter]`` in pyproject.toml, each checked here by import-linter's ``lint-imports``
 (which also runs them all from the command line): rlkit.core imports nothing else of rlkit, the methods only core
 and the registry, the library not the reproduction app, rlkit.tasks neither engine, rlkit.tiny not rlkit.verl,
-rlkit.verl reaches rlkit.tiny only through rlkit.verl.from_tiny, only rlkit.verl imports verl, and no import
+rlkit.verl reaches rlkit.tiny only through rlkit.verl.launch.from_tiny, only rlkit.verl imports verl, and no import
 cycles. The graph counts every import statement of rlkit — at module level, inside functions, under
 TYPE_CHECKING — so an import inside a function closes a cycle as much as one at the top; the exceptions are named
 in the contracts with their reasons. A broken contract fails its test with import-linter's report, which names
@@ -118,7 +118,7 @@ ENGINE_FILES = ["rlkit/tiny/rl.py", "rlkit/tiny/checkpoint.py", "rlkit/tiny/task
                 "rlkit/verl/plugin.py"]
 """The engines' step loops and the verl plugin: never exempt below."""
 
-METHOD_HOMES = ("rlkit/methods/", "rlkit/verl/presets.py", "rlkit/lab/book_pages.py")
+METHOD_HOMES = ("rlkit/methods/", "rlkit/verl/launch/presets.py", "rlkit/lab/book_pages.py")
 """Where methods are named by design: their modules, the verl presets, the book's generated text."""
 
 MENTIONS_EXEMPT = {
@@ -130,9 +130,9 @@ MENTIONS_EXEMPT = {
     "rlkit/lab/two_engines.py": "the reproduction app: each method's metrics in both engines",
     "rlkit/tasks/dapo_math.py": "the DAPO-Math dataset is named after DAPO",
     "rlkit/tiny/config.py": "'grpo' the default method",
-    "rlkit/verl/data.py": "SPO's data commands (spo-split/-estimate/-merge, the offline values its verl key reads) "
+    "rlkit/verl/launch/data.py": "SPO's data commands (spo-split/-estimate/-merge, the offline values its verl key reads) "
                           "and the DAPO-Math dataset named after DAPO",
-    "rlkit/verl/launch.py": "the DAPO-Math dataset (`--dataset dapo`, its preset keys)",
+    "rlkit/verl/launch/__init__.py": "the DAPO-Math dataset (`--dataset dapo`, its preset keys)",
 }
 """Files of rlkit/ outside :data:`METHOD_HOMES` that name methods more than 3 times, in code too, each with
 its reason. This list may only shrink: an entry whose file is brought to ≤ 3 mentions fails until it is struck
@@ -147,8 +147,8 @@ PROSE_ONLY = {
 of what the code serves), never in code; checked, and the set may only shrink like :data:`MENTIONS_EXEMPT`."""
 
 SPECIAL_CASES_EXEMPT = {
-    ("rlkit/verl/launch.py", "dataset == 'dapo'"): "the DAPO-Math dataset, not the method",
-    ("rlkit/verl/launch.py", "preset.dapo"): "the preset's keys for the DAPO-Math dataset",
+    ("rlkit/verl/launch/__init__.py", "dataset == 'dapo'"): "the DAPO-Math dataset, not the method",
+    ("rlkit/verl/launch/__init__.py", "preset.dapo"): "the preset's keys for the DAPO-Math dataset",
     ("rlkit/lab/notebook.py", "build_config('dapo', scale).dapo"): "book glue: DAPO's overlong buffer, quoted",
     ("rlkit/lab/notebook.py", "PRESETS['dapo']"): "book glue: DAPO's full-scale preset, quoted",
     ("rlkit/lab/notebook.py", "PRESETS['dapo'].dapo"): "book glue: DAPO's full-scale preset, quoted",

@@ -76,7 +76,7 @@ def test_train_and_launch_refuse_the_setting_with_one_message(method, name, valu
     assert err == f"rlkit launch: {message}"
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # before any work: nothing written
     from rlkit.verl import launch as L
-    from rlkit.verl.presets import LaunchError
+    from rlkit.verl.launch.presets import LaunchError
 
     p = L.plan(method, "gsm8k", "Qwen/Qwen2.5-0.5B-Instruct", gpus=8, extra=[f"+algorithm.{method}.{name}={value}"])
     with pytest.raises(LaunchError) as composed:  # the composed config's own check says the same
@@ -102,7 +102,7 @@ def test_verl_runs_the_methods_own_check_of_the_engines_settings_as_the_tiny_eng
 
     from rlkit.methods import dapo, hapo
     from rlkit.verl.inputs import check_hooks
-    from rlkit.verl.presets import LaunchError
+    from rlkit.verl.launch.presets import LaunchError
 
     with pytest.raises(InvalidSetting) as tiny:
         build_config("dapo", "smoke", {"dapo.overlong_buffer": 64})  # smoke's budget: 48 tokens

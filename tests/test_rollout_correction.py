@@ -429,7 +429,7 @@ def test_corrected_gspo_loss_matches_verl(verl, mode):
 def test_verl_settings_survive_hydra_and_verl_config(verl):
     """The settings as ``algorithm.rollout_correction.*`` overrides: Hydra reads back the same values and verl
     builds its ``RolloutCorrectionConfig`` from them."""
-    from rlkit.verl.compose import compose, hydra_value
+    from rlkit.verl.launch.config import compose, hydra_value
     from verl.trainer.config.algorithm import RolloutCorrectionConfig
     from verl.utils.config import omega_conf_to_dataclass
 
@@ -548,7 +548,7 @@ def test_launch_switch_composes_and_validates(verl, mode, tmp_path, monkeypatch,
     and verl's config reads back the same values."""
     pytest.importorskip("hydra")
     from rlkit import cli
-    from rlkit.verl import compose as C
+    from rlkit.verl.launch import config as C
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.chdir(tmp_path)  # a dry run checks the data a launch would read
@@ -574,7 +574,7 @@ def test_launch_switch_refusals(verl, capsys):
     pytest.importorskip("hydra")
     from rlkit import cli
     from rlkit.verl import launch as L
-    from rlkit.verl.presets import LaunchError
+    from rlkit.verl.launch.presets import LaunchError
 
     args = ["launch", "--method", "grpo", "--dataset", "gsm8k", "--model", "Qwen/Qwen2.5-0.5B-Instruct", "--gpus",
             "8", "--dry-run", "--rollout-correction", "tis"]

@@ -273,7 +273,7 @@ def _gsm8k_file(path: Path, n: int) -> Path:
 
 def test_one_source_file_is_split_without_overlap(tmp_path, capsys):
     pytest.importorskip("pyarrow")
-    from rlkit.verl.data import prompt_ids
+    from rlkit.verl.launch.data import prompt_ids
 
     src = _gsm8k_file(tmp_path / "all.jsonl", 200)
     for out in ("a", "b"):

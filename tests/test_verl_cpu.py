@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from rlkit.verl import cpu
-from rlkit.verl.from_tiny import VLLM_HEAD_SIZES
+from rlkit.verl.launch.from_tiny import VLLM_HEAD_SIZES
 
 pytestmark = pytest.mark.verl
 pytest.importorskip("verl")
@@ -118,7 +118,7 @@ def test_missing_rollout_stack_names_the_install_command(monkeypatch):
 # ------------------------------------------------------------------------------------------------ the CPU preset
 from rlkit import cli  # noqa: E402
 from rlkit.verl import launch as L  # noqa: E402
-from rlkit.verl import presets as P  # noqa: E402
+from rlkit.verl.launch import presets as P  # noqa: E402
 
 
 @pytest.fixture
@@ -219,3 +219,80 @@ def test_bad_models_are_refused_before_ray(monkeypatch, cache):
     _refused_before_ray(monkeypatch, [*argv, str(cache / "empty")], "no config.json")
     narrow = save_random_model(cache / "narrow", build_tokenizer(), d_model=32, n_heads=2)  # heads of 16
     _refused_before_ray(monkeypatch, [*argv, str(narrow)], "head size 16.*takes 32, 64, 80")
+
+
+# ------------------------------------------------------------------------------------ a model of its own on a CPU
+def test_a_model_of_its_own_gets_the_pretrained_settings_and_the_toy_model_keeps_its_own(cache):
+    """A talking model (``--model DIR``, e.g. ``rlkit model smollm2``) trained at the toy model's lr 1e-3 and cut
+    at 64 tokens learns nothing but damage: it gets the GPU presets' lr and room for an answer; the default toy
+    model keeps the toy settings, and the user's own override still wins."""
+    def values(p):
+        return dict(o.lstrip("+").split("=", 1) for o in p.overrides)
+
+    mine = values(L.plan("grpo", "gsm8k", str(cache / "smollm2"), device="cpu"))
+    assert float(mine["actor_rollout_ref.actor.optim.lr"]) == P.COMMON["actor_rollout_ref.actor.optim.lr"] == 1e-6
+    assert (mine["data.max_response_length"], mine["actor_rollout_ref.rollout.max_model_len"]) == ("512", "768")
+    assert int(mine["data.max_prompt_length"]) + 512 <= int(mine["actor_rollout_ref.rollout.max_model_len"])
+    # a micro-batch's logits at SmolLM2's vocabulary (49,152), float32: at most 0.5 GB a copy (CPU's 8: 1.2 GB)
+    for key in ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+                "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"):
+        assert int(mine[key]) * int(mine["actor_rollout_ref.rollout.max_model_len"]) * 49152 * 4 <= 0.5e9, key
+    toy = values(L.plan("grpo", None, None, device="cpu"))
+    assert (float(toy["actor_rollout_ref.actor.optim.lr"]), toy["data.max_response_length"]) == (1e-3, "64")
+    assert toy["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"] == "8"
+    on_two = values(L.plan("grpo", "gsm8k", str(cache / "smollm2"), device="cpu", nodes=2, ray_address="h:6379"))
+    assert on_two["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"] == "2"  # a rank's share (4) is more
+    user = values(L.plan("grpo", "gsm8k", str(cache / "smollm2"), device="cpu",
+                         extra=["data.max_response_length=300"]))
+    assert user["data.max_response_length"] == "300"
+
+
+def test_a_cpu_launch_names_every_setting_in_which_it_differs_from_the_gpu_command(cache):
+    p = L.plan("grpo", "gsm8k", str(cache / "smollm2"), device="cpu", steps=3, runs_dir=str(cache / "runs"),
+               extra=["trainer.test_freq=10"])
+    lines = L.gpu_differences(p, steps=3, extra=["trainer.test_freq=10"])
+    gpu = L.plan("grpo", "gsm8k", str(cache / "smollm2"), gpus=1, steps=3, runs_dir=str(cache / "runs"),
+                 experiment=p.experiment, extra=["trainer.test_freq=10"])
+
+    def values(q):
+        return dict(o.lstrip("+").split("=", 1) for o in q.overrides)
+
+    mine, theirs = values(p), values(gpu)
+    differing = {k for k in {*mine, *theirs} if mine.get(k) != theirs.get(k)}
+    assert {line.split(": ", 1)[0] for line in lines[:-1]} == differing  # each one, and nothing else
+    assert "data.max_response_length: 1024 → 512" in lines and "actor_rollout_ref.rollout.n: 8 → 4" in lines
+    assert "data.train_batch_size: 32 → 4" in lines and "actor_rollout_ref.rollout.dtype: — → float32" in lines
+    assert not any(k.startswith(("trainer.test_freq", "trainer.experiment_name", "trainer.default_local_dir",
+                                 "trainer.total_training_steps")) for k in differing)  # the same in both
+    assert lines[-1].startswith("environment: VERL_PLATFORM=cpu ") and lines[-1].endswith("(GPU runs: none)")
+    assert L.gpu_differences(gpu) == []
+
+
+@needs_vllm_cpu
+def test_the_dry_run_prints_the_differences_before_the_command(cache, capsys):
+    from rlkit.tiny.hf import save_random_model
+    from rlkit.tiny.task import build_tokenizer
+    from rlkit.verl.launch.data import prepare_arithmetic
+
+    model = save_random_model(cache / "mine", build_tokenizer(), d_model=128, n_heads=2)
+    prepare_arithmetic(cache / "data", n_train=4, n_test=2)
+    assert cli.main(["launch", "--method", "grpo", "--device", "cpu", "--model", str(model), "--data",
+                     str(cache / "data"), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    head, command = out.split("python -m verl.trainer.main_ppo", 1)
+    assert "differs from the GPU command (--gpus 1)" in head and "rollout.dtype: — → float32" in head, head
+    assert "environment: VERL_PLATFORM=cpu" in head and "data.max_response_length=512" in command
+
+
+def test_ray_workers_of_a_cpu_run_keep_the_launchs_niceness():
+    """Ray starts its workers 15 nicer than the raylet by default: a `nice -n 5` launch's trainer and vLLM ran at
+    19 and starved on a loaded machine. With the CPU environment a worker runs at the launch's own niceness."""
+    code = ("import os, ray; ray.init(num_cpus=1, include_dashboard=False, address='local'); "
+            "print(os.nice(0), ray.get(ray.remote(lambda: os.nice(0)).remote()))")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env = {**env, **{k: v for k, v in cpu.ENV.items() if k.startswith("RAY_")}}
+    out = subprocess.run(["nice", "-n", "5", sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    driver, worker = map(int, out.stdout.split()[-2:])
+    assert worker == driver, (driver, worker)

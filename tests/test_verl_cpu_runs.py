@@ -31,7 +31,8 @@ from pathlib import Path
 import pytest
 
 from rlkit.metrics import metrics_frame, read_metrics
-from rlkit.verl import cpu, runner
+from rlkit.verl import cpu
+from rlkit.verl.launch import runner
 
 pytestmark = [pytest.mark.verl, pytest.mark.verl_cpu, pytest.mark.timeout(1800),
               pytest.mark.skipif(cpu.rollout_stack() is not None, reason="vLLM's CPU build is not installed")]

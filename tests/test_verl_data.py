@@ -16,7 +16,7 @@ import pytest
 from rlkit.cli import main
 from rlkit.methods.spo import ValueTracker
 from rlkit.tasks import dapo_math
-from rlkit.verl import data
+from rlkit.verl.launch import data
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gsm8k"
 

@@ -13,7 +13,9 @@ pytest.importorskip("verl")
 
 from rlkit import cli  # noqa: E402
 from rlkit.tiny.config import METHODS, build_config  # noqa: E402
-from rlkit.verl import VERL_OWNED, from_tiny  # noqa: E402
+from rlkit.verl import VERL_OWNED  # noqa: E402
+from rlkit.verl.inputs import run_method  # noqa: E402
+from rlkit.verl.launch import from_tiny  # noqa: E402
 from rlkit.verl import launch as L  # noqa: E402
 
 ACTOR = "actor_rollout_ref.actor."
@@ -44,7 +46,14 @@ def test_overrides_carry_the_tiny_runs_settings(method):
         == (knobs.get("clip_low"), knobs.get("clip_high"), knobs["agg"])  # no clip range (SAPO): no clip keys
     assert keys["trainer.total_training_steps"] == 20 and keys["trainer.test_freq"] == cfg.eval_every
     assert keys["actor_rollout_ref.rollout.temperature"] == cfg.temperature
+    m = registry.get_method(method)
+    run = run_method(f"rlkit_{m.estimator(cfg.method_configs[method])}", f"rlkit_{m.policy_loss}")
+    sections = {k.split(".")[2] for k in keys if k.startswith("+algorithm.") and k.split(".")[2] in METHODS}
+    assert sections <= {run}, sections  # one section, the verl run's own
     options = getattr(cfg, method)
+    if run != method:  # DAPO, a GRPO run in verl (its mechanics verl's own keys): GRPO's section, DAPO's values
+        assert (run, keys[f"+algorithm.{run}.eps"]) == ("grpo", options.eps)
+        return
     for f in dataclasses.fields(options):  # every option the tiny run has that verl does not own
         key = f"+algorithm.{method}.{f.name}"
         if f.name in VERL_OWNED or f.name == "base_advantage":

@@ -76,16 +76,16 @@ def test_the_estimators_lookups_parse_no_section_twice(parses):
 
 @pytest.fixture
 def composed(tmp_path, monkeypatch):
-    """A composed GPU launch of DAPO (no model is built): the plan and verl's config."""
+    """A composed GPU launch of GSPO (no model is built): the plan and verl's config."""
     pytest.importorskip("hydra")
-    from rlkit.verl import compose as C
+    from rlkit.verl.launch import config as C
     from rlkit.verl import launch as L
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "data" / "gsm8k").mkdir(parents=True)
     for name in ("train.parquet", "test.parquet"):
         (tmp_path / "data" / "gsm8k" / name).write_bytes(b"")
-    p = L.plan("dapo", "gsm8k", "Qwen/Qwen2.5-0.5B-Instruct", gpus=8, extra=["+algorithm.dapo.overlong_penalty=0.5"])
+    p = L.plan("gspo", "gsm8k", "Qwen/Qwen2.5-0.5B-Instruct", gpus=8, extra=["+algorithm.gspo.eps=1e-5"])
     return L, C, p
 
 
@@ -99,11 +99,11 @@ def test_a_launch_parses_each_block_once_and_the_trainer_reuses_it(parses, compo
     L, C, p = composed
     cfg = L.check(p)
     once = list(parses)
-    assert sorted(once) == sorted(set(once)) and "dapo" in once, once  # each method's section once
+    assert sorted(once) == sorted(set(once)) and "gspo" in once, once  # each method's section once
     setup = MethodSetup.from_config(cfg)
     configs = _AlgorithmConfigs(cfg.algorithm)
     for _ in range(3):
-        assert configs["dapo"].overlong_penalty == 0.5 and configs[setup.name] is configs[setup.name]
+        assert configs["gspo"].eps == 1e-5 and configs[setup.name] is configs[setup.name]
     C.check_rlkit_names(cfg)
     assert parses == once, (parses, once)
 
@@ -111,12 +111,12 @@ def test_a_launch_parses_each_block_once_and_the_trainer_reuses_it(parses, compo
 def test_rlkit_blocks_are_told_from_verls_keys_by_the_registry(composed, monkeypatch):
     """A method the registry holds but no preset names is still read as rlkit's block (checked, and kept out of
     verl's schema check); verl's own keys never are."""
-    from rlkit.verl import presets
+    from rlkit.verl.launch import presets
 
     L, C, p = composed
     cfg = L.check(p)
     verl_keys = [k for k in cfg.algorithm if k not in registry.list_methods()["method"]]
-    assert "adv_estimator" in verl_keys and "filter_groups" in verl_keys
+    assert "adv_estimator" in verl_keys and "filter_groups" in verl_keys  # verl's default dynamic-sampling block
     assert inputs.rlkit_blocks(cfg.algorithm) == [k for k in cfg.algorithm if k not in verl_keys]
     assert not set(inputs.rlkit_blocks(cfg.algorithm)) & set(verl_keys)
 
@@ -125,8 +125,10 @@ def test_rlkit_blocks_are_told_from_verls_keys_by_the_registry(composed, monkeyp
     try:
         assert "zeta_blocks" not in presets.METHODS
         extra = [*p.overrides, "+algorithm.zeta_blocks.eps=1e-4"]
-        cfg = L.check(dataclasses.replace(p, overrides=tuple(extra)))  # verl's schema check does not see it
+        cfg = C.compose(extra)
         assert "zeta_blocks" in inputs.rlkit_blocks(cfg.algorithm)
+        with pytest.raises(presets.LaunchError, match="algorithm.zeta_blocks is another method's section"):
+            L.check(dataclasses.replace(p, overrides=tuple(extra)))  # read as rlkit's, not verl's schema
         bad = [*p.overrides, "+algorithm.zeta_blocks.eps=-1"]
         with pytest.raises(presets.LaunchError, match="zeta_blocks.eps"):  # and it is checked as rlkit's
             L.check(dataclasses.replace(p, overrides=tuple(bad)))

@@ -162,7 +162,8 @@ def test_a_methods_declared_verl_inputs_are_handled_by_name_of_no_method(tmp_pat
     from omegaconf import OmegaConf
 
     from rlkit import registry
-    from rlkit.verl import from_tiny, launch
+    from rlkit.verl import launch
+    from rlkit.verl.launch import from_tiny
 
     @dataclasses.dataclass
     class Config:
@@ -350,6 +351,37 @@ def test_rlkit_grpo_and_tlga_through_verls_compute_advantage(norm):
                                    rtol=0, atol=0)
         verl_grpo = compute_advantage(data, adv_estimator="grpo", norm_adv_by_std_in_grpo=norm).batch["advantages"]
         torch.testing.assert_close(run_estimator(data, "rlkit_grpo", {"norm_adv_by_std_in_grpo": norm}), verl_grpo)
+
+
+class Unread:
+    """Another method's Config, which must not be read."""
+
+    def __getattr__(self, name):
+        raise AssertionError(f"another method's Config was read ({name})")
+
+
+def test_in_a_run_each_function_reads_the_run_methods_section_alone():
+    """Told the run's method (the rlkit trainer's contexts), ``rlkit_grpo`` in a GSPO run reads ``algorithm.gspo``
+    and ``rlkit_ppo`` in an ASPO run ASPO's Config; verl's stock calls, which tell nothing, read the home method's.
+    A function the run's method does not train with is refused."""
+    for seed in SEEDS[:3]:
+        data, rewards, mask, ids = outcome_batch(seed)
+        algo = {"grpo": {"eps": 1e-5}, "gspo": {"eps": 0.5}}
+        with plugin.estimator_inputs(method="gspo"):
+            torch.testing.assert_close(run_estimator(data, "rlkit_grpo", algo),
+                                       grpo.grpo_advantage(rewards, ids, mask, eps=0.5), rtol=0, atol=0)
+        torch.testing.assert_close(run_estimator(data, "rlkit_grpo", algo),
+                                   grpo.grpo_advantage(rewards, ids, mask, eps=1e-5), rtol=0, atol=0)
+    with plugin.estimator_inputs(method="spo"), pytest.raises(ValueError, match="rlkit_grpo called in a run of spo, "
+                                                              "which trains with rlkit_spo"):
+        run_estimator(data, "rlkit_grpo", algo)
+    fn, b, cfg = core_algos.get_policy_loss_fn("rlkit_ppo"), make_batch(0, noise=0.1), actor_config()
+    args = (b["old_logp"], b["logp"], b["adv"], b["mask"], "token-mean", cfg)
+    with plugin.loss_inputs(options={"aspo": aspo.Config(), "grpo": Unread()}, method="aspo"):
+        in_run = fn(*args)
+    assert torch.equal(in_run[0], fn(*args)[0]) and in_run[1] == fn(*args)[1]
+    with plugin.loss_inputs(method="gspo"), pytest.raises(ValueError, match="rlkit_ppo called in a run of gspo"):
+        fn(*args)
 
 
 def test_rlkit_aspo_shapes_its_base_advantage_with_the_trainers_inputs():

@@ -1,4 +1,4 @@
-"""The launch watchdog (rlkit.verl.runner) on stand-in trainers: steps relayed into metrics.jsonl, a run that hangs
+"""The launch watchdog (rlkit.verl.launch.runner) on stand-in trainers: steps relayed into metrics.jsonl, a run that hangs
 after a traceback or stalls is stopped with its whole process tree and its error shown, Ctrl-C stops the tree, and
 resume points never lose or repeat a step. The real main_ppo runs are in test_verl_cpu_runs.py."""
 
@@ -15,8 +15,8 @@ import pytest
 
 from conftest import OWNER
 from rlkit.metrics import read_metrics
-from rlkit.verl import runner
-from rlkit.verl.runner import Limits
+from rlkit.verl.launch import runner
+from rlkit.verl.launch.runner import Limits
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -56,6 +56,11 @@ TRAINER = textwrap.dedent('''
         print("(WorkerDict pid=7, ip=10.0.0.1)   File \\"x.py\\", line 1, in update_weights")
         print("(WorkerDict pid=7, ip=10.0.0.1) AttributeError: 'Parameter' object has no attribute 'weight_loader'",
               flush=True)
+        time.sleep(600)
+    elif mode == "oom":                                           # Ray's memory monitor killed the workers
+        print("\x1b[33m(raylet)\x1b[0m [2026-12-02 18:31:45,381 E 22391 22391] (raylet) node_manager.cc:3517: 4 "
+              "Workers (tasks / actors) killed due to memory pressure (OOM), 0 Workers crashed due to other reasons "
+              "at node (ID: 068f7e, IP: 192.0.2.2) over the last time period.", flush=True)
         time.sleep(600)
     elif mode == "stall":
         time.sleep(600)
@@ -112,6 +117,19 @@ def test_a_run_that_hangs_after_a_traceback_is_stopped_with_its_error_shown(fake
     assert not _alive(worker), "a process of the launch in a session of its own survived"
     assert "rlkit watchdog: stopping the launch" in (fake.run_dir / runner.LOG).read_text()
     assert [r["step"] for r in read_metrics(fake.run_dir / "metrics.jsonl")] == [1, 2, 3]  # kept
+
+
+def test_workers_killed_by_rays_memory_monitor_stop_the_run_saying_so(fake):
+    """A SmolLM2 run on a loaded machine: Ray killed the FSDP worker at 96% of memory, printed one line and no
+    traceback, and the driver waited; the watchdog called it stalled 10 minutes later without saying why."""
+    start = time.monotonic()
+    result, worker = fake("oom", limits=Limits(startup_s=20, step_s=300, error_grace_s=3, idle_s=300))
+    assert result.outcome == "hung" and result.returncode == 124 and result.steps == [1, 2, 3]
+    assert time.monotonic() - start < 3 + 1 + 15  # the error's grace, not the step or idle limits
+    first = result.error.splitlines()[0]
+    assert first.startswith("Ray's memory monitor stopped the run's workers: 4 Workers (tasks / actors) killed "
+                            "due to memory pressure (OOM)") and "ppo_micro_batch_size_per_gpu" in first, first
+    assert not _alive(worker)
 
 
 def test_a_stalled_run_is_stopped(fake):

@@ -82,11 +82,41 @@ def tool_call(code):
 def test_method_setup_reads_verls_composed_config():
     cfg = verl_config("algorithm.adv_estimator=rlkit_aspo", "actor_rollout_ref.actor.policy_loss.loss_mode=rlkit_ppo",
                       "+algorithm.aspo.delta=-2.5", "+algorithm.aspo.base_advantage=hapo_tlga",
-                      "+algorithm.hapo.fallback_threshold=4.0")
+                      "+algorithm.aspo.eps=1e-4")
     setup = MethodSetup.from_config(cfg)
-    assert setup.options["aspo"].delta == -2.5
-    assert setup.options["hapo"].fallback_threshold == 4.0  # the base estimator's options are read too
+    assert setup.options["aspo"].delta == -2.5 and setup.options["aspo"].eps == 1e-4  # its base's knobs: its own
+    assert list(setup.options) == ["aspo"] and list(setup.extras) == ["aspo"]  # the run's own section alone
     assert setup.name == "aspo" and not setup.needs_entropy and not setup.hooks().sets_temperature()
+
+
+@pytest.mark.parametrize("overrides, message", [
+    # another method's section: GRPO's in a GSPO run (its group advantage's knobs are +algorithm.gspo.*)
+    (["algorithm.adv_estimator=rlkit_grpo", "actor_rollout_ref.actor.policy_loss.loss_mode=rlkit_gspo",
+      "+algorithm.grpo.eps=1e-3"], "algorithm.grpo is another method's section: .* reads algorithm.gspo alone"),
+    # ASPO's base estimator reads ASPO's section, not HAPO's
+    (["algorithm.adv_estimator=rlkit_aspo", "actor_rollout_ref.actor.policy_loss.loss_mode=rlkit_ppo",
+      "+algorithm.aspo.base_advantage=hapo_tlga", "+algorithm.hapo.fallback_threshold=4.0"],
+     "algorithm.hapo is another method's section"),
+    # no rlkit name reads it
+    (["algorithm.adv_estimator=grpo", "+algorithm.grpo.eps=1e-3"], "has no rlkit estimator or loss to read it"),
+    # an estimator and a loss of no one method: the run would read two sections
+    (["algorithm.adv_estimator=rlkit_dr_grpo", "actor_rollout_ref.actor.policy_loss.loss_mode=rlkit_gspo"],
+     "loss_mode=rlkit_gspo with rlkit_dr_grpo and rlkit_ppo is no one rlkit method's pair: dr_grpo trains with "
+     "rlkit_ppo"),
+])
+def test_a_verl_run_reads_its_own_methods_section_alone(overrides, message):
+    """As a tiny run reads its own ``Config`` (tests/test_settings_once.py), a verl run reads its method's section
+    and refuses another's."""
+    with pytest.raises(ValueError, match=message):
+        MethodSetup.from_config(verl_config(*overrides))
+
+
+def test_a_method_with_a_choice_of_estimator_takes_it_from_verls_key():
+    """HAPO with component B off is ``algorithm.adv_estimator=rlkit_grpo`` beside ``rlkit_hapo``: a HAPO run whose
+    Config says so (its hooks see B off), not a GRPO run."""
+    setup = MethodSetup.from_config(verl_config("algorithm.adv_estimator=rlkit_grpo",
+                                                "actor_rollout_ref.actor.policy_loss.loss_mode=rlkit_hapo"))
+    assert setup.name == "hapo" and setup.options["hapo"].adv_estimator == "grpo"
 
 
 def test_the_trainer_runs_the_methods_own_check_of_verls_settings_at_start_up(monkeypatch):
@@ -125,7 +155,7 @@ def test_the_replay_buffer_looks_for_finished_rollouts_without_verls_2_s_wait():
 
 
 def test_each_step_begins_by_asking_for_a_tests_hold(monkeypatch):
-    """``RLKIT_TEST_HOLD`` (test support: :func:`rlkit.verl.runner.hold_before_step`, tested in test_verl_runner.py)
+    """``RLKIT_TEST_HOLD`` (test support: :func:`rlkit.environ.hold_before_step`, tested in test_verl_runner.py)
     is asked at the start of every step of verl's loop, with the step about to run."""
     from rlkit.verl import trainer
 
@@ -586,6 +616,25 @@ def test_dr_grpo_hooks_metrics_through_verls_transferqueue_path(tokenizer, fake_
     torch.testing.assert_close(got[:2, 0], torch.tensor([0.5, -0.5]))  # R − mean R, no std; group b: all 0
     assert metrics["dr_grpo/length_cv"] == pytest.approx(dr_grpo.coefficient_of_variation(torch.tensor([2.0, 5.0])))
     assert metrics["dr_grpo/group_std_cv"] == 0.0  # one group with a spread
+
+
+def test_a_gspo_runs_advantage_reads_gspos_section_not_grpos(tokenizer, fake_tq):
+    """verl's ``rlkit_grpo`` in a GSPO run is GSPO's group advantage: ``+algorithm.gspo.eps`` sets it (the trainer
+    names the run's method to the estimator), where it once read GRPO's section."""
+    t = trainer_for("algorithm.adv_estimator=rlkit_grpo", "actor_rollout_ref.actor.policy_loss.loss_mode=rlkit_gspo",
+                    "+algorithm.gspo.eps=0.5")
+    assert t.method.name == "gspo" and not t.method.inputs
+    actor = FakeActor(fake_tq)
+    responses = [torch.arange(8, 8 + n) for n in (2, 5, 3, 4)]
+    rewards, uids = [1.0, 0.0, 1.0, 0.0], ["a", "a", "b", "b"]
+    meta = put_step(fake_tq, actor, uids, rewards, responses)
+    for key, uid in zip(meta.keys, uids):
+        fake_tq.records["train"][key]["uid"] = uid
+    t._compute_advantage(meta, {})
+    got = fake_tq.kv_batch_get(meta.keys, "train", ["advantages"])["advantages"].to_padded_tensor(0.0)
+    want = group_advantage(torch.tensor(rewards), torch.tensor([0, 0, 1, 1]), torch.ones(4, 1), eps=0.5)
+    torch.testing.assert_close(got[:, 0].to(want.dtype), want[:, 0])  # (1 − 0.5) / (0.707 + 0.5) = 0.414
+    assert abs(got[0, 0].item() - 0.5 / (0.5 ** 0.5 + 0.5)) < 1e-6
 
 
 def test_spo_state_is_saved_in_and_restored_from_verls_checkpoint_folder(tmp_path, monkeypatch):

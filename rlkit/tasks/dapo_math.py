@@ -9,7 +9,7 @@ Sources — HF ids, or local ``.parquet``/``.jsonl`` files in any of their schem
   wrapped in DAPO's "Answer:" instruction (removed here) and repeated about 100 times.
 - :data:`VAL_SOURCE` ``BytedTsinghua-SIA/AIME-2024``: the 30 AIME 2024 problems, each repeated 32 times.
 
-:func:`load` returns every row as found; :func:`rlkit.verl.data.prepare_dapo` removes the repeats.
+:func:`load` returns every row as found; :func:`rlkit.verl.launch.data.prepare_dapo` removes the repeats.
 
 Prompt (:func:`prompt`): the problem, then :data:`BOXED_INSTRUCTION` asking for the answer in ``\\boxed{}``.
 

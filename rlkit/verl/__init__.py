@@ -1,18 +1,38 @@
 """rlkit inside verl 0.9.1: the only package that imports verl (its submodules do; this file does not).
 
+Two parts, with the dependency one way (the launcher imports the plugin, never the reverse; the import contract
+``verl-plugin-below-launcher`` in pyproject.toml and ``tests/test_verl_split.py`` hold it):
+
+**The plugin** — what runs inside verl's processes, at verl's extension points:
+
 - :mod:`rlkit.verl.plugin` registers rlkit's policy losses and advantage estimators in verl's registries
   (loaded by verl itself through the ``verl.plugins`` entry point);
+- :mod:`rlkit.verl.inputs` is what the rlkit trainer hands those functions beyond verl's signatures (a method's
+  ``+algorithm.<method>.*`` section, the entropies, the per-response inputs);
 - :mod:`rlkit.verl.trainer` is the trainer ``trainer.v1.trainer_mode=rlkit`` that carries what verl's
   estimator and loss signatures cannot (correctness and code positions, entropies, SPO's tracker and sampler);
 - :mod:`rlkit.verl.sampling` is HAPO's adaptive temperature as a vLLM v1 logits processor;
-- :mod:`rlkit.verl.launch` is ``rlkit launch``: a method's preset (:mod:`rlkit.verl.presets`) composed with
-  verl's config and validated on CPU (:mod:`rlkit.verl.compose`), then run under a watchdog
-  (:mod:`rlkit.verl.runner`).
+- :mod:`rlkit.verl.tools` the calculator and sandbox tools of verl's agent loop;
+- :mod:`rlkit.verl.cpu` what verl and vLLM need to run on a CPU (loaded in each of their processes).
+
+**The launcher** — :mod:`rlkit.verl.launch`, which is ``rlkit launch``: a method's preset
+(:mod:`rlkit.verl.launch.presets`) and its data (:mod:`rlkit.verl.launch.data`, a tiny run's settings through
+:mod:`rlkit.verl.launch.from_tiny`) composed with verl's config and validated on CPU
+(:mod:`rlkit.verl.launch.config`), then run under a watchdog (:mod:`rlkit.verl.launch.runner`). The old paths
+``rlkit.verl.presets``, ``.data``, ``.runner`` and ``.compose`` (now ``launch.config``) name the same modules for
+the callers outside the package (README, the book, the reproduction app, benchmarks) until they move.
 
 The names below are importable without verl, so configs can be checked before verl is imported.
 """
 
 from collections.abc import Iterator, Mapping
+
+from rlkit.errors import UsageError
+
+
+class LaunchError(UsageError, ValueError):
+    """A launch that would fail: the message names the bad key or value and what would be valid (raised by the
+    launcher's checks, and by the plugin's where a method refuses verl's settings)."""
 
 
 class _Registered(Mapping):
@@ -66,4 +86,4 @@ VERL_OWNED = {
     "adv_estimator": "algorithm.adv_estimator",
 }
 
-__all__ = ["ADV_ESTIMATORS", "POLICY_LOSSES", "TRAINER", "VERL_OWNED"]
+__all__ = ["ADV_ESTIMATORS", "POLICY_LOSSES", "TRAINER", "VERL_OWNED", "LaunchError"]

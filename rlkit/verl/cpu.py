@@ -66,6 +66,10 @@ ENV = {
     "RAY_ADDRESS": "",  # Ray: ignore a cluster named in the caller's environment (address=local starts one)
     "RAY_enable_worker_prestart": "0",  # Ray: no idle workers started ahead (one per CPU slot) on two cores
     "RAY_USAGE_STATS_ENABLED": "0",
+    # Ray: its workers (trainer, FSDP, vLLM, agent loop: all of a CPU run's computing) at the launch's own niceness.
+    # Ray's default starts them 15 nicer than the raylet; on a loaded machine a `nice`d launch of a real model then
+    # ran at 19 and starved (SmolLM2's validation: 5 of 64 answers in 4 minutes; reproductions/LOG.md 2026-12-02)
+    "RAY_worker_niceness": "0",
 }
 """Environment of a CPU run: the launcher sets it for ``main_ppo``; Ray's workers and vLLM inherit it."""
 

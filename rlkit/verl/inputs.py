@@ -28,8 +28,7 @@ import torch
 
 from rlkit import registry
 from rlkit.tasks.tools import CodeDetection
-from rlkit.verl import VERL_OWNED
-from rlkit.verl.presets import LaunchError
+from rlkit.verl import ADV_ESTIMATORS, POLICY_LOSSES, VERL_OWNED, LaunchError
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -166,6 +165,29 @@ def verl_owned(config: Any, **values: Any) -> Any:
     return dataclasses.replace(config, **{k: v for k, v in values.items() if k in names and v is not None})
 
 
+def run_method(adv_estimator: str, loss_mode: str) -> str | None:
+    """The rlkit method a verl run of ``algorithm.adv_estimator`` and ``loss_mode`` trains, whose hooks run and whose
+    section ``algorithm.<method>`` alone its rlkit functions read: the loss's method when it trains with this
+    estimator, else the estimator's (a method that reshapes or replaces the advantage of another's loss); None when
+    neither name is rlkit's. (A method whose preset is another's estimator and loss with verl's own keys for the
+    rest, DAPO's, is a run of that other method.)"""
+    by_estimator, by_loss = ADV_ESTIMATORS.get(adv_estimator), POLICY_LOSSES.get(loss_mode)
+    own = by_loss is not None and \
+        f"rlkit_{registry.get_method(by_loss).estimator(verl_estimator(CONFIGS[by_loss](), adv_estimator))}" == \
+        adv_estimator
+    return by_loss if own or by_estimator is None else by_estimator
+
+
+def verl_estimator(config: Any, adv_estimator: Any) -> Any:
+    """``config`` with its ``adv_estimator`` field (a method with a choice of estimator, HAPO's component B) set by
+    verl's own key ``algorithm.adv_estimator`` where that names one of the field's choices (``rlkit_<choice>``);
+    any other ``config`` as it is."""
+    name = str(adv_estimator or "").removeprefix("rlkit_")
+    if name in getattr(config, "CHOICES", {}).get("adv_estimator", ()):
+        return verl_owned(config, adv_estimator=name)
+    return config
+
+
 # --------------------------------------------------------------------------- per-call inputs
 
 
@@ -175,16 +197,20 @@ class LossInputs(NamedTuple):
     entropy: Tensor | None
     """The actor's token entropies ``(B, T)`` of this forward pass (padded like the log-probs)."""
     options: Mapping[str, Any]
-    """rlkit method → its ``Config`` (:func:`method_config`)."""
+    """rlkit method → its ``Config`` (:func:`method_config`): the run's method's."""
+    method: str | None = None
+    """The run's method, whose ``Config`` the loss reads (None: the loss's home method, as verl's stock loss)."""
 
 
 LOSS_INPUTS: ContextVar[LossInputs | None] = ContextVar("rlkit_loss_inputs", default=None)
 
 
 @contextmanager
-def loss_inputs(entropy: Tensor | None = None, options: Mapping[str, Any] | None = None) -> Iterator[None]:
-    """Within the block, ``rlkit_*`` losses read ``entropy`` and method ``options`` (see :class:`LossInputs`)."""
-    token = LOSS_INPUTS.set(LossInputs(entropy, dict(options or {})))
+def loss_inputs(entropy: Tensor | None = None, options: Mapping[str, Any] | None = None,
+                method: str | None = None) -> Iterator[None]:
+    """Within the block, ``rlkit_*`` losses read ``entropy`` and the run's ``method`` with its ``options`` (see
+    :class:`LossInputs`)."""
+    token = LOSS_INPUTS.set(LossInputs(entropy, dict(options or {}), method))
     try:
         yield
     finally:
@@ -197,11 +223,12 @@ ESTIMATOR_INPUTS: ContextVar[Mapping[str, Any] | None] = ContextVar("rlkit_estim
 @contextmanager
 def estimator_inputs(**per_response: Any) -> Iterator[None]:
     """Within the block, ``rlkit_*`` estimators read these per-response inputs, which verl's ``compute_advantage``
-    does not pass: fields of :class:`rlkit.registry.AdvantageInputs` (``correct``, ``first_code_pos``,
-    ``lengths``, ``code_pass``, ``baselines``), ``real_rows`` ``(B,)`` bool, the rows that are not verl's
-    padding (the others get advantage 0 and stay out of the estimate), and ``on_advantage(adv, inputs)``, called
-    with the advantages and :class:`~rlkit.registry.AdvantageInputs` of those rows once computed (the hooks'
-    :meth:`~rlkit.hooks.Hooks.advantage_metrics`)."""
+    does not pass: ``method``, the run's method (whose ``algorithm.<method>`` section the estimator reads; without
+    it, the estimator's home method's), fields of :class:`rlkit.registry.AdvantageInputs` (``correct``,
+    ``first_code_pos``, ``lengths``, ``code_pass``, ``baselines``), ``real_rows`` ``(B,)`` bool, the rows that
+    are not verl's padding (the others get advantage 0 and stay out of the estimate), and
+    ``on_advantage(adv, inputs)``, called with the advantages and :class:`~rlkit.registry.AdvantageInputs` of those
+    rows once computed (the hooks' :meth:`~rlkit.hooks.Hooks.advantage_metrics`)."""
     token = ESTIMATOR_INPUTS.set(per_response)
     try:
         yield

@@ -8,9 +8,12 @@ verl's trainer or agent loop for it; a failed registration is logged as an ERROR
 that every name is in verl's tables (it also covers ``VERL_USE_EXTERNAL_PLUGINS=none``).
 
 Names. Each is ``rlkit_`` + a name of :mod:`rlkit.registry`; its function calls the registry's dispatch
-(:func:`rlkit.registry.policy_loss`, :func:`rlkit.registry.advantage`) for the rlkit method in
-:data:`rlkit.verl.POLICY_LOSSES` / :data:`rlkit.verl.ADV_ESTIMATORS`, exactly as the tiny trainer does (nothing is
-re-implemented, and no method is special-cased here):
+(:func:`rlkit.registry.policy_loss`, :func:`rlkit.registry.advantage`) for the run's method, exactly as the tiny
+trainer does (nothing is re-implemented, and no method is special-cased here). The run's method is the one the
+rlkit trainer names in its contexts (:func:`rlkit.verl.inputs.run_method`, :class:`rlkit.verl.trainer.MethodSetup`):
+an estimator shared by several methods reads the ``Config`` of the run's method, not of the method it is
+registered by. Called by verl's stock trainer and loss, which name no run, a function runs as its home method
+(:data:`rlkit.verl.POLICY_LOSSES` / :data:`rlkit.verl.ADV_ESTIMATORS`).
 
 - policy losses (``actor_rollout_ref.actor.policy_loss.loss_mode``): ``rlkit_<loss>`` for every registered loss
   (``rlkit_ppo`` is GRPO's PPO clip, which several methods train with);
@@ -24,8 +27,9 @@ for losses that read them.
 Configuration. verl's own keys keep their meaning: ``actor_rollout_ref.actor.clip_ratio_low``/``clip_ratio_high``
 (ε_low/ε_high; ``clip_ratio`` when they are null), ``clip_ratio_c`` (dual clip, for the losses that have one),
 ``loss_agg_mode``, ``algorithm.norm_adv_by_std_in_grpo`` (the group estimators' std division). Everything else
-comes from ``+algorithm.<method>.<field>`` with the field names of the method's ``Config``
-(``rlkit.methods.<method>.Config``), plus the verl-only keys its method record declares
+comes from the run's method's own section, ``+algorithm.<method>.<field>`` with the field names of its ``Config``
+(``rlkit.methods.<method>.Config``, which holds every knob of the functions it trains with, as in the tiny engine;
+another method's section is refused by the rlkit trainer), plus the verl-only keys its method record declares
 (:attr:`rlkit.registry.Method.verl_keys`: ``stats_path``, where the trainer writes a per-token temperature's
 state for :mod:`rlkit.verl.sampling`; ``code_detection``, which detectors of :class:`rlkit.tasks.tools.CodeDetection`
 find code calls in decoded responses; ``offline_values``, the path of ``offline_values.json``); a field that verl
@@ -83,6 +87,7 @@ from rlkit.verl.inputs import (  # noqa: F401  (method_config, rlkit_blocks, the
     method_config,
     rlkit_blocks,
     rows_of,
+    verl_estimator,
     verl_owned,
 )
 
@@ -127,8 +132,23 @@ def _options(method: str, given: Any, inputs: LossInputs | None) -> Any:
     return CONFIGS[method]()
 
 
+def _method_of(name: str, kind: str, told: str | None, config: Any = None) -> str:
+    """The method whose ``Config`` the verl function ``name`` (``kind``: ``advantage`` | ``policy_loss``) reads in
+    this call: the run's method the rlkit trainer tells it (``told``), else — verl's stock trainer and loss, which
+    tell a function nothing of the run — the function's home method. The run's method must train with ``name``
+    (:class:`rlkit.verl.trainer.MethodSetup` refuses a run whose names are not one method's); ``config`` is its
+    ``Config``, which picks the estimator where the method has a choice (:meth:`rlkit.registry.Method.estimator`)."""
+    home = (ADV_ESTIMATORS if kind == "advantage" else POLICY_LOSSES)[name]
+    if told is None:
+        return home
+    m = registry.get_method(told)
+    trains = m.estimator(config if config is not None else CONFIGS[told]()) if kind == "advantage" else m.policy_loss
+    if f"rlkit_{trains}" != name:
+        raise ValueError(f"{name} called in a run of {told}, which trains with rlkit_{trains}")
+    return told
+
+
 def _verl_policy_loss(name: str) -> Callable:
-    method = POLICY_LOSSES[name]
 
     def policy_loss(
         old_log_prob: Tensor,
@@ -148,6 +168,7 @@ def _verl_policy_loss(name: str) -> Callable:
             advantages = advantages * rollout_is_weights.detach()
         inputs = _LOSS_INPUTS.get()
         entropy = entropy if entropy is not None else (inputs.entropy if inputs is not None else None)
+        method = _method_of(name, "policy_loss", inputs.method if inputs is not None else None)
         batch_info = config.get("global_batch_info", None) or {}
         clip_low, clip_high = _clip_range(config)
         opts = verl_owned(_options(method, options, inputs), clip_low=clip_low, clip_high=clip_high,
@@ -165,7 +186,8 @@ def _verl_policy_loss(name: str) -> Callable:
         return loss * global_scale(response_mask, loss_agg_mode, batch_info), metrics
 
     policy_loss.__name__ = policy_loss.__qualname__ = name
-    policy_loss.__doc__ = f"verl policy loss {name!r}: rlkit's {method} loss in verl's PolicyLossFn signature."
+    policy_loss.__doc__ = (f"verl policy loss {name!r}: rlkit's {POLICY_LOSSES[name]} loss in verl's PolicyLossFn "
+                           "signature, with the run's method's Config.")
     return policy_loss
 
 
@@ -175,7 +197,8 @@ def _verl_policy_loss(name: str) -> Callable:
 class _AlgorithmConfigs(Mapping):
     """rlkit method → its ``Config`` from ``algorithm.<method>`` (:func:`method_config`, whose parse of a section
     the process keeps), read when the registry asks for it and kept for this call, with ``norm_by_std`` from verl's
-    ``algorithm.norm_adv_by_std_in_grpo`` (verl's key)."""
+    ``algorithm.norm_adv_by_std_in_grpo`` and a choice of estimator from ``algorithm.adv_estimator`` (verl's keys,
+    :func:`verl_estimator`). The registry asks for the run's method alone."""
 
     def __init__(self, algorithm: Any) -> None:
         self.algorithm = algorithm
@@ -184,7 +207,8 @@ class _AlgorithmConfigs(Mapping):
 
     def __getitem__(self, method: str) -> Any:
         if method not in self._read:
-            self._read[method] = verl_owned(method_config(self.algorithm, method)[0], norm_by_std=self.norm_by_std)
+            config = verl_estimator(method_config(self.algorithm, method)[0], self.algorithm.get("adv_estimator"))
+            self._read[method] = verl_owned(config, norm_by_std=self.norm_by_std)
         return self._read[method]
 
     def __iter__(self) -> Iterator[str]:
@@ -200,8 +224,6 @@ VERL_INPUT_NAMES = {"group_ids": "index, the batch's 'uid'", "baselines": "rewar
 
 
 def _verl_estimator(name: str) -> Callable:
-    method = ADV_ESTIMATORS[name]
-
     def estimator(token_level_rewards: Tensor, response_mask: Tensor, config: Any = None, index: Any = None,
                   reward_baselines: Tensor | None = None, **_verl_optional: Any) -> tuple[Tensor, Tensor]:
         given = dict(_ESTIMATOR_INPUTS.get() or {})
@@ -209,9 +231,11 @@ def _verl_estimator(name: str) -> Callable:
             given["baselines"] = reward_baselines
         real = given.pop("real_rows", None)
         report = given.pop("on_advantage", None)
+        told = given.pop("method", None)
         rewards = token_level_rewards.sum(-1)  # verl's outcome estimators: the sum of the token rewards
         inputs = AdvantageInputs(rewards, index, response_mask, **given)
         configs = _AlgorithmConfigs(config)
+        method = _method_of(name, "advantage", told, configs[told] if told is not None else None)
         try:
             if real is None:
                 kept, adv = inputs, registry.advantage(method, inputs, configs)
@@ -231,8 +255,8 @@ def _verl_estimator(name: str) -> Callable:
         return adv, adv
 
     estimator.__name__ = estimator.__qualname__ = name
-    estimator.__doc__ = (f"verl advantage estimator {name!r}: rlkit's {method} estimator → "
-                         "``(advantages, returns)``, both ``(B, T)``.")
+    estimator.__doc__ = (f"verl advantage estimator {name!r}: rlkit's {ADV_ESTIMATORS[name]} estimator with the "
+                         "run's method's Config → ``(advantages, returns)``, both ``(B, T)``.")
     return estimator
 
 

@@ -36,7 +36,7 @@ method trains with ``algorithm.adv_estimator``, else the estimator's.
   ``<method>/sampler/temperature_mean``/``_std``.
 - Checkpoints: the hooks' state is saved in each checkpoint folder (``rlkit_method.pt``) and restored on resume.
 - Test support: with ``RLKIT_TEST_HOLD=<step>:<file>`` in its environment the trainer stops before step ``<step>``
-  and waits while ``<file>`` exists (:func:`rlkit.verl.runner.hold_before_step`), so a test kills the run there.
+  and waits while ``<file>`` exists (:func:`rlkit.environ.hold_before_step`), so a test kills the run there.
 
 Deviations forced by verl's extension points (for the methods' book pages):
 
@@ -86,11 +86,13 @@ from verl.workers.utils.padding import no_padding_2_padding, response_from_neste
 
 from rlkit import registry
 from rlkit.core.tool_use import tool_metrics
+from rlkit.environ import hold_before_step
 from rlkit.hooks import Hooks, Recalled, StepBatch, checked
 from rlkit.tasks.tools import CodeDetection, count_code_calls, first_code_char
 from rlkit.verl import ADV_ESTIMATORS, POLICY_LOSSES, TRAINER
-from rlkit.verl.inputs import check_hooks, estimator_inputs, loss_inputs, method_config, rows_of
-from rlkit.verl.runner import hold_before_step
+from rlkit.verl.inputs import (
+    check_hooks, estimator_inputs, loss_inputs, method_config, rlkit_blocks, rows_of, run_method, verl_estimator,
+)
 from rlkit.verl.sampling import APPLIED, CONFIG_KEY, applied_metrics, processor_settings, read_applied, save_state
 
 Tensor = torch.Tensor
@@ -111,35 +113,48 @@ POLL_S = 0.05
 
 @dataclass
 class MethodSetup:
-    """Which rlkit names a verl config uses, the run's method (whose hooks run) and its ``+algorithm.<m>.*``
-    options."""
+    """Which rlkit names a verl config uses, the run's method (whose hooks run, whose ``Config`` every rlkit
+    function of the run reads) and its ``+algorithm.<method>.*`` options."""
 
     adv_estimator: str
     loss_mode: str
     name: str | None = None
-    """The run's method, whose hooks run: the loss's when the loss's method trains with this estimator, else the
-    estimator's (a method that reshapes or replaces the advantage of another's loss); None when neither is rlkit's."""
+    """The run's method (:func:`rlkit.verl.inputs.run_method`): the loss's when the loss's method trains with this
+    estimator, else the estimator's; None when neither is rlkit's."""
     options: dict[str, Any] = field(default_factory=dict)
-    """rlkit method → its ``Config`` for every rlkit name in use."""
+    """The run's method → its ``Config``, from its own section ``algorithm.<method>`` alone ({} without one)."""
     extras: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """rlkit method → its verl-only keys (``stats_path``, ``offline_values``, ``code_detection``)."""
+    """The run's method → its verl-only keys (``stats_path``, ``offline_values``, ``code_detection``)."""
 
     @classmethod
     def from_config(cls, config: Any) -> MethodSetup:
-        """Read and check the methods of a full verl config (``algorithm``, ``actor_rollout_ref``, ...)."""
+        """Read and check the run's method of a full verl config (``algorithm``, ``actor_rollout_ref``, ...).
+
+        Each verl run reads its own method's section only, as a tiny run reads its own ``Config``
+        (:mod:`rlkit.registry`): a shared estimator's knobs come from the run's method's section, another
+        method's section is refused (the estimator's home's too), and so are an estimator and a loss that are not
+        one method's (the run would read two sections)."""
         adv = str(config.algorithm.adv_estimator)
         loss = str(config.actor_rollout_ref.actor.policy_loss.get("loss_mode", "vanilla"))
         by_estimator, by_loss = ADV_ESTIMATORS.get(adv), POLICY_LOSSES.get(loss)
-        setup = cls(adv, loss)
-        methods = [m for m in (by_estimator, by_loss) if m is not None]
-        if by_estimator is not None:  # a method whose Config names a base estimator: its options are read too
-            base = getattr(method_config(config.algorithm, by_estimator)[0], "base_advantage", None)
-            if base is not None:
-                methods.append(ADV_ESTIMATORS[f"rlkit_{base}"])
-        for method in dict.fromkeys(methods):
-            setup.options[method], setup.extras[method] = method_config(config.algorithm, method)
-        own = by_loss is not None and f"rlkit_{registry.get_method(by_loss).estimator(setup.options[by_loss])}" == adv
-        setup.name = by_loss if own or by_estimator is None else by_estimator
+        setup = cls(adv, loss, run_method(adv, loss))
+        blocks = [b for b in rlkit_blocks(config.algorithm) if config.algorithm.get(b) is not None]
+        foreign = [b for b in blocks if b != setup.name]
+        if foreign:
+            reads = f"reads algorithm.{setup.name} alone" if setup.name else "has no rlkit estimator or loss to read it"
+            raise ValueError(f"algorithm.{foreign[0]} is another method's section: this run (adv_estimator={adv}, "
+                             f"loss_mode={loss}) {reads}; set its knobs there")
+        if setup.name is None:
+            return setup
+        options, setup.extras[setup.name] = method_config(config.algorithm, setup.name)
+        setup.options[setup.name] = verl_estimator(options, adv)
+        m = registry.get_method(setup.name)
+        trains = f"rlkit_{m.estimator(setup.options[setup.name])}", f"rlkit_{m.policy_loss}"
+        for key, used, wanted, rlkit in (("algorithm.adv_estimator", adv, trains[0], by_estimator),
+                                         ("actor_rollout_ref.actor.policy_loss.loss_mode", loss, trains[1], by_loss)):
+            if rlkit is not None and used != wanted:
+                raise ValueError(f"{key}={used} with {' and '.join(trains)} is no one rlkit method's pair: "
+                                 f"{setup.name} trains with {wanted} (a run reads one method's section)")
         setup._check(config)
         return setup
 
@@ -168,8 +183,7 @@ class MethodSetup:
     @property
     def needs_entropy(self) -> bool:
         """The loss reads the actor's entropies (:meth:`rlkit.registry.Method.needs_entropy`)."""
-        method = POLICY_LOSSES.get(self.loss_mode)
-        return method is not None and registry.get_method(method).needs_entropy(self.options[method])
+        return self.loss_mode in POLICY_LOSSES and registry.get_method(self.name).needs_entropy(self.options[self.name])
 
     @property
     def inputs(self) -> tuple[str, ...]:
@@ -187,15 +201,16 @@ class MethodSetup:
 
 
 def actor_loss(config: Any, model_output: Mapping[str, Any], data: Any, dp_group: Any = None, *,
-               options: Mapping[str, Any]) -> tuple[Tensor, dict]:
-    """verl's ``ppo_loss`` with the forward pass's entropies and rlkit's method options in reach of the rlkit losses.
+               options: Mapping[str, Any], method: str | None = None) -> tuple[Tensor, dict]:
+    """verl's ``ppo_loss`` with the forward pass's entropies, the run's ``method`` and its options in reach of the
+    rlkit losses.
 
-    Set on the actor workers with ``set_loss_fn(partial(actor_loss, config=actor_config, options=...))``.
+    Set on the actor workers with ``set_loss_fn(partial(actor_loss, config=actor_config, options=..., method=...))``.
     """
     entropy = model_output.get("entropy", None)
     if entropy is not None:
         entropy = no_padding_2_padding(entropy, data)
-    with loss_inputs(entropy=entropy, options=options):
+    with loss_inputs(entropy=entropy, options=options, method=method):
         return ppo_loss(config, model_output, data, dp_group)
 
 
@@ -382,7 +397,8 @@ class RlkitTrainer(PPOTrainerSync):
         super()._setup()
         if self.method.loss_mode in POLICY_LOSSES:
             actor_config = omega_conf_to_dataclass(self.config.actor_rollout_ref.actor)
-            self.actor_rollout_wg.set_loss_fn(partial(actor_loss, config=actor_config, options=self.method.options))
+            self.actor_rollout_wg.set_loss_fn(partial(actor_loss, config=actor_config, options=self.method.options,
+                                                      method=self.method.name))
 
     def _init_dataloader(self):
         super()._init_dataloader()
@@ -432,7 +448,8 @@ class RlkitTrainer(PPOTrainerSync):
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         hooked = _overrides(self.hooks, "advantage_inputs", "after_update", "advantage_metrics")
         if not self.method.inputs and not hooked:
-            return super()._compute_advantage(batch, metrics)
+            with estimator_inputs(method=self.method.name):  # the run's method's section, not the estimator's home's
+                return super()._compute_advantage(batch, metrics)
         fields = ["response_mask", "rm_scores"] + ["extra_info"] * self.hooks.keyed
         if self.method.inputs:
             fields += ["responses", "extra_fields"]
@@ -443,7 +460,7 @@ class RlkitTrainer(PPOTrainerSync):
         if _overrides(self.hooks, "advantage_metrics"):
             padding = data.non_tensor_batch["is_padding"]
             inputs["on_advantage"] = lambda adv, given: metrics.update(self.advantage_metrics(adv, given, padding))
-        with estimator_inputs(**inputs):
+        with estimator_inputs(method=self.method.name, **inputs):
             return super()._compute_advantage(batch, metrics)
 
     def advantage_metrics(self, adv: Tensor, inputs: Any, padding: np.ndarray) -> dict[str, float]:
@@ -519,7 +536,7 @@ class RlkitTrainer(PPOTrainerSync):
         (``_compute_advantage``) runs the same two steps through verl's ``PPOTrainer._compute_advantage``.
         """
         algo = self.config.algorithm
-        with estimator_inputs(**self.advantage_inputs(data, metrics)):
+        with estimator_inputs(method=self.method.name, **self.advantage_inputs(data, metrics)):
             return compute_advantage(data, adv_estimator=algo.adv_estimator, gamma=algo.gamma, lam=algo.lam,
                                      num_repeat=self.config.actor_rollout_ref.rollout.n,
                                      norm_adv_by_std_in_grpo=algo.get("norm_adv_by_std_in_grpo", True), config=algo)

@@ -5,9 +5,9 @@ run on this machine's CPU):
 
 1. :func:`plan` builds one list of overrides for ``python -m verl.trainer.main_ppo`` from the method's preset,
    the dataset, the batch scaled to the GPUs, the run's paths and the user's own overrides (after ``--``), which
-   replace a preset's value for the same key (:mod:`rlkit.verl.presets` holds what each run sets);
+   replace a preset's value for the same key (:mod:`rlkit.verl.launch.presets` holds what each run sets);
 2. :func:`check` composes them with verl's packaged ``ppo_trainer.yaml`` — the very config ``main_ppo`` builds
-   from the same command line — and validates that before anything starts (:mod:`rlkit.verl.compose`);
+   from the same command line — and validates that before anything starts (:mod:`rlkit.verl.launch.config`);
 3. the exact command is printed and, without ``--dry-run``, :func:`run` runs it.
 
 ``--rollout-correction MODE`` turns verl's own train–inference mismatch correction on (decoupled mode):
@@ -18,9 +18,10 @@ run on this machine's CPU):
 (``algorithm.rollout_correction.rollout_is_threshold=1.5``). rlkit's losses apply verl's weights per token
 (:mod:`rlkit.verl.plugin`).
 
-Every launch runs under a watchdog (:mod:`rlkit.verl.runner`): a run that stops making progress, or hangs after
-an error inside Ray or vLLM, is stopped — its whole process tree — and the underlying error shown. ``--resume``
-continues a killed run from its newest checkpoint without losing or repeating a step of ``metrics.jsonl``.
+Every launch runs under a watchdog (:mod:`rlkit.verl.launch.runner`): a run that stops making progress, or hangs
+after an error inside Ray or vLLM, is stopped — its whole process tree — and the underlying error shown.
+``--resume`` continues a killed run from its newest checkpoint without losing or repeating a step of
+``metrics.jsonl``.
 
 Metrics. verl's ``file`` logger writes ``{"step": N, "data": {...}}`` lines to ``$VERL_FILE_LOGGER_PATH``
 (``verl/utils/tracking.py::FileLogger``). The logger lives in verl's trainer, a Ray actor, so the variable
@@ -30,6 +31,10 @@ travels in Ray's runtime environment (``ray_kwargs.ray_init.runtime_env.env_vars
 run's.
 Relative paths resolve in the directory the run starts from; with ``--ray-address`` give absolute paths on
 storage the cluster shares.
+
+This package is the launcher, above the plugin (:mod:`rlkit.verl`: what runs inside verl's processes, which
+imports nothing of it): its parts are :mod:`~rlkit.verl.launch.presets`, :mod:`~rlkit.verl.launch.data`,
+:mod:`~rlkit.verl.launch.from_tiny`, :mod:`~rlkit.verl.launch.config` and :mod:`~rlkit.verl.launch.runner`.
 """
 
 from __future__ import annotations
@@ -53,8 +58,9 @@ from rlkit.core.rollout_correction import VERL_NEEDS, verl_overrides
 from rlkit.environ import check_dir
 from rlkit.errors import ConflictingOptions
 from rlkit.files import LAUNCH_RUN, claim_dir
-from rlkit.verl import cpu, runner
-from rlkit.verl.compose import (
+from rlkit.verl import cpu
+from rlkit.verl.launch import runner
+from rlkit.verl.launch.config import (
     check_cpu_model,
     check_method_overrides,
     check_model_dir,
@@ -65,9 +71,10 @@ from rlkit.verl.compose import (
     quiet,
     validate,
 )
-from rlkit.verl.presets import (
+from rlkit.verl.launch.presets import (
     COMMON,
     CPU,
+    CPU_PRETRAINED,
     CPU_SAMPLES,
     CPU_STEPS,
     CPU_UPDATES,
@@ -96,7 +103,7 @@ GPU_LIMITS = runner.Limits(startup_s=3600.0, step_s=7200.0, error_grace_s=300.0)
 """Watchdog limits of GPU runs: model loading and DAPO-length steps take long. No idle watch: a process waiting on
 its GPU's kernels may use little CPU."""
 RAY_START_TRIES = 3
-"""Launches tried when Ray fails to start its local node (:func:`rlkit.verl.runner.ray_start_failed`)."""
+"""Launches tried when Ray fails to start its local node (:func:`rlkit.verl.launch.runner.ray_start_failed`)."""
 RAY_RETRY_PAUSE_S = 10.0
 
 
@@ -129,7 +136,7 @@ class Plan:
     tool_config: str | None = None
     """Where the run's copy of rlkit's tool config goes (tool-integrated runs), written at launch."""
     tool: str | None = None
-    """The run's tool (:data:`rlkit.verl.presets.TOOLS`), or None."""
+    """The run's tool (:data:`rlkit.verl.launch.presets.TOOLS`), or None."""
     device: str = "gpu"
     env: tuple[tuple[str, str], ...] = ()
     """Environment variables ``main_ppo`` runs with (CPU runs: :data:`rlkit.verl.cpu.ENV`)."""
@@ -166,11 +173,11 @@ def plan(method: str, dataset: str | None, model: str | None, *, gpus: int | Non
          rollout_correction: str | None = None, extra: Sequence[str] = ()) -> Plan:
     """The overrides for one run (nothing is composed or checked here: see :func:`check`).
 
-    ``device="cpu"``: a CPU run (:mod:`rlkit.verl.presets`); ``dataset`` defaults to ``arithmetic`` and ``model``
-    to :func:`~rlkit.verl.presets.default_cpu_model`'s path, GPUs and nodes are 1. ``steps``:
+    ``device="cpu"``: a CPU run (:mod:`rlkit.verl.launch.presets`); ``dataset`` defaults to ``arithmetic`` and ``model``
+    to :func:`~rlkit.verl.launch.presets.default_cpu_model`'s path, GPUs and nodes are 1. ``steps``:
     ``trainer.total_training_steps``.
     ``tiny``: a tiny-engine :class:`~rlkit.tiny.rl.RLConfig` whose settings the run takes
-    (:func:`rlkit.verl.from_tiny.overrides`; ``model`` and ``data_dir`` are then its prepared ones).
+    (:func:`rlkit.verl.launch.from_tiny.overrides`; ``model`` and ``data_dir`` are then its prepared ones).
     ``rollout_correction``: verl's rollout correction of this mode on (:func:`rollout_correction_overrides`).
     """
     preset = method_preset(method)
@@ -216,6 +223,7 @@ def plan(method: str, dataset: str | None, model: str | None, *, gpus: int | Non
     values: dict[str, Any] = {
         **COMMON, **spec.keys, **preset.keys, **(preset.dapo if dataset == "dapo" else {}), **tools,
         **(CPU if on_cpu else {}),
+        **(CPU_PRETRAINED if on_cpu and not default_model and tiny is None else {}),
         "data.train_files": DataFile(spec.train),
         "data.val_files": DataFile(spec.val),
         "data.train_batch_size": batch.prompts,
@@ -232,7 +240,7 @@ def plan(method: str, dataset: str | None, model: str | None, *, gpus: int | Non
     if default_model and dataset == "arithmetic":  # an untrained model never answers: the digit probe varies
         values["+reward.custom_reward_function.reward_kwargs.rule"] = "digit"
     if tiny is not None:
-        from rlkit.verl.from_tiny import overrides as tiny_overrides
+        from rlkit.verl.launch.from_tiny import overrides as tiny_overrides
 
         try:
             values.update(tiny_overrides(tiny))
@@ -244,7 +252,8 @@ def plan(method: str, dataset: str | None, model: str | None, *, gpus: int | Non
     if ray_address:
         values["+ray_kwargs.ray_init.address"] = ray_address
         if on_cpu:
-            values.update(cpu_cluster_overrides(nodes))
+            values.update(cpu_cluster_overrides(
+                nodes, values.get("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu")))
             for key in CPU_LOCAL_RAY:
                 values.pop(key)
     values = {k: f"{data_dir}/{v.name}" if isinstance(v, DataFile) else v for k, v in values.items()}
@@ -253,6 +262,25 @@ def plan(method: str, dataset: str | None, model: str | None, *, gpus: int | Non
                 run_dir=run_dir, data_dir=data_dir, overrides=tuple(merge_overrides(overrides, extra)),
                 tool_config=tool_config, tool=tool, device=device, env=tuple(cpu.ENV.items()) if on_cpu else (),
                 remote=bool(ray_address))
+
+
+def gpu_differences(p: Plan, *, steps: int | None = None, extra: Sequence[str] = ()) -> list[str]:
+    """How a CPU run's command differs from the GPU command of the same method, dataset, model, paths, ``steps``
+    and user overrides ``extra`` on one GPU: one line per setting, ``key: GPU value → this run's`` (``—`` where a
+    command lacks the key), then the environment the CPU run adds. Empty for a GPU run."""
+    if p.device != "cpu":
+        return []
+    runs_dir = p.run_dir[: -len(p.experiment)].rstrip("/") or "."
+    gpu = plan(p.method, p.dataset, p.model, gpus=1, experiment=p.experiment, runs_dir=runs_dir,
+               data_dir=p.data_dir, steps=steps, extra=extra)
+
+    def values(overrides: Sequence[str]) -> dict[str, str]:
+        return {o.split("=", 1)[0].lstrip("+"): o.split("=", 1)[1] for o in overrides if "=" in o}
+
+    mine, theirs = values(p.overrides), values(gpu.overrides)
+    keys = dict.fromkeys([*theirs, *mine])
+    lines = [f"{k}: {theirs.get(k, '—')} → {mine.get(k, '—')}" for k in keys if theirs.get(k) != mine.get(k)]
+    return [*lines, "environment: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in p.env) + " (GPU runs: none)"]
 
 
 def check_arguments(*, gpus: int | None, nodes: int | None, steps: int | None, runs_dir: str,
@@ -305,25 +333,25 @@ CPU_LOCAL_RAY = ("ray_kwargs.ray_init.num_cpus", "+ray_kwargs.ray_init.num_gpus"
 """CPU preset keys that start Ray locally; Ray refuses them when it connects to a cluster (``--ray-address``)."""
 
 
-def cpu_cluster_overrides(nodes: int) -> dict[str, Any]:
+def cpu_cluster_overrides(nodes: int, micro_batch: int | None = None) -> dict[str, Any]:
     """A CPU run on a Ray cluster of ``nodes`` CPU nodes, one rank (one fake GPU resource) on each.
 
     The CPU environment (:data:`rlkit.verl.cpu.ENV`) travels to every worker in the job's runtime environment: the
     cluster's raylets were started without it. The actor's micro-batch is cut to each rank's share of a
-    mini-batch (FSDP over ``nodes`` ranks, gloo)."""
+    mini-batch (FSDP over ``nodes`` ranks, gloo), never above ``micro_batch`` (default :data:`CPU`'s)."""
     per_rank = max(1, CPU_SAMPLES // CPU_UPDATES // nodes)
     env = {f"+ray_kwargs.ray_init.runtime_env.env_vars.{k}": v for k, v in cpu.ENV.items() if not k.startswith("RAY_")}
     micro = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"
-    return {**env, micro: min(per_rank, CPU[micro])}
+    return {**env, micro: min(per_rank, CPU[micro] if micro_batch is None else micro_batch)}
 
 
 # ------------------------------------------------------------------------------------------------ check
 def check(p: Plan):
-    """Compose ``p``'s overrides with verl's config and validate it (:func:`rlkit.verl.compose.validate`); the
+    """Compose ``p``'s overrides with verl's config and validate it (:func:`rlkit.verl.launch.config.validate`); the
     composed config.
 
     CPU runs are refused first without vLLM's CPU build (naming the install command) or with a ``--model`` that
-    is not a local HF model directory vLLM's CPU attention takes (:func:`rlkit.verl.compose.check_cpu_model`); the
+    is not a local HF model directory vLLM's CPU attention takes (:func:`rlkit.verl.launch.config.check_cpu_model`); the
     default CPU model is built here when missing."""
     if p.device == "cpu":
         problem = cpu.rollout_stack()
@@ -471,7 +499,8 @@ def run_state(p: Plan) -> str | None:
 
 
 def resume_overrides(p: Plan) -> tuple[int | None, list[str]]:
-    """``(step, overrides)`` that continue ``p`` from :func:`rlkit.verl.runner.resume_point` (None: from scratch)."""
+    """``(step, overrides)`` that continue ``p`` from :func:`rlkit.verl.launch.runner.resume_point` (None: from
+    scratch)."""
     step = runner.resume_point(p.run_dir, p.checkpoints)
     if step == 0:
         return None, ["trainer.resume_mode=disable"]
@@ -527,7 +556,7 @@ def prepare_inputs(p: Plan, cfg, *, force: bool = False) -> None:
               for path in ([cfg.data[key]] if isinstance(cfg.data[key], str) else cfg.data[key])
               if not Path(path).expanduser().exists()]
     if absent:
-        from rlkit.verl.data import prepare_arithmetic
+        from rlkit.verl.launch.data import prepare_arithmetic
 
         print(f"writing the word problems to {p.data_dir} (rlkit data arithmetic)", flush=True)
         prepare_arithmetic(p.data_dir, force=force)
@@ -613,7 +642,7 @@ def main(args) -> int:
                      model=args.model)
     check_method_overrides(extra)  # +algorithm.<method>.* as `rlkit train` checks --set <method>.*, before any work
     if args.tiny_scale is not None:
-        from rlkit.verl import from_tiny
+        from rlkit.verl.launch import from_tiny
 
         try:
             sets = from_tiny.parse_sets(args.set)
@@ -637,6 +666,10 @@ def main(args) -> int:
              experiment=args.experiment, runs_dir=args.runs_dir, data_dir=data, device=args.device,
              steps=args.steps, tiny=tiny, rollout_correction=getattr(args, "rollout_correction", None), extra=extra)
     cfg = check(p)
+    if p.device == "cpu" and tiny is None:
+        differences = gpu_differences(p, steps=args.steps, extra=extra)
+        print(f"this CPU run differs from the GPU command (--gpus 1) in {len(differences) - 1} settings "
+              "(GPU → CPU; —: not set, verl's default):\n  " + "\n  ".join(differences), flush=True)
     if args.dry_run:
         if not p.remote:  # a cluster reads its own storage: what is missing here may be there
             _refuse_missing(p, missing_inputs(p, cfg))

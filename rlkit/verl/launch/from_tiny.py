@@ -15,10 +15,10 @@ model on the same problems with the same hyperparameters:
 - **settings** — prompts per step and responses per prompt, optimizer steps per batch, learning rate and warm-up,
   Adam's betas (no weight decay), gradient clip, sampling temperature, the response budget, the steps and the
   validation schedule, every method's clip range, aggregation and options (``+algorithm.<method>.*`` with the
-  field names of its ``Config``), and no DAPO mechanics unless the tiny run has them (dynamic sampling, kept by
-  correctness; the overlong penalty, by verl's reward manager for it (:func:`rlkit.verl.presets.overlong`) on the
-  response's length as verl counts it: every token after the prompt, the calculator's results included, as the
-  tiny engine counts them).
+  field names of its ``Config``: the run's own section alone, :func:`_section`), and no DAPO mechanics unless the
+  tiny run has them (dynamic sampling, kept by correctness; the overlong penalty, by verl's reward manager for it
+  (:func:`rlkit.verl.launch.presets.overlong`) on the response's length as verl counts it: every token after the
+  prompt, the calculator's results included, as the tiny engine counts them).
 
 What cannot be matched is listed with the comparison (the book's *Two engines* page): verl's AdamW runs a warm-up
 from 0 where the tiny engine's starts at lr/warmup, its sampler is vLLM (so the old log-probs are recomputed by the
@@ -141,36 +141,33 @@ def overrides(cfg: RLConfig) -> dict[str, Any]:
         raise ValueError(f"the verl twin samples with vLLM's own weights; rollout_dtype={cfg.rollout_dtype!r} "
                          "(the tiny engine's stand-in for them) has no verl key")
     if getattr(options, "overlong_buffer", 0):  # verl's overlong reward manager: the same penalty over the budget
-        from rlkit.verl.presets import overlong
+        from rlkit.verl.launch.presets import overlong
 
         keys.update(overlong(options.overlong_buffer, options.overlong_penalty))
         if keys["algorithm.filter_groups.enable"]:  # groups kept by correctness, before the shaping (as the tiny's)
             keys["algorithm.filter_groups.metric"] = "acc"
-    for name, section in _sections(cfg).items():
-        keys.update(_method_options(name, section))
-    keys.pop(f"+algorithm.{cfg.method}.base_advantage", None)  # the tiny engine's base: the registry's default
+    run, section = _section(cfg)
+    keys.update(_method_options(run, section))
+    keys.pop(f"+algorithm.{run}.base_advantage", None)  # the tiny engine's base: the registry's default
     return keys
 
 
-def _sections(cfg: RLConfig) -> dict[str, Any]:
-    """Method → the ``Config`` of its ``+algorithm.<method>`` section: verl reads a function's knobs from its home
-    method's section, so each home of the run's estimator, loss and base estimator gets the knobs that function
-    takes from the run's own ``Config`` (a tiny run reads its own method's alone), the run's method its whole."""
+def _section(cfg: RLConfig) -> tuple[str, Any]:
+    """``(method, Config)`` of the one ``+algorithm.<method>`` section the verl run reads: a verl run reads its own
+    method's section alone (:func:`rlkit.verl.inputs.run_method`), as a tiny run reads its own ``Config``. That
+    method is the tiny run's, but for a method verl trains as another (that one's estimator and loss, the rest of
+    its mechanics verl's own keys above), whose ``Config`` then gets the tiny run's values of the fields it has."""
     from rlkit import registry
+    from rlkit.verl.inputs import run_method
 
     own = cfg.method_configs[cfg.method]
     m = registry.get_method(cfg.method)
-    base = getattr(own, "base_advantage", None)  # an estimator shaping another's
-    used = [("advantage", name, registry.get_advantage(name)) for name in (m.estimator(own), base) if name]
-    used.insert(1, ("policy_loss", m.policy_loss, registry.get_policy_loss(m.policy_loss)))
-    knobs: dict[str, dict[str, Any]] = {}
-    for kind, name, fn in used:
-        home = registry.home_method(kind, name)
-        if home is not None:
-            fields = {f.name for f in dataclasses.fields(registry.get_method(home).config)}
-            knobs.setdefault(home, {}).update((k, v) for k, v in registry.kwargs_for(fn, own).items() if k in fields)
-    return {home: own if home == cfg.method else registry.get_method(home).config(**values)
-            for home, values in {**knobs, cfg.method: {}}.items()}
+    run = run_method(f"rlkit_{m.estimator(own)}", f"rlkit_{m.policy_loss}")
+    if run == cfg.method:
+        return run, own
+    fields = {f.name for f in dataclasses.fields(registry.get_method(run).config)}
+    return run, registry.get_method(run).config(**{f.name: getattr(own, f.name) for f in dataclasses.fields(own)
+                                                   if f.name in fields})
 
 
 def _norm_by_std(cfg: RLConfig) -> bool:
@@ -187,7 +184,7 @@ def prepare(cfg: RLConfig, root: str | os.PathLike, *, device: str = "cpu", prog
     from rlkit.tiny.hf import export_sft
     from rlkit.tiny.rl import offline_scores, side_run
     from rlkit.tiny.sft import warm_start
-    from rlkit.verl.data import arithmetic_rows, prompt_id, write_rows
+    from rlkit.verl.launch.data import arithmetic_rows, prompt_id, write_rows
 
     home = Path(root) / cache_key(cfg)
     model_dir, data_dir = home / "model", home / "data"

@@ -1,0 +1,160 @@
+"""A pretrained model through the GPU command path, on this CPU: SmolLM2-135M-Instruct on GSM8K in verl's ``main_ppo``.
+
+For each method, one ``rlkit launch --method M --dataset gsm8k --model DIR --device cpu --steps N`` (the CPU preset
+for a model of its own: ``rlkit.verl.launch.presets.CPU_PRETRAINED``; what differs from the GPU command is printed
+by the launch and kept in ``launch.out``), validated greedily on the CPU preset's 64 held-out GSM8K test problems
+before step 1 and after the last step (``trainer.test_freq=N``), the generations of both validations and of every
+training step dumped by verl (``trainer.validation_data_dir``, ``trainer.rollout_data_dir``). It times the launch
+all in, start-up to the first step, each step (verl's ``timing_s/step``) and its phases (median over the steps
+after the first), and the validations (``timing_s/testing``), and writes per method into ``--out/<method>/``:
+``metrics.jsonl``, ``config.json``, ``env.json``, ``launch.json``, ``launch.out`` (the launch's printout),
+``val_generations/`` (verl's dumps), the model's ``rlkit_model.json``; and ``--out/runs.json``: the machine (CPU
+model, cores), the date, the commit, the model's weights' SHA-256 and the data's, and each method's timings,
+rewards and start/end held-out accuracy.
+
+    rlkit model smollm2 --out /tmp/smollm2
+    rlkit data gsm8k --source ../shared/data/gsm8k --out /tmp/gsm8k          # a local GSM8K copy (MIT)
+    python benchmarks/verl_cpu_pretrained.py --model /tmp/smollm2 --data /tmp/gsm8k --methods grpo --steps 10
+    python benchmarks/verl_cpu_pretrained.py --from-runs RUNS --methods grpo   # publish runs already made
+
+On 2 loaded cores a step of 16 responses of up to 512 tokens takes minutes (reproductions/LOG.md, 2026-12-02
+evening): ``--steps 1`` times the path; the page's curves need 10.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from rlkit.metrics import metrics_frame
+
+REPO = Path(__file__).resolve().parents[1]
+OUT = REPO / "reproductions" / "results-verl-cpu" / "smollm2-gsm8k"
+PHASES = ("timing_s/gen", "timing_s/old_log_prob", "timing_s/adv", "timing_s/update_actor",
+          "timing_s/update_weights", "timing_s/step")
+ACC = "val-core/openai/gsm8k/acc/mean@1"
+RUN_FILES = ("metrics.jsonl", "config.json", "env.json", "launch.json")
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def experiment(method: str) -> str:
+    return f"{method}-gsm8k-smollm2-cpu"
+
+
+def launch(method: str, steps: int, model: Path, data: Path, runs: Path, gen: Path, timeout: float) -> Path:
+    """One launch of ``method`` into ``runs``; its printout goes to ``runs/<experiment>.out``."""
+    cmd = [sys.executable, "-m", "rlkit.cli", "launch", "--method", method, "--dataset", "gsm8k", "--model", str(model),
+           "--device", "cpu", "--steps", str(steps), "--data", str(data), "--runs-dir", str(runs),
+           "--experiment", experiment(method), "--timeout", str(int(timeout)), "--",
+           f"trainer.test_freq={steps}", f"trainer.validation_data_dir={gen / method / 'val'}",
+           f"trainer.rollout_data_dir={gen / method / 'train'}"]
+    printout = runs / f"{experiment(method)}.out"
+    printout.parent.mkdir(parents=True, exist_ok=True)
+    with open(printout, "w") as out:
+        subprocess.run(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, text=True)
+    return printout
+
+
+def summary(run: Path) -> dict:
+    """What ``runs.json`` says of one run directory."""
+    record = json.loads((run / "launch.json").read_text())
+    row = {"outcome": record.get("outcome"), "launch_s": record.get("seconds")}
+    if not (run / "metrics.jsonl").exists():
+        return row
+    frame = metrics_frame(run / "metrics.jsonl")
+    trained = frame[frame.index > 0]  # step 0: the validation before training
+    later = trained.iloc[1:] if len(trained) > 1 else trained  # the first step warms vLLM up
+    row["steps"] = [int(s) for s in trained.index]
+    row["median_s"] = {k.split("/", 1)[1]: round(statistics.median(later[k].dropna()), 1)
+                       for k in PHASES if k in frame and later[k].notna().any()}
+    if "timing_s/testing" in frame:
+        row["validation_s"] = [round(float(v), 1) for v in frame["timing_s/testing"].dropna()]
+    row["startup_s"] = round(record["seconds"] - float(frame["timing_s/step"].sum())
+                             - float(frame.get("timing_s/testing", frame["timing_s/step"] * 0).fillna(0).sum()), 1) \
+        if record.get("seconds") and "timing_s/step" in frame else None
+    for key, name in (("critic/score/mean", "reward"), ("response_length/mean", "response_length"),
+                      ("response_length/clip_ratio", "clipped"), ("actor/grad_norm", "grad_norm")):
+        if key in frame:
+            row[name] = [round(float(v), 4) for v in frame[key].dropna()]
+    if ACC in frame:
+        acc = frame[ACC].dropna()
+        row["held_out_accuracy"] = {str(int(s)): round(float(v), 4) for s, v in acc.items()}
+    return row
+
+
+def machine() -> dict:
+    from rlkit import numerics
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "rlkit"], cwd=REPO, capture_output=True, text=True)
+    return {"cpu": numerics.cpu_model(), "cores": len(os.sched_getaffinity(0)),
+            "date": datetime.date.today().isoformat(), "commit": commit.stdout.strip() or None,
+            "rlkit_changes_uncommitted": bool(dirty.stdout.strip())}
+
+
+def publish(method: str, runs: Path, gen: Path, model: Path, out: Path) -> dict:
+    run, dest = runs / experiment(method), out / method
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in RUN_FILES:
+        if (run / name).exists():
+            shutil.copy2(run / name, dest / name)
+    printout = runs / f"{experiment(method)}.out"
+    if printout.exists():
+        shutil.copy2(printout, dest / "launch.out")
+    if (gen / method / "val").is_dir():
+        shutil.copytree(gen / method / "val", dest / "val_generations", dirs_exist_ok=True)
+    shutil.copy2(model / "rlkit_model.json", dest / "rlkit_model.json")
+    return summary(run)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--methods", nargs="+", default=["grpo"])
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--model", type=Path, required=True, help="a directory `rlkit model smollm2` wrote")
+    parser.add_argument("--data", type=Path, required=True, help="a directory `rlkit data gsm8k` wrote")
+    parser.add_argument("--runs", type=Path, default=Path("/tmp/verl-cpu-pretrained"), help="runs and dumps here")
+    parser.add_argument("--from-runs", action="store_true", help="publish the runs already in --runs, launch none")
+    parser.add_argument("--timeout", type=float, default=7200, help="seconds per launch (rlkit launch --timeout)")
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args()
+    gen = args.runs / "generations"
+    result = {**machine(), "model": {"name": "SmolLM2-135M-Instruct",
+                                     "weights_sha256": sha256(args.model / "model.safetensors"),
+                                     **{k: v for k, v in json.loads((args.model / "rlkit_model.json").read_text()).items()
+                                        if k in ("package", "version", "gguf_sha256", "dtype", "parameters")}},
+              "data": {name: sha256(args.data / name) for name in ("train.parquet", "test.parquet")},
+              "command": "rlkit launch --method M --dataset gsm8k --model DIR --device cpu --steps N -- "
+                         "trainer.test_freq=N", "runs": {}}
+    for method in args.methods:
+        t0 = time.monotonic()
+        if not args.from_runs:
+            launch(method, args.steps, args.model, args.data, args.runs, gen, args.timeout)
+        row = publish(method, args.runs, gen, args.model, args.out)
+        result["runs"][method] = row
+        print(f"{method}: {row.get('outcome')}, {row.get('launch_s')} s all in ({time.monotonic() - t0:.0f} s here), "
+              f"median step {row.get('median_s', {}).get('step')} s, reward {row.get('reward')}, "
+              f"held-out accuracy {row.get('held_out_accuracy')}", flush=True)
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "runs.json").write_text(json.dumps(result, indent=1) + "\n")  # after every method
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
