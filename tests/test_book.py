@@ -23,6 +23,7 @@ from rlkit.lab.book import build
 from rlkit.lab.claims import DROPPED, UNTESTABLE, VERDICTS
 from rlkit.lab.judge import CLAIMS_FILE, RECORD_FIELDS
 from rlkit.lab.reproduce import load_specs, reproduce
+from rlkit.lab.runs import first_seed
 
 BOOK_DIR = paths.book_dir()
 METHOD_PAGES = ["00_overview", "01_grpo", "02_gspo", "03_aspo", "04_aepo", "05_spo", "06_hapo", "07_comparison"]
@@ -133,7 +134,7 @@ def test_every_notebook_executes_without_errors(smoke):
         assert not warned, f"{path.name} prints a warning a reader would see: {warned[0]}"
     for spec in load_specs():
         if spec.method_page:  # each method's run sits beside its executed notebook
-            run = root / "results" / spec.name / "seed0"
+            run = root / "results" / spec.name / f"seed{first_seed(root / 'results', spec.name)}"
             assert {"metrics.jsonl", "config.json", "env.json"} <= {p.name for p in run.iterdir()}, spec.name
 
 

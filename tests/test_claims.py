@@ -472,6 +472,14 @@ def test_seeds_to_decide_projects_the_fewest_deciding_seeds():
 PUBLISHED = Path(__file__).parent.parent / "reproductions" / "results-cpu"
 needs_published = pytest.mark.skipif(not (PUBLISHED / "grpo").is_dir(), reason="the published runs are not here")
 JUDGED = [(s, c) for s in load_specs() for c in s.claims if c.judged]
+ON_PUBLISHED = [(s, c) for s, c in JUDGED if all((PUBLISHED / n).is_dir() for n in claims.compared_runs(c, s))]
+"""The judged claims whose runs the published folder holds (the next publication's papers-4 claims have none in the
+publication of 2026-11-28: they are checked on it once it is published)."""
+
+
+@needs_published
+def test_most_claims_are_checked_on_the_published_runs():
+    assert len(ON_PUBLISHED) >= 25, [c.id for _, c in ON_PUBLISHED]
 
 
 def test_every_judged_claim_declares_its_margin_and_where_it_comes_from():
@@ -498,7 +506,7 @@ check runs and must keep failing (strict), so an entry is removed when the runs 
 @needs_published
 @pytest.mark.parametrize(("spec", "c"), [
     pytest.param(s, c, id=c.id, marks=pytest.mark.xfail(strict=True, reason=FLAGGED_MARGINS[c.id]))
-    if c.id in FLAGGED_MARGINS else pytest.param(s, c, id=c.id) for s, c in JUDGED])
+    if c.id in FLAGGED_MARGINS else pytest.param(s, c, id=c.id) for s, c in ON_PUBLISHED])
 def test_no_margin_is_trivial_at_the_scale_of_the_published_runs(spec, c):
     """A superiority margin far below the baseline's measured seed SD lets anything "hold"; a non-inferiority or
     equivalence margin far above it lets anything "hold" the other way (factor 4, rlkit.lab.claims.MARGIN_FACTOR)."""
@@ -506,7 +514,7 @@ def test_no_margin_is_trivial_at_the_scale_of_the_published_runs(spec, c):
 
 
 @needs_published
-@pytest.mark.parametrize(("spec", "c"), JUDGED, ids=[c.id for _, c in JUDGED])
+@pytest.mark.parametrize(("spec", "c"), ON_PUBLISHED, ids=[c.id for _, c in ON_PUBLISHED])
 def test_no_gate_is_passed_by_the_baseline_or_a_run_on_its_trajectory(spec, c):
     assert claims.gate_check(c, spec, PUBLISHED) is None
 
@@ -529,7 +537,7 @@ def mutated(cid, **changes):
     ("hapo-5", {"tolerance": 0.5, "paper_effect": None}),  # non-inferiority within 50 points: anything holds
     ("aspo-4", {"tolerance": 0.5}),  # "equal" within ±50 points
     ("dapo-1", {"tolerance": 0.001}),  # a tenth of a point against a seed SD of 1.2 points
-    ("aepo-2", {"tolerance": 0.005}),  # the old stress entropy margin: an eighth of GRPO-stress's seed SD
+    ("aepo-1", {"tolerance": 0.002}),  # a sixth of GRPO's entropy seed SD
 ])
 def test_the_margin_check_catches_a_trivial_margin(cid, changes):
     spec, c = mutated(cid, **changes)
@@ -539,8 +547,7 @@ def test_the_margin_check_catches_a_trivial_margin(cid, changes):
 @needs_published
 @pytest.mark.parametrize(("cid", "activity"), [
     ("hapo-11", {"metric": "hapo/clip_changed_frac", "at_least": 0.0}),  # hapo-only-d is GRPO's trajectory
-    ("gspo-2", {"metric": "actor/pg_clipfrac", "at_least": 0.01}),  # the old gate: GRPO-stress passes it
-    ("cispo-3", {"metric": "actor/pg_clipfrac", "at_least": 0.01}),  # without its stated reason
+    ("gspo-1", {"metric": "actor/pg_clipfrac", "at_least": 0.0}),  # GRPO's token clip: GRPO passes it
 ])
 def test_the_gate_check_catches_a_gate_the_baseline_passes(cid, activity):
     spec, c = mutated(cid, activity=activity)

@@ -86,11 +86,18 @@ def test_a_spec_plans_every_run_of_every_regime_variant_and_seed():
     spec = Spec(name="x", notebook="n.md", method="gspo", seeds=2, regimes=["standard", "stress"],
                 variants={"gspo-token": {"gspo.variant": "token"}})
     runs = spec.runs()
-    assert [(p.name, p.regime, p.seed) for p in runs] == [
-        ("gspo", "standard", 0), ("gspo", "standard", 1), ("gspo-stress", "stress", 0), ("gspo-stress", "stress", 1),
-        ("gspo-token", "standard", 0), ("gspo-token", "standard", 1)]
+    assert [(p.name, p.regime, p.seed) for p in runs] == [  # the seeds of a publication: from FIRST_SEED
+        ("gspo", "standard", 100), ("gspo", "standard", 101), ("gspo-stress", "stress", 100),
+        ("gspo-stress", "stress", 101), ("gspo-token", "standard", 100), ("gspo-token", "standard", 101)]
     assert runs[-1].overrides == (("gspo.variant", "token"),)
     assert len(spec.runs(seeds=3)) == 9
+    # variants in other regimes than the standard one: <variant>-<regime>
+    both = Spec(name="x", notebook="n.md", method="grpo", seeds=1, variants={"grpo-decoupled": {"decoupled_loss": True}},
+                variant_regimes=["standard", "async-4"])
+    assert [(p.name, p.regime) for p in both.runs()] == [
+        ("grpo", "standard"), ("grpo-decoupled", "standard"), ("grpo-decoupled-async-4", "async-4")]
+    with pytest.raises(ValueError, match="unknown regimes"):
+        Spec(name="x", notebook="n.md", method="grpo", variants={"v": {}}, variant_regimes=["hot"])
 
 
 def test_train_runs_side_by_side_then_reuses_them(tmp_path, monkeypatch):

@@ -3,6 +3,7 @@ per claim; both machines named."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -10,6 +11,7 @@ import shutil
 import pytest
 
 from rlkit.lab import paths, reproduced
+from rlkit.lab.claims import compared_runs
 from rlkit.lab.reproduce import get_spec
 from rlkit.tiny.config import build_config
 from rlkit.tiny.rl import train
@@ -87,7 +89,9 @@ def test_the_report_names_both_machines_and_the_claims_that_moved(published, tmp
 
 @pytest.mark.skipif(not (PUBLISHED_DIR / "grpo").is_dir(), reason="the published results are not in this checkout")
 def test_claims_are_judged_on_both_sides_by_the_same_rules(tmp_path):
-    spec = get_spec("grpo")
+    spec = get_spec("grpo")  # its claims the published runs can judge (grpo-4's papers-4 runs come with the next)
+    spec = dataclasses.replace(spec, claims=[c for c in spec.claims if not c.judged or all(
+        (PUBLISHED_DIR / n).is_dir() for n in compared_runs(c, spec))])
     mine = tmp_path / "mine"
     for name in {c.run or spec.method for c in spec.claims} | {c.baseline for c in spec.claims if c.baseline}:
         if (PUBLISHED_DIR / name).is_dir():

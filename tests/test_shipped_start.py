@@ -118,10 +118,12 @@ def test_ship_start_writes_the_start_its_manifest_and_spos_offline_passes(tmp_pa
     assert manifest[name]["sha256"] == entry["sha256"] and entry["fingerprint"] and entry["processor"]
     assert len(entry["spo_offline"]) >= 3  # the SPO runs' seeds (variants sharing a pass share its file)
     assert all((tmp_path / "start" / f).exists() for f in entry["spo_offline"])
-    # an SPO run of seed 1 from the shipped start finds its pass: nothing sampled offline, nothing cached
+    # an SPO run of a planned seed (the second) from the shipped start finds its pass: nothing sampled offline,
+    # nothing cached
     import rlkit.tiny.rl as rl
+    from rlkit.lab.runs import FIRST_SEED
 
-    cfg = build_config("spo", "smoke", {"seed": 1, "steps": 1})
+    cfg = build_config("spo", "smoke", {"seed": FIRST_SEED + 1, "steps": 1})
     sizes, real = [], rl.rollout
     monkeypatch.setattr(rl, "rollout", lambda *a, **k: sizes.append(len(a[2])) or real(*a, **k))
     train(cfg, tmp_path / "run", progress=False, sft_cache=tmp_path / "cache")

@@ -136,6 +136,9 @@ class Claim:
     regime: str = "standard"
     """A regime of :data:`rlkit.tiny.config.REGIMES` (``standard``, the off-policy ladder's rungs, ``stress``): which
     runs judge it."""
+    baseline_regime: str | None = None
+    """The regime of the baseline's runs (default: ``regime``): e.g. GRPO on a rung of the ladder against GRPO
+    on-policy."""
     run: str | None = None
     """The run judged (default: the spec's method), e.g. a variant such as ``aspo-eq1``."""
     reason: str = ""
@@ -143,8 +146,10 @@ class Claim:
     dropped: str = ""
     """Why the claim, as the paper states it, cannot be judged fairly from these runs (shown on the page)."""
     requires: Mapping[str, Any] | None = None
-    """``{claim: k, why: ...}``: judged only where the spec's k-th claim holds (a correction needs an uncorrected
-    run that degrades); otherwise *not exercised*, with ``why`` (:func:`rlkit.lab.judge.judge_spec`)."""
+    """``{claim: k, why: ...}``: judged only where the spec's k-th claim — or, for ``k`` a claim id
+    ``"<spec>-<k>"``, another spec's — holds (a correction needs an uncorrected run that degrades; stability where
+    GRPO degrades needs GRPO to degrade); otherwise *not exercised*, with ``why``
+    (:func:`rlkit.lab.judge.judge_spec`)."""
     unless_collapsed: str = ""
     """Why the metric says nothing on a collapsed run (an entropy that rises because the policy fell apart): where
     any of the claim's runs collapsed, the claim is *not exercised* and the collapse is the finding."""
@@ -162,8 +167,9 @@ class Claim:
         if self.metric is not None and not self.dropped and self.activity is None:
             raise ValueError(f"{name}: a judged claim needs an activity metric of the mechanism it tests "
                              "(activity: {metric: ..., at_least: ...})")
-        if self.regime not in REGIMES:
-            raise ValueError(f"{name}: regime must be one of {', '.join(REGIMES)}, got {self.regime!r}")
+        for regime in (self.regime, self.baseline_regime or self.regime):
+            if regime not in REGIMES:
+                raise ValueError(f"{name}: regime must be one of {', '.join(REGIMES)}, got {regime!r}")
         if self.window < 1:
             raise ValueError(f"{name}: window must be ≥ 1, got {self.window}")
         if self.paper_effect is not None and self.expect == "not_lower" and self.tolerance > self.paper_effect:
@@ -172,9 +178,9 @@ class Claim:
         if self.baseline_metric and self.expect == "at_least":
             raise ValueError(f"{name}: a threshold claim has no baseline_metric")
         if self.requires is not None and (set(self.requires) != {"claim", "why"} or not self.requires["why"]
-                                          or not isinstance(self.requires["claim"], int)):
-            raise ValueError(f"{name}: requires is {{claim: <its number in the spec>, why: <the reason>}}, "
-                             f"got {self.requires!r}")
+                                          or not isinstance(self.requires["claim"], (int, str))):
+            raise ValueError(f"{name}: requires is {{claim: <its number in the spec, or another spec's claim id>, "
+                             f"why: <the reason>}}, got {self.requires!r}")
 
     @property
     def judged(self) -> bool:
@@ -305,7 +311,7 @@ def compared_runs(claim: Claim, spec: Any) -> list[str]:
     own = run_name(claim.run or spec.method, claim.regime)
     if claim.expect in ("rise", "at_least") or claim.baseline_metric:
         return [own]
-    return [own, run_name(claim.baseline, claim.regime)]
+    return [own, run_name(claim.baseline, claim.baseline_regime or claim.regime)]
 
 
 PROJECTION_LIMIT = 200

@@ -24,7 +24,7 @@ from rlkit.lab.claims import (
     seed_rule, seeds_to_decide, verdict_of, window_value,
 )
 from rlkit.lab.findings import collapse_sentence, finding
-from rlkit.lab.runs import Run, available_seeds, final_correct, load_run
+from rlkit.lab.runs import Run, available_seeds, final_correct, first_seed, load_run, seed_numbers
 from rlkit.lab.stats import SeedRule, look_level, seeds_problems_interval, t_interval
 
 def judge(claim: Claim, runs: Sequence[Run], baseline: Sequence[Run] = (),
@@ -148,7 +148,7 @@ def _rule(claim: Claim) -> str:
 
 
 def judge_spec(spec, results: str | Path, seeds: Sequence[int] | None = None, *, rule: SeedRule | None = None,
-               level: float | None = None) -> list[dict[str, Any]]:
+               level: float | None = None, judged: Sequence[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
     """The records of every claim of ``spec`` (a :class:`rlkit.lab.reproduce.Spec`) from the runs under
     ``results``. ``seeds`` given: those seeds, a fixed design (one look: a 95% interval). ``seeds`` None: the
     sequential design (:class:`rlkit.lab.stats.SeedRule`, the spec's unless ``rule``): each claim judged at each
@@ -159,8 +159,8 @@ def judge_spec(spec, results: str | Path, seeds: Sequence[int] | None = None, *,
     results = Path(results)
     r = rule or seed_rule(spec)
 
-    def runs_of(name: str, regime: str, keep: Sequence[int]) -> list[Run]:
-        dirs = [results / run_name(name, regime) / f"seed{k}" for k in keep]
+    def runs_of(name: str, keep: Sequence[int]) -> list[Run]:
+        dirs = [results / name / f"seed{k}" for k in keep]
         return [load_run(d) for d in dirs if (d / "metrics.jsonl").exists()]
 
     records = []
@@ -168,32 +168,43 @@ def judge_spec(spec, results: str | Path, seeds: Sequence[int] | None = None, *,
         if not c.judged:
             records.append(judge(c, [], spec=spec, level=level))
             continue
+        own_name = run_name(c.run or spec.method, c.regime)
+        base_name = run_name(c.baseline, c.baseline_regime or c.regime)
         if seeds is not None:  # a fixed design: one look
             chosen = level if level is not None else look_level(1)
-            records.append(judge(c, runs_of(c.run or spec.method, c.regime, seeds),
-                                 runs_of(c.baseline, c.regime, seeds), spec=spec, level=chosen))
+            records.append(judge(c, runs_of(own_name, seeds), runs_of(base_name, seeds), spec=spec, level=chosen))
             continue
         shared = min(len(available_seeds(results, n, r.cap)) for n in compared_runs(c, spec))
         looks = [n for n in r.looks if n <= shared] or [shared]  # fewer seeds than the first look: judged as is
-        own = runs_of(c.run or spec.method, c.regime, range(looks[-1]))
-        base = runs_of(c.baseline, c.regime, range(looks[-1]))
+        own = runs_of(own_name, available_seeds(results, own_name)[: looks[-1]])
+        base = runs_of(base_name, available_seeds(results, base_name)[: looks[-1]])
         for n in looks:
             record = judge(c, own[:n], base[:n], spec=spec, level=level if level is not None else r.level)
             if record["verdict"] != INCONCLUSIVE:
                 break
         records.append(record)
-    return [_required(c, r, records) for c, r in zip(spec.claims, records)]
+    others = {r["id"]: r for r in judged}
+    return [_required(c, r, records, others) for c, r in zip(spec.claims, records)]
 
 
-def _required(claim: Claim, record: dict[str, Any], records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """``record``, or — where ``claim.requires`` a claim of the same spec that does not hold — the claim not
-    exercised, saying which claim and why (a correction needs something to correct)."""
+def _required(claim: Claim, record: dict[str, Any], records: Sequence[Mapping[str, Any]],
+              others: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """``record``, or — where ``claim.requires`` a claim (the spec's k-th, or another spec's ``"<spec>-<k>"``)
+    that does not hold — the claim not exercised, saying which claim and why (a correction needs something to
+    correct; a claim that a method stays stable where GRPO degrades needs GRPO to degrade)."""
     if claim.requires is None or record["verdict"] in (UNTESTABLE, DROPPED):
         return record
     k = claim.requires["claim"]
-    if not 1 <= k <= len(records):
+    if isinstance(k, str):
+        if k not in others:  # its spec was not judged with this one (rlkit reproduce --only)
+            return {**record, "verdict": IDLE,
+                    "finding": f"Not judged: it presumes {k}, which was not judged with it (reproduce "
+                               f"{k.rpartition('-')[0]} too); {claim.requires['why']}."}
+        first = others[k]
+    elif not 1 <= k <= len(records):
         raise ValueError(f"claim {claim.claim!r} requires claim {k}: the spec has {len(records)}")
-    first = records[k - 1]
+    else:
+        first = records[k - 1]
     if first["verdict"] in HOLDS:
         return record
     name = first["id"] or f"claim {k}"
@@ -212,8 +223,12 @@ def judge_all(specs: Sequence[Any], results: str | Path, seeds: int | None = Non
     and not ``sequential``: each spec's ``seeds``), or — ``sequential``, the default when ``seeds`` is None — from
     the seeds the sequential rule gave each claim (:func:`judge_spec`)."""
     sequential = seeds is None if sequential is None else sequential
-    return [r for spec in specs if spec.method and spec.claims
-            for r in judge_spec(spec, results, None if sequential else range(seeds or spec.seeds))]
+    out: list[dict[str, Any]] = []
+    for spec in specs:
+        if spec.method and spec.claims:
+            fixed = None if sequential else seed_numbers(seeds or spec.seeds, first_seed(results, spec.method))
+            out += judge_spec(spec, results, fixed, judged=out)
+    return out
 
 
 def save(records: Sequence[Mapping[str, Any]], results: str | Path) -> Path:
@@ -250,11 +265,14 @@ def next_round(specs: Sequence[Any], results: str | Path, rule: SeedRule | None 
     ``batch``, at most ``cap``). Empty: every claim is decided, idle, or at the cap — the rounds are over. ``rule``
     overrides each spec's (:func:`rlkit.lab.claims.seed_rule`). Pure: reads the run files, writes nothing."""
     needed: dict[str, int] = {}
+    judged: list[dict[str, Any]] = []
     for spec in specs:
         if not (spec.method and spec.claims):
             continue
         r = rule or seed_rule(spec)
-        for c, record in zip(spec.claims, judge_spec(spec, results, rule=r)):
+        records = judge_spec(spec, results, rule=r, judged=judged)
+        judged += records
+        for c, record in zip(spec.claims, records):
             if not c.judged or record["verdict"] != INCONCLUSIVE:
                 continue
             n = len(record["seeds"])

@@ -28,7 +28,7 @@ from rlkit import registry
 from rlkit.errors import InvalidSetting
 from rlkit.lab import findings, judge, paths
 from rlkit.lab.claims import Claim, run_name
-from rlkit.lab.runs import Run, finished, load_run
+from rlkit.lab.runs import Run, finished, first_seed, load_run, seed_numbers
 from rlkit.lab.stats import SeedRule
 from rlkit.tiny.config import REGIMES, build_config, default_config
 
@@ -55,12 +55,17 @@ class Spec:
     """Citation key in book/references.bib."""
     scale: str = "cpu"
     seeds: int = 3
-    """Seeds 0..seeds−1 of every run (the SFT start is shared: seeds vary RL sampling and prompt order)."""
+    """Seeds of every run to start with, from :data:`rlkit.lab.runs.FIRST_SEED` (the SFT start is shared: seeds vary
+    RL sampling and prompt order)."""
     regimes: list[str] = field(default_factory=lambda: ["standard"])
-    """The regimes the method is run in (``standard``; ``stress``: off-policy, where clipping binds)."""
+    """The regimes the method is run in (``standard``, the off-policy ladder's rungs, ``stress``:
+    :data:`rlkit.tiny.config.REGIMES`)."""
     variants: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Further runs of the method: directory name → config overrides, e.g. ``<method>-ablation: {<method>.<field>:
-    <value>}`` (standard regime)."""
+    <value>}`` (in each of :attr:`variant_regimes`)."""
+    variant_regimes: list[str] = field(default_factory=lambda: ["standard"])
+    """The regimes every variant runs in (``<variant>`` in the standard regime, ``<variant>-<regime>`` in the
+    others)."""
     parameters: dict[str, Any] = field(default_factory=dict)
     """Extra papermill parameters."""
     claims: list[Claim] = field(default_factory=list)
@@ -74,7 +79,7 @@ class Spec:
     def __post_init__(self) -> None:
         if not isinstance(self.seeds, int) or self.seeds < 1:
             raise ValueError(f"spec {self.name!r}: seeds must be an integer ≥ 1, got {self.seeds!r}")
-        unknown = sorted(set(self.regimes) - set(REGIMES))
+        unknown = sorted((set(self.regimes) | set(self.variant_regimes)) - set(REGIMES))
         if unknown:
             raise ValueError(f"spec {self.name!r}: unknown regimes {unknown}; valid: {', '.join(REGIMES)}")
         if (self.variants or self.regimes != ["standard"]) and not self.method:
@@ -121,14 +126,18 @@ class Spec:
             raise ValueError(f"{path}: {e}") from None
         return spec
 
-    def runs(self, seeds: int | None = None) -> list[PlannedRun]:
-        """Every run this reproduction trains: the method in each regime, and each variant, for every seed."""
+    def runs(self, seeds: int | None = None, results: str | Path | None = None) -> list[PlannedRun]:
+        """Every run this reproduction trains: the method in each regime, and each variant, for every seed —
+        consecutive from the group's first seed in ``results`` (:func:`rlkit.lab.runs.first_seed`: a folder that
+        holds a publication is reused, not added to), from :data:`rlkit.lab.runs.FIRST_SEED` without."""
         if not self.method:
             return []
         named = [(run_name(self.method, r), r, {}) for r in self.regimes]
-        named += [(name, "standard", dict(overrides)) for name, overrides in self.variants.items()]
+        named += [(run_name(name, r), r, dict(overrides)) for name, overrides in self.variants.items()
+                  for r in self.variant_regimes]
         return [PlannedRun(name, self.method, regime, k, tuple(sorted(overrides.items())))
-                for name, regime, overrides in named for k in range(seeds or self.seeds)]
+                for name, regime, overrides in named
+                for k in seed_numbers(seeds or self.seeds, *([first_seed(results, name)] if results else []))]
 
     def check(self) -> None:
         """Fail now, not on the page, if a run's overrides do not build, a claim reads a metric no run logs, or a
@@ -151,14 +160,14 @@ class Spec:
                 [claim.baseline, *claim.without]
             # what each run logs: its method's metrics in its regime, with its own overrides (a variant's mismatched
             # sampler logs the mismatch); a baseline from another spec, with none
-            needs = [(m, name, cfg.method) for m in claim.metrics()]
-            needs += [(claim.metric, n, n.split("-")[0]) for n in compared]
-            for metric, run, method in needs:
+            needs = [(m, name, cfg.method, claim.regime) for m in claim.metrics()]
+            needs += [(claim.metric, n, n.split("-")[0], claim.baseline_regime or claim.regime) for n in compared]
+            for metric, run, method, regime in needs:
                 own = dict(planned[run].overrides) if run in planned else {}
-                logged = logged_metrics(method, regime=claim.regime, overrides=own)
+                logged = logged_metrics(method, regime=regime, overrides=own)
                 if metric not in logged:
                     raise ValueError(f"claim {claim.claim!r}: metric {metric!r} is not logged by {run} runs "
-                                     f"({claim.regime} regime); logged: {', '.join(sorted(logged))}")
+                                     f"({regime} regime); logged: {', '.join(sorted(logged))}")
                 tail = cfg.policy_eval_tail
                 if metric in LOGGED_WHEN_STALE and tail is not None and claim.window > tail:
                     raise ValueError(f"claim {claim.claim!r}: reads the last {claim.window} values of {metric!r}, "
@@ -595,7 +604,7 @@ def reproduce(
     minutes: dict[str, float] = {}
     by_scale: dict[str, list[PlannedRun]] = {}
     for spec in specs:
-        by_scale.setdefault(scale or spec.scale, []).extend(spec.runs(seeds))
+        by_scale.setdefault(scale or spec.scale, []).extend(spec.runs(seeds, results))
     for s, planned in by_scale.items():
         t0 = time.perf_counter()
         planned = list(dict.fromkeys(planned))
@@ -659,7 +668,8 @@ def seed_rounds(specs: Sequence[Spec], results: Path, *, scale: str | None = Non
         by_scale: dict[str, list[PlannedRun]] = {}
         for name, n in needed.items():
             p, s = templates[name]
-            by_scale.setdefault(s, []).extend(PlannedRun(p.name, p.method, p.regime, k, p.overrides) for k in range(n))
+            by_scale.setdefault(s, []).extend(PlannedRun(p.name, p.method, p.regime, k, p.overrides)
+                                              for k in seed_numbers(n, first_seed(results, name)))
         for s, planned in by_scale.items():
             train_runs(planned, scale=s, results=results, progress=progress, **train)
         minutes[f"seed round {len(asked)}"] = (time.perf_counter() - t0) / 60

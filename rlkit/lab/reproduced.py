@@ -225,6 +225,8 @@ def compare_claims(results: str | Path, published: str | Path, specs: Sequence[A
 
     mine, theirs = _runs(Path(results)), _runs(Path(published))
     rows = []
+    judged_there: list[dict] = []
+    judged_here: list[dict] = []
     for spec in specs:
         if not spec.claims or not spec.method:
             continue
@@ -237,8 +239,9 @@ def compare_claims(results: str | Path, published: str | Path, specs: Sequence[A
         problem = next((found[1] for found in map(check_run, own) if found), None)
         try:
             if problem is None:
-                there = judge_spec(spec, published, seeds=seeds)
-                here = judge_spec(spec, results, seeds=seeds)
+                there = judge_spec(spec, published, seeds=seeds, judged=judged_there)
+                here = judge_spec(spec, results, seeds=seeds, judged=judged_here)
+                judged_there, judged_here = judged_there + there, judged_here + here  # for claims requiring them
         except DamagedFile as e:  # a run of another reproduction it compares with
             problem = str(e)
         except (ValueError, FileNotFoundError, KeyError):  # runs missing on one side: nothing to compare

@@ -3,7 +3,7 @@
 A run directory holds ``metrics.jsonl`` (verl's ``file`` logger format, :mod:`rlkit.metrics`) and, for tiny
 runs, ``config.json``, ``env.json`` and the final evaluation's per-problem results (``eval.jsonl``).
 :func:`load_runs` reads any number of them into :class:`Run`; :func:`available_seeds` says which seeds of a
-run finished.
+run finished (a publication's seeds are consecutive from its first, :data:`FIRST_SEED` for the runs planned now).
 """
 
 from __future__ import annotations
@@ -139,12 +139,31 @@ def final_correct(run: Run) -> np.ndarray | None:
     return np.asarray(records[-1]["data"]["correct"], dtype=float) if records else None
 
 
+FIRST_SEED = 100
+"""The first seed of the runs a reproduction plans: 100, 101, … The publication of 2026-11-28 trained seeds 0–11;
+the next one is judged on seeds it never used (issue 46), so its rule and its engine could change before it."""
+
+
+def seed_numbers(n: int, first: int = FIRST_SEED) -> list[int]:
+    """The first ``n`` seeds of a run group whose seeds begin at ``first``: ``first``, ``first`` + 1, …"""
+    return list(range(first, first + n))
+
+
+def first_seed(results: str | Path, name: str) -> int:
+    """The lowest seed of run group ``name`` under ``results`` (``seed<k>/`` directories; a publication's seeds
+    are consecutive from it), :data:`FIRST_SEED` when it has none yet."""
+    found = [int(p.name[4:]) for p in (Path(results) / name).glob("seed*") if p.name[4:].isdigit()]
+    return min(found, default=FIRST_SEED)
+
+
 def available_seeds(results: str | Path, name: str, cap: int | None = None) -> list[int]:
-    """Seeds 0, 1, … of run ``name`` under ``results`` that finished (:func:`finished`), contiguous from 0 (at
-    most ``cap``): a run a stopped reproduction left part-way is not judged."""
-    out = []
-    while finished(Path(results) / name / f"seed{len(out)}") and (cap is None or len(out) < cap):
-        out.append(len(out))
+    """The seeds of run ``name`` under ``results`` that finished (:func:`finished`), consecutive from its
+    :func:`first_seed` (at most ``cap``): a run a stopped reproduction left part-way is not judged, nor any after
+    it."""
+    first = first_seed(results, name)
+    out: list[int] = []
+    while finished(Path(results) / name / f"seed{first + len(out)}") and (cap is None or len(out) < cap):
+        out.append(first + len(out))
     return out
 
 

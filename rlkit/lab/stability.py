@@ -19,15 +19,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
 
 from rlkit import registry
+from rlkit.lab.claims import run_name
 from rlkit.lab.runs import available_seeds, load_run
 from rlkit.lab.stats import t_interval
-from rlkit.tiny.config import build_config
+from rlkit.tiny.config import REGIMES, build_config
 
 MAP_METRICS = {"val/acc_final": 1, "actor/ppo_kl": 10, "actor/pg_clipfrac": 10}
 """What the map reads of each run, with the number of last logged values it averages (the final evaluation; the
@@ -100,3 +102,169 @@ def stability_figure(frame: pd.DataFrame, rungs: Sequence[str], colors: Mapping[
     axes[0][0].legend(fontsize=8, frameon=False)
     fig.tight_layout()
     return fig
+
+
+# ------------------------------------------------------------------------------------------------ on the pages
+# Which of the map's cells have runs, the map as a table and a figure, and what it shows in words. Its rows and
+# columns come from the specs (the runs they plan), never typed here.
+
+
+def map_rows(specs: Sequence[Any] | None = None) -> dict[str, str]:
+    """The map's rows, ``{label: run group}``: every method and variant the specs run on ``stress`` and on another
+    rung of the ladder besides the standard one (each group's runs on a rung are ``<group>`` on-policy,
+    ``<group>-<rung>`` otherwise: :func:`rlkit.lab.claims.run_name`), labelled by its page's name (the spec's title
+    before its colon; a variant adds its suffix: ``GRPO+decoupled``), in the specs' order."""
+    from rlkit.lab.reproduce import load_specs
+
+    rows: dict[str, str] = {}
+    for spec in load_specs() if specs is None else specs:
+        if not spec.method_page:
+            continue
+        name = spec.title.split(":")[0].strip() or spec.method
+        if _on_the_map(spec.regimes):
+            rows[name] = spec.method
+        if _on_the_map(spec.variant_regimes):
+            rows.update({f"{name}+{v.removeprefix(spec.method + '-')}": v for v in spec.variants})
+    return rows
+
+
+def map_rungs(specs: Sequence[Any] | None = None) -> tuple[str, ...]:
+    """The map's columns: the rungs its rows run on (:func:`map_rows`), in the ladder's order
+    (:data:`rlkit.tiny.config.REGIMES`, on-policy first)."""
+    from rlkit.lab.reproduce import load_specs
+
+    ran: set[str] = set()
+    for spec in load_specs() if specs is None else specs:
+        if spec.method_page:
+            ran.update(r for regimes in (spec.regimes, spec.variant_regimes) if _on_the_map(regimes) for r in regimes)
+    return tuple(r for r in REGIMES if r in ran)
+
+
+def _on_the_map(regimes: Sequence[str]) -> bool:
+    return "stress" in regimes and len(set(regimes) - {"standard", "stress"}) > 0
+
+MAP_LABELS = {"val/acc_final": "held-out accuracy", "actor/ppo_kl": "KL within a step",
+              "actor/pg_clipfrac": "tokens clipped"}
+"""How the map's table names what it reads of each run (:data:`MAP_METRICS`)."""
+
+
+def ladder_cells(results: str | Path, groups: Mapping[str, str] | None = None, rungs: Sequence[str] | None = None
+                 ) -> tuple[dict[str, dict[str, str]], list[tuple[str, str]]]:
+    """``(cells, missing)``: ``cells`` maps each label of ``groups`` (default :func:`map_rows`) to ``{rung: run
+    directory}`` for the rungs with at least one finished seed under ``results`` — what
+    :func:`stability_frame` reads (``rungs``: default :func:`map_rungs`); ``missing`` lists ``(label, rung)`` of
+    the others, in order. Nothing is trained: a cell without runs is left out, and :func:`missing_line` says so."""
+    groups = map_rows() if groups is None else groups
+    rungs = map_rungs() if rungs is None else rungs
+    cells: dict[str, dict[str, str]] = {}
+    missing: list[tuple[str, str]] = []
+    for label, group in groups.items():
+        for rung in rungs:
+            name = run_name(group, rung)
+            if (Path(results) / name).is_dir() and available_seeds(results, name):
+                cells.setdefault(label, {})[rung] = name
+            else:
+                missing.append((label, rung))
+    return cells, missing
+
+
+def missing_line(missing: Sequence[tuple[str, str]], cells: int | None = None) -> str:
+    """One line naming the map's cells without runs (:func:`ladder_cells`), each label with its rungs; ``cells``,
+    the map's size: when every one is missing, the line says so instead of listing them. Empty when none is."""
+    if not missing:
+        return ""
+    if cells is not None and len(missing) >= cells:
+        return f"No run of the map is in these results yet: all {cells} of its cells are left out."
+    rungs: dict[str, list[str]] = {}
+    for label, rung in missing:
+        rungs.setdefault(label, []).append(rung)
+    named = "; ".join(f"{label} on {', '.join(r)}" for label, r in rungs.items())
+    return f"Left out of the map, no finished runs in these results: {named}."
+
+
+def _half(row) -> float:
+    """Half the width of a map row's interval, NaN where it is unbounded (a single seed)."""
+    lo, hi = float(row["lo"]), float(row["hi"])
+    return (hi - lo) / 2 if np.isfinite(lo) and np.isfinite(hi) else float("nan")
+
+
+def _cell(row, metric: str) -> str:
+    mean, half = float(row["mean"]), _half(row)
+    fmt = (lambda x: f"{100 * x:.2g}%") if metric == "actor/pg_clipfrac" else (
+        (lambda x: f"{x:.3f}") if metric == "val/acc_final" else (lambda x: f"{x:.2g}"))
+    return fmt(mean) if not np.isfinite(half) else f"{fmt(mean)} ± {fmt(half)}"
+
+
+def ladder_table(frame: pd.DataFrame, rungs: Sequence[str] = tuple(REGIMES),
+                 metrics: Sequence[str] | None = None) -> pd.DataFrame:
+    """The map (:func:`stability_frame`) as a table: a row per method and metric (``metrics``,
+    default every one the frame has, in :data:`MAP_LABELS`' order), a column per rung that has a run, each cell the
+    mean over seeds ± half its 90% interval (the mean alone for one seed), "—" where the method has no run."""
+    shown = [m for m in MAP_LABELS if m in set(frame["metric"]) and (metrics is None or m in metrics)]
+    present = [r for r in rungs if r in set(frame["rung"])]
+    rows = {}
+    for label in dict.fromkeys(frame["method"]):
+        for metric in shown:
+            part = frame[(frame["method"] == label) & (frame["metric"] == metric)].set_index("rung")
+            if not part.empty:
+                rows[(label, MAP_LABELS[metric])] = {r: _cell(part.loc[r], metric) if r in part.index else "—"
+                                                     for r in present}
+    table = pd.DataFrame.from_dict(rows, orient="index", columns=present)
+    if len(table):
+        table.index = pd.MultiIndex.from_tuples(table.index, names=["method", ""])
+    return table
+
+
+def ladder_figure(frame: pd.DataFrame, rungs: Sequence[str] = tuple(REGIMES),
+                  groups: Mapping[str, str] | None = None):
+    """:func:`stability_figure` of ``frame`` with each label in its run group's colour
+    (:func:`rlkit.lab.plots.method_color`) and a single seed's unbounded interval drawn as no bar; None when
+    ``frame`` is empty."""
+    from rlkit.lab.plots import method_color
+
+    if frame.empty:
+        return None
+    groups = map_rows() if groups is None else groups
+    frame = frame.copy()
+    for side in ("lo", "hi"):
+        frame[side] = frame[side].where(np.isfinite(frame[side]), frame["mean"])
+    colors = {label: method_color(groups.get(label, label)) for label in frame["method"].unique()}
+    return stability_figure(frame, [r for r in rungs if r in set(frame["rung"])], colors)
+
+
+def ladder_words(frame: pd.DataFrame, rungs: Sequence[str] = tuple(REGIMES)) -> list[str]:
+    """What the map shows, a sentence per method with a standard run: the first rung where its final held-out
+    accuracy falls below its on-policy accuracy — that rung's interval wholly below the standard one's — and its
+    value on the last rung it ran; or that no rung it ran does."""
+    acc = frame[frame["metric"] == "val/acc_final"]
+    out = []
+    for label in dict.fromkeys(acc["method"]):
+        part = acc[acc["method"] == label].set_index("rung")
+        if "standard" not in part.index:
+            continue
+        base = part.loc["standard"]
+        ran = [r for r in rungs if r in part.index and r != "standard"]
+        if not ran:
+            continue
+        below = [r for r in ran if part.loc[r, "hi"] < base["lo"]]
+        last = ran[-1]
+        if below:
+            first = below[0]
+            tail_text = "" if first == last else f"; on `{last}`, {part.loc[last, 'mean']:.3f}"
+            out.append(f"{label} falls below its on-policy accuracy ({base['mean']:.3f}) first on `{first}` "
+                       f"({part.loc[first, 'mean']:.3f}, {int(part.loc[first, 'seeds'])} seeds){tail_text}.")
+        else:
+            out.append(f"{label} falls below its on-policy accuracy ({base['mean']:.3f}) on none of the rungs it "
+                       f"ran, up to `{last}` ({part.loc[last, 'mean']:.3f}).")
+    return out
+
+
+def weight_rows(methods: Sequence[str], ratios: Sequence[float] | None = None) -> pd.DataFrame:
+    """Each method's gradient weight w(r) (:func:`weight_table`, from its registered loss) for a positive and a
+    negative advantage: a row per (method, sign of A), a column per ratio, rounded to 2 decimals."""
+    ratios = RATIOS if ratios is None else ratios
+    parts = {sign: weight_table(methods, ratios, adv) for sign, adv in (("A > 0", 1.0), ("A < 0", -1.0))}
+    rows = {(m, sign): parts[sign].loc[m] for m in methods for sign in parts}
+    table = pd.DataFrame.from_dict(rows, orient="index").round(2)
+    table.index = pd.MultiIndex.from_tuples(table.index, names=["method", "w(r)"])
+    return table

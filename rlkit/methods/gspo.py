@@ -87,7 +87,8 @@ def gspo_loss(
         adv = adv.unsqueeze(-1).expand_as(mask)
     check_shapes(mask, logp=logp, old_logp=old_logp, adv=adv, behav_logp=behav_logp)
     mask = mask.bool()  # converted once: every masked reduction below selects with it
-    log_s = sequence_log_ratio(logp, old_logp, mask)  # (B,)  Eq. 6
+    log_r = log_ratio(logp, old_logp)  # log r_{i,t}, taken once: Eq. 6's terms and the shared metrics'
+    log_s = masked_mean(log_r, mask, dim=-1)  # (B,)  Eq. 6, as sequence_log_ratio computes it
     if variant == "sequence":
         log_s_tok = log_s.unsqueeze(-1).expand_as(logp)  # s_i carries the gradient
     else:
@@ -95,7 +96,7 @@ def gspo_loss(
     ratio = log_s_tok.clamp(max=LOG_SEQ_RATIO_MAX).exp()
     loss_mat, clipped, dual = clipped_surrogate(ratio, adv, clip_low=clip_low, clip_high=clip_high)  # Eq. 5
     loss, metrics = reduce_policy_loss(
-        loss_mat, mask, log_r=log_ratio(logp, old_logp), clipped=clipped, dual_clipped=dual, agg=agg,
+        loss_mat, mask, log_r=log_r, clipped=clipped, dual_clipped=dual, agg=agg,
         old_logp=old_logp, behav_logp=behav_logp, behav_imp_weight_cap=behav_imp_weight_cap,
         loss_scale_factor=loss_scale_factor,
     )

@@ -1,0 +1,82 @@
+"""The next publication's claims on the off-policy ladder (issue 46): seeds numbered from the publication's first,
+a baseline in another regime than the claim's (GRPO on a rung against GRPO on-policy), and a claim that presumes
+another spec's (a method stable where GRPO degrades needs GRPO to degrade there). Fake runs: the rules, not the
+engine, are under test."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlkit.lab import judge
+from rlkit.lab.judge import judge_all, judge_spec, next_round
+from rlkit.lab.reproduce import Spec, load_specs
+from rlkit.lab.runs import FIRST_SEED, available_seeds, first_seed, seed_numbers
+from test_reproduce import fake_run
+
+CLAIM = ("metric: critic/score/mean, window: 1, tolerance: 0.05, margin_source: m, "
+         "activity: {metric: actor/pg_clipfrac, at_least: 0.001}")
+SPECS = {
+    "grpo.yaml": ("name: grpo\nnotebook: notebooks/01_grpo.md\nmethod: grpo\nseeds: 3\nregimes: [standard, papers-4]\n"
+                  "claims:\n  - {claim: GRPO degrades on the rung, source: s, expect: lower, regime: papers-4, "
+                  f"baseline: grpo, baseline_regime: standard, {CLAIM}}}\n"),
+    "sapo.yaml": ("name: sapo\nnotebook: notebooks/12_sapo.md\nmethod: sapo\nseeds: 3\nregimes: [standard, papers-4]\n"
+                  "claims:\n  - {claim: SAPO stays stable where GRPO degrades, source: s, expect: higher, "
+                  f"regime: papers-4, requires: {{claim: grpo-1, why: GRPO must degrade}}, {CLAIM}}}\n"),
+}
+
+
+def write(results, name, seeds, score):
+    for k in seeds:
+        fake_run(results, name, k, {"critic/score/mean": [0.1, score + (k % 3) / 1000],
+                                    "actor/pg_clipfrac": [0.01, 0.01]})
+
+
+@pytest.fixture
+def specs(tmp_path):
+    for name, text in SPECS.items():
+        (tmp_path / name).write_text(text)
+    return load_specs(tmp_path)
+
+
+def test_a_publication_s_seeds_start_at_its_first_and_run_on_without_a_gap(tmp_path):
+    assert seed_numbers(3) == [FIRST_SEED, FIRST_SEED + 1, FIRST_SEED + 2] and seed_numbers(2, 0) == [0, 1]
+    assert first_seed(tmp_path, "grpo") == FIRST_SEED  # nothing yet: the runs planned now
+    write(tmp_path, "grpo", [0, 1, 2], 0.5)  # a publication of seeds 0–2
+    assert first_seed(tmp_path, "grpo") == 0 and available_seeds(tmp_path, "grpo") == [0, 1, 2]
+    write(tmp_path, "gspo", [100, 101, 103], 0.5)  # 102 missing: 103 is not judged
+    assert available_seeds(tmp_path, "gspo") == [100, 101] and available_seeds(tmp_path, "gspo", cap=1) == [100]
+    spec = Spec(name="x", notebook="n.md", method="grpo", seeds=2)
+    assert [p.seed for p in spec.runs()] == [100, 101]
+    # planned into a folder: each group from its own first seed (a publication's runs reused, not added to)
+    assert [(p.name, p.seed) for p in spec.runs(results=tmp_path)] == [("grpo", 0), ("grpo", 1)]
+    assert [p.seed for p in Spec(name="y", notebook="n.md", method="gspo").runs(results=tmp_path)] == [100, 101, 102]
+
+
+def test_a_baseline_in_another_regime_and_a_claim_that_presumes_another_spec_s(specs, tmp_path):
+    results = tmp_path / "results"
+    seeds = seed_numbers(3)
+    write(results, "grpo", seeds, 0.6)  # on-policy
+    write(results, "grpo-papers-4", seeds, 0.3)  # GRPO degrades on the rung, by far more than the margin
+    write(results, "sapo-papers-4", seeds, 0.55)
+    write(results, "sapo", seeds, 0.6)
+    grpo, sapo = judge_all(specs, results)
+    assert grpo["id"] == "grpo-1" and grpo["verdict"] == "holds: better" and grpo["seeds"] == seeds
+    assert grpo["estimate"] == pytest.approx(-0.3, abs=0.01)  # the rung's runs minus the on-policy ones
+    assert sapo["verdict"] == "holds: better"  # judged: SAPO-papers-4 against GRPO-papers-4
+
+    write(results, "grpo-papers-4", seeds, 0.6)  # GRPO does not degrade there: nothing for SAPO to fix
+    grpo, sapo = judge_all(specs, results)
+    assert grpo["verdict"] != "holds: better"
+    assert sapo["verdict"] == judge.IDLE and "presumes grpo-1" in sapo["finding"]
+    assert "GRPO must degrade" in sapo["finding"] and grpo["verdict"] in sapo["finding"]
+    # judged alone (rlkit reproduce --only sapo): said so, never judged as if GRPO had degraded
+    (alone,) = judge_spec(specs[1], results)
+    assert alone["verdict"] == judge.IDLE and "not judged with it" in alone["finding"]
+    assert next_round(specs, results) == {}  # nothing undecided asks for seeds
+
+
+def test_a_claim_names_a_known_regime_for_its_baseline(tmp_path):
+    bad = tmp_path / "x.yaml"
+    bad.write_text(SPECS["grpo.yaml"].replace("baseline_regime: standard", "baseline_regime: hot"))
+    with pytest.raises(ValueError, match="regime must be one of"):
+        Spec.load(bad)
