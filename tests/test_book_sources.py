@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import load_benchmark
 
 from rlkit.cli import main
 from rlkit.lab import paths
@@ -255,7 +256,7 @@ def test_a_pages_parameters_are_its_specs(spec):
 
 def test_glued_settings_are_the_configs_and_presets():
     from rlkit.tiny.config import build_config
-    from rlkit.verl.presets import PRESETS
+    from rlkit.verl.launch.presets import PRESETS
 
     for scale in ("smoke", "cpu"):
         cfg, stress = build_config("dapo", scale), build_config("dapo", scale, regime="stress")
@@ -618,7 +619,7 @@ def _twin_list_problems(notebook: str, page: str, verl_root: Path | None = None)
     twin in ``verl_root`` or not; default: the published twins) and with the methods verl has a preset for."""
     from rlkit.lab import book_pages, two_engines
     from rlkit.lab.plots import methods
-    from rlkit.verl.presets import PRESETS
+    from rlkit.verl.launch.presets import PRESETS
 
     have, missing = map(set, two_engines.twins(verl_root))
     problems = []
@@ -668,7 +669,7 @@ def test_the_method_list_rule_catches_a_method_the_pages_do_not_follow(monkeypat
     assert any("zpo" in p for p in _twin_list_problems(notebook, page))
     assert "zpo have none yet" in book_pages.twins_block() or "zpo has none yet" in book_pages.twins_block()
     assert _twin_list_problems(notebook, book_pages.update_book_page(page)) == []  # regenerated: it follows
-    from rlkit.verl.presets import PRESETS
+    from rlkit.verl.launch.presets import PRESETS
 
     monkeypatch.setitem(PRESETS, "zpo", PRESETS["grpo"])  # ... and given a verl preset: the CPU command must name it
     assert "full_scale_runs: the CPU command does not list every method with a verl preset" in _twin_list_problems(
@@ -791,13 +792,9 @@ def test_the_cpu_launches_table_has_a_row_per_method_from_the_measurements(tmp_p
 
 
 def test_a_launchs_own_metric_is_the_one_of_the_method_that_moves_most():
-    import importlib.util
-
     import pandas as pd
 
-    spec = importlib.util.spec_from_file_location("verl_cpu_methods", REPO / "benchmarks" / "verl_cpu_methods.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("verl_cpu_methods")
     frame = pd.DataFrame({"actor/cispo/clipped_frac": [0.0, 0.0, 0.0], "actor/cispo/is_weight/max": [1.0, 1.2, 1.5],
                           "actor/cispo/zz": [2.0, 2.0, 2.0], "hapo/temperature/mean": [1.0, 0.9, None],
                           "actor/hapo/clip_changed_frac": [0.0, 0.0, 0.0], "actor/hapo/zz": [0.1, 0.15, 0.15],
@@ -908,3 +905,42 @@ def test_the_comparison_pages_summary_and_forest_count_every_claim_once():
     assert len(titles) == 2 and "gain" in titles[0] and "no loss" in titles[1]
     assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["a: A learns faster"]
     assert len(forest_panels([dropped]).axes) == 1
+
+
+PICTURE_LATE = {"03_aspo": "its picture draws the toy tensors of an earlier check (A8, first8)",
+                "04_aepo": "its picture calls per_token_grad, defined in an earlier check"}
+"""Method pages whose first picture still comes after the first code a learner reads (issue 47, item 1), each
+with why it was not moved; a page that gets its picture first must leave this list."""
+
+
+def _picture_then_code(text: str) -> tuple[int | None, int | None]:
+    """(offset of the first figure cell or Markdown table, offset of the first code cell shown with its source)."""
+    figures, shown = [], []
+    for m in re.finditer(r"```\{code-cell\} ipython3\n(.*?)^```$", text, re.S | re.M):
+        head = m.group(1)[:m.group(1).find("\n---\n", 4) + 1] if m.group(1).startswith("---\n") else m.group(1)
+        tags = re.search(r"tags: \[(.*?)\]", head)
+        if re.search(r"^mystnb:\n  figure:", m.group(1), re.M):
+            figures.append(m.start())
+        if not (tags and re.search(r"hide-input|remove-input|hide-cell|remove-cell|parameters", tags.group(1))):
+            shown.append(m.start())
+    figures += [m.start() for m in re.finditer(r"^\|.*\|\s*\n\|[-| :]+\|", text, re.M)]
+    return min(figures, default=None), min(shown, default=None)
+
+
+def test_the_picture_rule_catches_code_before_the_picture():
+    code = "```{code-cell} ipython3\nprint(1)\n```\n"
+    figure = "```{code-cell} ipython3\n---\ntags: [hide-input]\nmystnb:\n  figure:\n    caption: x\n---\nplt.show()\n```\n"
+    picture, first = _picture_then_code(code + figure)
+    assert first < picture
+    picture, first = _picture_then_code(figure + code)
+    assert picture < first
+
+
+@pytest.mark.parametrize("name", METHOD_SPECS)
+def test_the_picture_comes_before_the_code(name):
+    """A method page shows its toy picture (a figure or a table) before the first code cell it shows."""
+    picture, first = _picture_then_code((REPO / "notebooks" / f"{name}.md").read_text())
+    early = picture is not None and (first is None or picture < first)
+    assert early != (name in PICTURE_LATE), (
+        f"{name}: the first code shown comes before its first picture" if not early
+        else f"{name}: its picture now comes first; take it out of PICTURE_LATE")

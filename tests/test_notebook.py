@@ -111,5 +111,5 @@ def test_a_group_is_drawn_with_every_seed_it_has(spec, tmp_path, drawn):
 
 def test_a_group_without_runs_gets_its_specs_seeds(spec, tmp_path, drawn):
     notebook.spec_runs("grpo", scale="smoke", seeds=None, results=tmp_path / "empty")
-    assert drawn == [("grpo", 0), ("grpo", 1), ("grpo", 2)]
+    assert drawn == [("grpo", 100), ("grpo", 101), ("grpo", 102)]  # a publication's seeds: from runs.FIRST_SEED
     assert notebook.seeds_text([3, 12, 6]) == "3–12" and notebook.seeds_text([3, 3]) == "3"

@@ -20,7 +20,7 @@ between ``# rlkit topic pages`` and ``# end`` (:func:`toc_block`).
 The method pages are the specs that train a method on its own page (:func:`method_specs`), in notebook order, each named by its
 spec's title; the verl runs are the registry's methods that have a verl preset, in the figures' order
 (:func:`rlkit.lab.plots.methods`). :func:`update_book_page` re-renders every block of a page from today's specs,
-presets (:mod:`rlkit.verl.presets`), plan (:func:`rlkit.verl.launch.plan`) and twins, :func:`update_book` every
+presets (:mod:`rlkit.verl.launch.presets`), plan (:func:`rlkit.verl.launch.plan`) and twins, :func:`update_book` every
 such page of the book and the README (``python -m rlkit.lab.book_pages``); tests fail when a committed page
 differs from it.
 Nothing here imports verl.
@@ -43,7 +43,7 @@ from rlkit.lab.reproduce import Spec, load_specs
 from rlkit.lab.stats import SeedRule
 from rlkit.registry import get_method
 from rlkit.verl.launch import plan
-from rlkit.verl.presets import CPU_STEPS, PRESETS, dataset_spec, method_preset
+from rlkit.verl.launch.presets import CPU_STEPS, PRESETS, dataset_spec, method_preset
 
 BOOK_METHODS = [m for m in methods() if m in PRESETS]
 """The methods the page shows: every registered method verl has a preset for, in the figures' order."""

@@ -23,7 +23,7 @@ from rlkit.files import read_torch
 from rlkit.lab import claims, findings, judge, paths, plots, report
 from rlkit.lab.book_pages import verdict_legend_html
 from rlkit.lab.claims import run_name
-from rlkit.lab.runs import Run, available_seeds
+from rlkit.lab.runs import Run, available_seeds, first_seed, seed_numbers
 from rlkit.lab.reproduce import ensure_run, get_spec
 
 
@@ -229,13 +229,16 @@ def results_dir(results: str | Path | None) -> Path:
 
 
 def seeds_of(name: str, seeds: int | None, results: str | Path | None, start: int) -> list[int]:
-    """The seeds a page takes of run group ``name`` (``<results>/<name>/seed<k>``): 0..``seeds``−1 for an integer
-    (as ``rlkit reproduce --seeds N``); None: every seed present, 0, 1, … as the sequential rule's rounds left them
-    (:func:`rlkit.lab.runs.available_seeds`), and at least 0..``start``−1 (the spec's seeds, trained if
-    missing)."""
+    """The seeds a page takes of run group ``name`` (``<results>/<name>/seed<k>``): its first ``seeds`` for an
+    integer (as ``rlkit reproduce --seeds N``); None: every seed present, as the sequential rule's rounds left them
+    (:func:`rlkit.lab.runs.available_seeds`), and at least its first ``start`` (the spec's seeds, trained if
+    missing). A group's seeds begin at its first present, :data:`rlkit.lab.runs.FIRST_SEED` when none is."""
+    root = results_dir(results)
+    first = first_seed(root, name)
     if seeds is not None:
-        return list(range(seeds))
-    return list(range(max(len(available_seeds(results_dir(results), name)), start)))
+        return seed_numbers(seeds, first)
+    present = available_seeds(root, name)
+    return present if len(present) >= start else seed_numbers(start, first)
 
 
 def seeds_text(counts: Sequence[int]) -> str:
@@ -322,10 +325,10 @@ def run_settings(name: str, scale: str, seeds: int | None, results: str | Path |
 
 
 def preset_settings() -> dict[str, str]:
-    """The full-scale presets' settings a page quotes (:data:`rlkit.verl.presets.PRESETS`), by glue name:
+    """The full-scale presets' settings a page quotes (:data:`rlkit.verl.launch.presets.PRESETS`), by glue name:
     ``preset_<method>_prompts``/``_n``/``_updates`` (DAPO-Math prompts per step, responses per prompt, updates per
     batch) and DAPO's response budget, ``preset_dapo_max_length`` + ``preset_dapo_overlong_buffer`` tokens."""
-    from rlkit.verl.presets import PRESETS
+    from rlkit.verl.launch.presets import PRESETS
 
     out = {}
     for method, preset in PRESETS.items():
@@ -347,21 +350,35 @@ def glue_settings(name: str, scale: str, seeds: int | None, results: str | Path 
 
 
 def regime_settings(method: str, scale: str, regime: str = "stress") -> str:
-    """The sentences that explain ``regime``'s settings, with the values ``method``'s runs at ``scale`` use
-    (:data:`rlkit.tiny.config.REGIMES` under the scale's sizes), beside the standard run's: a page quotes the
-    config, never a typed number."""
+    """The sentences that explain ``regime``'s settings (a rung of the off-policy ladder), with the values
+    ``method``'s runs at ``scale`` use (:data:`rlkit.tiny.config.REGIMES` under the scale's sizes), beside the
+    standard run's: a page quotes the config, never a typed number. A setting the rung leaves as the standard run's
+    is not named."""
     from rlkit.tiny.config import build_config
 
     std, cfg = build_config(method, scale), build_config(method, scale, regime=regime)
-    return (f"`staleness`: the rollouts of each step are sampled by the policy of {cfg.staleness} steps earlier, as "
-            "in an asynchronous trainer; the loss's ratio is taken against that policy, so it leaves 1 from the "
-            f"first mini-batch on. `mini_batches`: {cfg.mini_batches} optimizer steps per rollout batch (standard: "
-            f"{std.mini_batches}), each further from the sampling policy than the last. `lr`, `warmup_steps`: "
-            f"{cfg.lr:g} (standard: {std.lr:g}), reached after {cfg.warmup_steps} steps. `steps`: {cfg.steps} RL "
-            f"steps (standard: {std.steps}). `policy_eval_tail`: the policy being trained also samples the step's "
-            f"problems itself (`policy/*`, what the entropy and reward claims read) at each of the last "
-            f"{cfg.policy_eval_tail} steps, and every {cfg.eval_every} before them. Everything else is the standard "
-            "run's.")
+    said = []
+    if cfg.staleness:
+        said.append(f"`staleness`: the rollouts of each step are sampled by the policy of {cfg.staleness} steps "
+                    "earlier, as in an asynchronous trainer; the loss's ratio is taken against that policy, so it "
+                    "leaves 1 from the first mini-batch on.")
+    else:
+        said.append("`staleness`: 0, the rollouts of each step are sampled by the policy being trained, and the "
+                    "ratio is taken against the batch's own sampler, as in the papers: it is 1 at the first "
+                    "mini-batch.")
+    if cfg.mini_batches != std.mini_batches:
+        said.append(f"`mini_batches`: {cfg.mini_batches} optimizer steps per rollout batch (standard: "
+                    f"{std.mini_batches}), each further from the sampling policy than the last.")
+    if (cfg.lr, cfg.warmup_steps) != (std.lr, std.warmup_steps):
+        said.append(f"`lr`, `warmup_steps`: {cfg.lr:g} (standard: {std.lr:g}), reached after {cfg.warmup_steps} "
+                    "steps.")
+    if cfg.steps != std.steps:
+        said.append(f"`steps`: {cfg.steps} RL steps (standard: {std.steps}).")
+    if cfg.staleness and cfg.policy_eval_tail:
+        said.append(f"`policy_eval_tail`: the policy being trained also samples the step's problems itself "
+                    f"(`policy/*`, what the entropy and reward claims read) at each of the last "
+                    f"{cfg.policy_eval_tail} steps, and every {cfg.eval_every} before them.")
+    return " ".join(said + ["Everything else is the standard run's."])
 
 
 RULES_LINK = ("every rule — intervals, margins, the seed rule — in one paragraph, on "
@@ -381,18 +398,27 @@ def claim_records(name: str, *, seed: int | None = None, seeds: int | None = Non
     fixed design), with a note saying that the saved records differ."""
     spec = get_spec(name)
     root = results_dir(results)
-    chosen = [seed] if seed is not None else None if seeds is None else list(range(seeds))
+    chosen = [seed] if seed is not None else None if seeds is None else \
+        seed_numbers(seeds, first_seed(root, spec.method))
     saved = judge.load(root, spec.notebook) or []
     if saved and (chosen is None or judge.load(root, spec.notebook, chosen)):
         return saved, None
-    records = judge.judge_spec(spec, root, chosen)
+    records = judge.judge_spec(spec, root, chosen, judged=_required_records(spec, root, chosen))
     if not saved:
         return records, None
     judged_on = sorted({len(r["seeds"]) for r in saved if r["interval"] is not None})
-    on = f"seed {seed}" if seed is not None else f"seeds 0–{seeds - 1}"
+    on = f"seed {seed}" if seed is not None else f"seeds {chosen[0]}–{chosen[-1]}"
     return records, (f"Judged here on {on} (a fixed design, 95% intervals): the reproduction's verdicts in "
                      f"{judge.CLAIMS_FILE}, judged on {seeds_text(judged_on or [0])} seeds, differ in their seeds; "
                      "execute the page with seeds = None to show them.")
+
+
+def _required_records(spec, root: Path, chosen: Sequence[int] | None) -> list[dict[str, Any]]:
+    """The records of the other specs' claims that ``spec``'s claims require (``requires: {claim: "<spec>-<k>"}``),
+    judged on the same seeds."""
+    others = {c.requires["claim"].rpartition("-")[0] for c in spec.claims
+              if c.requires and isinstance(c.requires["claim"], str)}
+    return [r for name in sorted(others) for r in judge.judge_spec(get_spec(name), root, chosen)]
 
 
 def note_html(note: str | None) -> str:
