@@ -134,7 +134,7 @@ def test_every_notebook_executes_without_errors(smoke):
         assert not warned, f"{path.name} prints a warning a reader would see: {warned[0]}"
     for spec in load_specs():
         if spec.method_page:  # each method's run sits beside its executed notebook
-            run = root / "results" / spec.name / f"seed{first_seed(root / 'results', spec.name)}"
+            run = root / "results" / spec.name / f"seed{first_seed(root / 'results')}"
             assert {"metrics.jsonl", "config.json", "env.json"} <= {p.name for p in run.iterdir()}, spec.name
 
 

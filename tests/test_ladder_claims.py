@@ -39,17 +39,24 @@ def specs(tmp_path):
 
 
 def test_a_publication_s_seeds_start_at_its_first_and_run_on_without_a_gap(tmp_path):
+    import shutil
+
     assert seed_numbers(3) == [FIRST_SEED, FIRST_SEED + 1, FIRST_SEED + 2] and seed_numbers(2, 0) == [0, 1]
-    assert first_seed(tmp_path, "grpo") == FIRST_SEED  # nothing yet: the runs planned now
-    write(tmp_path, "grpo", [0, 1, 2], 0.5)  # a publication of seeds 0–2
-    assert first_seed(tmp_path, "grpo") == 0 and available_seeds(tmp_path, "grpo") == [0, 1, 2]
-    write(tmp_path, "gspo", [100, 101, 103], 0.5)  # 102 missing: 103 is not judged
-    assert available_seeds(tmp_path, "gspo") == [100, 101] and available_seeds(tmp_path, "gspo", cap=1) == [100]
+    old, new = tmp_path / "old", tmp_path / "new"
+    assert first_seed(new) == FIRST_SEED  # nothing yet: the runs planned now
+    write(old, "grpo", [0, 1, 2], 0.5)  # a publication of seeds 0–2
+    assert first_seed(old) == 0 and available_seeds(old, "grpo") == [0, 1, 2]
+    write(new, "grpo", [100, 101, 102], 0.5)
+    write(new, "gspo", [100, 101, 103], 0.5)  # 102 missing: 103 is not judged
+    assert available_seeds(new, "gspo") == [100, 101] and available_seeds(new, "gspo", cap=1) == [100]
     spec = Spec(name="x", notebook="n.md", method="grpo", seeds=2)
     assert [p.seed for p in spec.runs()] == [100, 101]
-    # planned into a folder: each group from its own first seed (a publication's runs reused, not added to)
-    assert [(p.name, p.seed) for p in spec.runs(results=tmp_path)] == [("grpo", 0), ("grpo", 1)]
-    assert [p.seed for p in Spec(name="y", notebook="n.md", method="gspo").runs(results=tmp_path)] == [100, 101, 102]
+    # planned into a folder: from the publication's first seed (its runs reused, not added to)
+    assert [(p.name, p.seed) for p in spec.runs(results=old)] == [("grpo", 0), ("grpo", 1)]
+    # a group's first run deleted to train it again: the folder's first seed stays, so that run is planned again
+    shutil.rmtree(new / "grpo" / "seed100")
+    assert first_seed(new) == 100 and [p.seed for p in spec.runs(results=new)] == [100, 101]
+    assert available_seeds(new, "grpo") == []  # and nothing of the group is judged until it is back
 
 
 def test_a_baseline_in_another_regime_and_a_claim_that_presumes_another_spec_s(specs, tmp_path):

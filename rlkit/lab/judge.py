@@ -226,7 +226,7 @@ def judge_all(specs: Sequence[Any], results: str | Path, seeds: int | None = Non
     out: list[dict[str, Any]] = []
     for spec in specs:
         if spec.method and spec.claims:
-            fixed = None if sequential else seed_numbers(seeds or spec.seeds, first_seed(results, spec.method))
+            fixed = None if sequential else seed_numbers(seeds or spec.seeds, first_seed(results))
             out += judge_spec(spec, results, fixed, judged=out)
     return out
 

@@ -232,9 +232,9 @@ def seeds_of(name: str, seeds: int | None, results: str | Path | None, start: in
     """The seeds a page takes of run group ``name`` (``<results>/<name>/seed<k>``): its first ``seeds`` for an
     integer (as ``rlkit reproduce --seeds N``); None: every seed present, as the sequential rule's rounds left them
     (:func:`rlkit.lab.runs.available_seeds`), and at least its first ``start`` (the spec's seeds, trained if
-    missing). A group's seeds begin at its first present, :data:`rlkit.lab.runs.FIRST_SEED` when none is."""
+    missing). They begin at the folder's first seed (:func:`rlkit.lab.runs.first_seed`)."""
     root = results_dir(results)
-    first = first_seed(root, name)
+    first = first_seed(root)
     if seeds is not None:
         return seed_numbers(seeds, first)
     present = available_seeds(root, name)
@@ -399,7 +399,7 @@ def claim_records(name: str, *, seed: int | None = None, seeds: int | None = Non
     spec = get_spec(name)
     root = results_dir(results)
     chosen = [seed] if seed is not None else None if seeds is None else \
-        seed_numbers(seeds, first_seed(root, spec.method))
+        seed_numbers(seeds, first_seed(root))
     saved = judge.load(root, spec.notebook) or []
     if saved and (chosen is None or judge.load(root, spec.notebook, chosen)):
         return saved, None

@@ -28,7 +28,7 @@ from rlkit import registry
 from rlkit.errors import InvalidSetting
 from rlkit.lab import findings, judge, paths
 from rlkit.lab.claims import Claim, run_name
-from rlkit.lab.runs import Run, finished, first_seed, load_run, seed_numbers
+from rlkit.lab.runs import FIRST_SEED, Run, finished, first_seed, load_run, seed_numbers
 from rlkit.lab.stats import SeedRule
 from rlkit.tiny.config import REGIMES, build_config, default_config
 
@@ -128,16 +128,16 @@ class Spec:
 
     def runs(self, seeds: int | None = None, results: str | Path | None = None) -> list[PlannedRun]:
         """Every run this reproduction trains: the method in each regime, and each variant, for every seed —
-        consecutive from the group's first seed in ``results`` (:func:`rlkit.lab.runs.first_seed`: a folder that
-        holds a publication is reused, not added to), from :data:`rlkit.lab.runs.FIRST_SEED` without."""
+        consecutive from the first seed of the publication in ``results`` (:func:`rlkit.lab.runs.first_seed`: a
+        folder that holds one is reused, not added to), from :data:`rlkit.lab.runs.FIRST_SEED` without."""
         if not self.method:
             return []
         named = [(run_name(self.method, r), r, {}) for r in self.regimes]
         named += [(run_name(name, r), r, dict(overrides)) for name, overrides in self.variants.items()
                   for r in self.variant_regimes]
+        first = first_seed(results) if results else FIRST_SEED
         return [PlannedRun(name, self.method, regime, k, tuple(sorted(overrides.items())))
-                for name, regime, overrides in named
-                for k in seed_numbers(seeds or self.seeds, *([first_seed(results, name)] if results else []))]
+                for name, regime, overrides in named for k in seed_numbers(seeds or self.seeds, first)]
 
     def check(self) -> None:
         """Fail now, not on the page, if a run's overrides do not build, a claim reads a metric no run logs, or a
@@ -669,7 +669,7 @@ def seed_rounds(specs: Sequence[Spec], results: Path, *, scale: str | None = Non
         for name, n in needed.items():
             p, s = templates[name]
             by_scale.setdefault(s, []).extend(PlannedRun(p.name, p.method, p.regime, k, p.overrides)
-                                              for k in seed_numbers(n, first_seed(results, name)))
+                                              for k in seed_numbers(n, first_seed(results)))
         for s, planned in by_scale.items():
             train_runs(planned, scale=s, results=results, progress=progress, **train)
         minutes[f"seed round {len(asked)}"] = (time.perf_counter() - t0) / 60

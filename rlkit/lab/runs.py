@@ -149,18 +149,19 @@ def seed_numbers(n: int, first: int = FIRST_SEED) -> list[int]:
     return list(range(first, first + n))
 
 
-def first_seed(results: str | Path, name: str) -> int:
-    """The lowest seed of run group ``name`` under ``results`` (``seed<k>/`` directories; a publication's seeds
-    are consecutive from it), :data:`FIRST_SEED` when it has none yet."""
-    found = [int(p.name[4:]) for p in (Path(results) / name).glob("seed*") if p.name[4:].isdigit()]
+def first_seed(results: str | Path) -> int:
+    """The first seed of the publication under ``results``: the lowest seed of any run group in it (``<group>/seed<k>/``
+    directories; a publication's seeds are consecutive from it in every group, so deleting one group's first run to
+    train it again keeps the folder's first seed), :data:`FIRST_SEED` when it has no run yet."""
+    found = [int(p.name[4:]) for p in Path(results).glob("*/seed*") if p.name[4:].isdigit() and p.is_dir()]
     return min(found, default=FIRST_SEED)
 
 
 def available_seeds(results: str | Path, name: str, cap: int | None = None) -> list[int]:
-    """The seeds of run ``name`` under ``results`` that finished (:func:`finished`), consecutive from its
-    :func:`first_seed` (at most ``cap``): a run a stopped reproduction left part-way is not judged, nor any after
+    """The seeds of run ``name`` under ``results`` that finished (:func:`finished`), consecutive from the
+    folder's :func:`first_seed` (at most ``cap``): a run a stopped reproduction left part-way is not judged, nor any after
     it."""
-    first = first_seed(results, name)
+    first = first_seed(results)
     out: list[int] = []
     while finished(Path(results) / name / f"seed{first + len(out)}") and (cap is None or len(out) < cap):
         out.append(first + len(out))
