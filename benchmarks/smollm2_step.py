@@ -51,7 +51,7 @@ def load(path: Path):
 def sample(model, tokenizer, n: int, new_tokens: int, seed: int) -> tuple[torch.Tensor, int]:
     """``n`` answers of ``new_tokens`` tokens (sampled, no early stop) to :data:`QUESTION`: (sequences, prompt
     length)."""
-    from rlkit.verl.data import GSM8K_INSTRUCTION
+    from rlkit.verl.launch.data import GSM8K_INSTRUCTION
 
     chat = [{"role": "user", "content": f"{QUESTION} {GSM8K_INSTRUCTION}"}]
     prompt = tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt", return_dict=True)

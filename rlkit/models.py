@@ -11,7 +11,7 @@ and verl load without custom code:
   heads, 49,152 tokens), every weight dequantised. The weights written are those dequantised values, not the
   original bfloat16 ones: the 4-bit rounding stays in them.
 - float32, 538 MB: the dequantiser computes in float32 and the CPU runs train and sample in float32
-  (:mod:`rlkit.verl.presets`); bfloat16 (8 significant bits) would round the values a second time.
+  (:mod:`rlkit.verl.launch.presets`); bfloat16 (8 significant bits) would round the values a second time.
 - The tokenizer (``tokenizer.json``, byte-level BPE) and its ChatML chat template come from the file's metadata;
   ``README.md`` says the source, the file's sha256, the dequantisation and the licence (``LICENSE``, the package's
   Apache-2.0 text), ``rlkit_model.json`` the same as data.

@@ -1,6 +1,6 @@
 """rlkit/verl in two parts (issue 45, item 4): the plugin — what runs inside verl's processes (rlkit.verl itself,
-plugin, inputs, trainer, sampling, tools, cpu) — imports nothing of the launcher (rlkit.verl.launch and the old
-paths that name its modules); the launcher imports the plugin. Read from the source, so every import counts: at
+plugin, inputs, trainer, sampling, tools, cpu) — imports nothing of the launcher (rlkit.verl.launch); the
+launcher imports the plugin. Read from the source, so every import counts: at
 module level, inside functions and under TYPE_CHECKING (the import contract ``verl-plugin-below-launcher`` in
 pyproject.toml says the same of the submodules; it cannot name the package's own ``__init__``)."""
 
@@ -18,8 +18,6 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 VERL = ROOT / "rlkit" / "verl"
 LAUNCHER = "rlkit.verl.launch"
-OLD_PATHS = {"presets": "presets", "data": "data", "compose": "config", "runner": "runner"}
-"""rlkit/verl/<name>.py → the launcher's module it names (the very module object)."""
 
 
 def module_name(path: Path) -> str:
@@ -28,8 +26,8 @@ def module_name(path: Path) -> str:
 
 
 def plugin_files() -> list[Path]:
-    """Every module of rlkit/verl outside the launcher's package and the old paths."""
-    return sorted(p for p in VERL.glob("*.py") if p.stem not in OLD_PATHS)
+    """Every module of rlkit/verl outside the launcher's package."""
+    return sorted(VERL.glob("*.py"))
 
 
 def imported(path: Path, package: str | None = None) -> set[str]:
@@ -51,8 +49,7 @@ def imported(path: Path, package: str | None = None) -> set[str]:
 
 
 def launcher_imports(path: Path, package: str | None = None) -> list[str]:
-    launcher = (LAUNCHER, *(f"rlkit.verl.{name}" for name in OLD_PATHS))
-    return sorted(n for n in imported(path, package) if any(n == m or n.startswith(m + ".") for m in launcher))
+    return sorted(n for n in imported(path, package) if n == LAUNCHER or n.startswith(LAUNCHER + "."))
 
 
 def test_the_plugin_imports_nothing_of_the_launcher():
@@ -66,11 +63,10 @@ def test_the_check_sees_every_kind_of_import(tmp_path):
     """The check can fail: a plugin module importing the launcher in any spelling is caught."""
     probe = tmp_path / "probe.py"
     probe.write_text("from rlkit.verl import launch\nimport rlkit.verl.launch.config\nimport rlkit.verl.cpu\n"
-                     "def f():\n    from rlkit.verl.presets import PRESETS\n    from .runner import Limits\n"
-                     "    from .launch import data\n")
+                     "def f():\n    from rlkit.verl.launch.presets import PRESETS\n    from .launch import data\n")
     assert launcher_imports(probe, "rlkit.verl") == [
-        "rlkit.verl.launch", "rlkit.verl.launch.config", "rlkit.verl.launch.data", "rlkit.verl.presets",
-        "rlkit.verl.presets.PRESETS", "rlkit.verl.runner", "rlkit.verl.runner.Limits"]
+        "rlkit.verl.launch", "rlkit.verl.launch.config", "rlkit.verl.launch.data", "rlkit.verl.launch.presets",
+        "rlkit.verl.launch.presets.PRESETS"]
 
 
 def test_the_launcher_is_above_the_plugin():
@@ -79,21 +75,19 @@ def test_the_launcher_is_above_the_plugin():
     assert {"rlkit.verl.plugin", "rlkit.verl.trainer", "rlkit.verl.inputs"} <= config
 
 
-@pytest.mark.parametrize("name", list(OLD_PATHS))
-def test_old_paths_are_the_launchers_modules(name):
-    """``rlkit.verl.presets`` and the others are the launcher's module itself, so a monkeypatch of either is seen by
-    both (the callers outside rlkit/verl still import these paths)."""
-    old, new = importlib.import_module(f"rlkit.verl.{name}"), importlib.import_module(f"{LAUNCHER}.{OLD_PATHS[name]}")
-    assert old is new and getattr(importlib.import_module("rlkit.verl"), name) is new
-    assert getattr(importlib.import_module(LAUNCHER), OLD_PATHS[name]) is new  # no name of the command hides it
+def test_the_old_paths_are_gone():
+    """rlkit/verl/{presets,data,compose,runner}.py named the launcher's modules while callers moved; none is left."""
+    for name in ("presets", "data", "compose", "runner"):
+        assert not (VERL / f"{name}.py").exists(), name
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(f"rlkit.verl.{name}")
 
 
 def test_importing_the_plugin_loads_no_launcher_module():
     """At run time too: a process that loads the plugin (as every verl and vLLM process does) and what the trainer
     hands the losses loads none of the launcher."""
     code = ("import sys, rlkit.verl, rlkit.verl.plugin, rlkit.verl.inputs, rlkit.verl.sampling, rlkit.verl.cpu\n"
-            "print(sorted(m for m in sys.modules if m.startswith('rlkit.verl.launch') or m in "
-            f"{[f'rlkit.verl.{n}' for n in OLD_PATHS]!r}))")
+            "print(sorted(m for m in sys.modules if m.startswith('rlkit.verl.launch')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "VERL_USE_EXTERNAL_PLUGINS": "none", "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr[-2000:]

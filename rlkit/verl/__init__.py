@@ -18,9 +18,7 @@ Two parts, with the dependency one way (the launcher imports the plugin, never t
 **The launcher** — :mod:`rlkit.verl.launch`, which is ``rlkit launch``: a method's preset
 (:mod:`rlkit.verl.launch.presets`) and its data (:mod:`rlkit.verl.launch.data`, a tiny run's settings through
 :mod:`rlkit.verl.launch.from_tiny`) composed with verl's config and validated on CPU
-(:mod:`rlkit.verl.launch.config`), then run under a watchdog (:mod:`rlkit.verl.launch.runner`). The old paths
-``rlkit.verl.presets``, ``.data``, ``.runner`` and ``.compose`` (now ``launch.config``) name the same modules for
-the callers outside the package (README, the book, the reproduction app, benchmarks) until they move.
+(:mod:`rlkit.verl.launch.config`), then run under a watchdog (:mod:`rlkit.verl.launch.runner`).
 
 The names below are importable without verl, so configs can be checked before verl is imported.
 """
