@@ -80,6 +80,15 @@ def test_a_baseline_in_another_regime_and_a_claim_that_presumes_another_spec_s(s
     (alone,) = judge_spec(specs[1], results)
     assert alone["verdict"] == judge.IDLE and "not judged with it" in alone["finding"]
     assert next_round(specs, results) == {}  # nothing undecided asks for seeds
+    # rlkit reproduce --only sapo judges it against the claim it presumes, as the whole reproduction does (it used to
+    # save "not judged" over the published record), and returns only its own records
+    assert judge_all(specs[1:], results, context=specs) == [sapo]
+    write(results, "grpo-papers-4", seeds, 0.3)
+    (only,) = judge_all(specs[1:], results, context=specs)
+    assert only["verdict"] == "holds: better" and only == judge_all(specs, results)[1]
+    write(results, "sapo-papers-4", [seeds[0]], 0.2)  # SAPO's first seed now below GRPO's: undecided
+    asked = next_round(specs, results)
+    assert "sapo-papers-4" in asked and next_round(specs[1:], results, context=specs) == asked
 
 
 def test_a_claim_names_a_known_regime_for_its_baseline(tmp_path):

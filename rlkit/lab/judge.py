@@ -218,17 +218,34 @@ CLAIMS_FILE = "claims.json"
 
 
 def judge_all(specs: Sequence[Any], results: str | Path, seeds: int | None = None, *,
-              sequential: bool | None = None) -> list[dict[str, Any]]:
+              sequential: bool | None = None, context: Sequence[Any] = ()) -> list[dict[str, Any]]:
     """The records of every claim of the ``specs`` that train a method: from ``seeds`` seeds (a fixed design; None
     and not ``sequential``: each spec's ``seeds``), or — ``sequential``, the default when ``seeds`` is None — from
-    the seeds the sequential rule gave each claim (:func:`judge_spec`)."""
+    the seeds the sequential rule gave each claim (:func:`judge_spec`). ``context``: every spec (e.g. all of the
+    project's), so that a claim presuming another spec's claim (``requires: {claim: "<spec>-<k>"}``) is judged
+    against that claim even when its spec is not among ``specs`` (``rlkit reproduce --only``); those records are
+    not returned."""
     sequential = seeds is None if sequential is None else sequential
+
+    def fixed(spec: Any) -> list[int] | None:
+        return None if sequential else seed_numbers(seeds or spec.seeds, first_seed(results))
+
     out: list[dict[str, Any]] = []
+    known = _presumed(specs, context, results, fixed)
     for spec in specs:
         if spec.method and spec.claims:
-            fixed = None if sequential else seed_numbers(seeds or spec.seeds, first_seed(results))
-            out += judge_spec(spec, results, fixed, judged=out)
+            out += judge_spec(spec, results, fixed(spec), judged=[*known, *out])
     return out
+
+
+def _presumed(specs: Sequence[Any], context: Sequence[Any], results: str | Path, seeds_of: Any = lambda spec: None,
+              rule: SeedRule | None = None) -> list[dict[str, Any]]:
+    """The records of the specs in ``context`` but not in ``specs`` whose claims a claim of ``specs`` presumes."""
+    names = {s.name for s in specs}
+    wanted = {c.requires["claim"].rpartition("-")[0] for s in specs for c in s.claims
+              if c.requires and isinstance(c.requires["claim"], str)} - names
+    return [r for s in context if s.name in wanted
+            for r in judge_spec(s, results, seeds_of(s), rule=rule)]
 
 
 def save(records: Sequence[Mapping[str, Any]], results: str | Path) -> Path:
@@ -259,13 +276,15 @@ def load(results: str | Path, notebook: str | None = None, seeds: Sequence[int] 
     return records
 
 
-def next_round(specs: Sequence[Any], results: str | Path, rule: SeedRule | None = None) -> dict[str, int]:
+def next_round(specs: Sequence[Any], results: str | Path, rule: SeedRule | None = None, *,
+               context: Sequence[Any] = ()) -> dict[str, int]:
     """Between rounds of the sequential rule: ``{run name: seeds it needs}`` for every run that a claim still
     inconclusive at its current look compares, and that has fewer seeds than that claim's next look (its seeds +
     ``batch``, at most ``cap``). Empty: every claim is decided, idle, or at the cap — the rounds are over. ``rule``
-    overrides each spec's (:func:`rlkit.lab.claims.seed_rule`). Pure: reads the run files, writes nothing."""
+    overrides each spec's (:func:`rlkit.lab.claims.seed_rule`); ``context`` as :func:`judge_all`'s. Pure: reads the
+    run files, writes nothing."""
     needed: dict[str, int] = {}
-    judged: list[dict[str, Any]] = []
+    judged: list[dict[str, Any]] = _presumed(specs, context, results, rule=rule)
     for spec in specs:
         if not (spec.method and spec.claims):
             continue

@@ -621,7 +621,8 @@ def reproduce(
                                    device=device, workers=workers, ray_address=ray_address, ray_shared=ray_shared,
                                    max_rounds=rounds))
     # ---
-    judged = judge.judge_all(specs, results, seeds, sequential=sequential)  # before the pages that render them
+    judged = judge.judge_all(specs, results, seeds, sequential=sequential,  # before the pages that render them
+                             context=load_specs(specs_dir))
     if judged:
         print(f"claims: {len(judged)} judged -> {judge.save(judged, results)}", flush=True)
         if sequential and judge.rule_finished(specs, judged):  # the rule has ended: what it left undecided
@@ -658,7 +659,7 @@ def seed_rounds(specs: Sequence[Spec], results: Path, *, scale: str | None = Non
     templates = {p.name: (p, scale or spec.scale) for spec in every for p in spec.runs(1)}
     minutes: dict[str, float] = {}
     asked: list[dict[str, int]] = []
-    while (max_rounds is None or len(asked) < max_rounds) and (needed := judge.next_round(specs, results)):
+    while (max_rounds is None or len(asked) < max_rounds) and (needed := judge.next_round(specs, results, context=every)):
         if needed in asked:  # trained, yet still short: a run did not finish; stop rather than loop
             raise RuntimeError(f"the seed rounds asked twice for {needed}: the runs did not finish")
         asked.append(needed)
