@@ -96,3 +96,15 @@ def test_a_claim_names_a_known_regime_for_its_baseline(tmp_path):
     bad.write_text(SPECS["grpo.yaml"].replace("baseline_regime: standard", "baseline_regime: hot"))
     with pytest.raises(ValueError, match="regime must be one of"):
         Spec.load(bad)
+
+
+def test_a_page_re_judged_alone_keeps_the_file_s_order(tmp_path):
+    def rec(notebook, i, verdict="no effect"):
+        return {"id": f"{notebook}-{i}", "notebook": notebook, "verdict": verdict, "interval": None}
+
+    judge.save([rec("a", 1), rec("a", 2), rec("b", 1), rec("c", 1)], tmp_path)
+    judge.save([rec("b", 1, "holds: better"), rec("b", 2)], tmp_path)  # rlkit reproduce --only b
+    assert [r["id"] for r in judge.load(tmp_path)] == ["a-1", "a-2", "b-1", "b-2", "c-1"]
+    assert judge.load(tmp_path, "b")[0]["verdict"] == "holds: better"
+    judge.save([rec("d", 1)], tmp_path)  # a notebook the file did not have: last
+    assert [r["id"] for r in judge.load(tmp_path)][-1] == "d-1"

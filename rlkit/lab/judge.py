@@ -249,16 +249,26 @@ def _presumed(specs: Sequence[Any], context: Sequence[Any], results: str | Path,
 
 
 def save(records: Sequence[Mapping[str, Any]], results: str | Path) -> Path:
-    """Write ``records`` to ``<results>/claims.json``, keeping the records of notebooks not among them."""
+    """Write ``records`` to ``<results>/claims.json``, keeping the records of notebooks not among them, each
+    notebook's records where they were (a page re-judged alone leaves the file's order as it was)."""
     path = Path(results) / CLAIMS_FILE
-    ours = {r["notebook"] for r in records}
-    kept = [r for r in load(results) if r["notebook"] not in ours] if path.exists() else []
+    ours: dict[str, list[Mapping[str, Any]]] = {}
+    for r in records:
+        ours.setdefault(r["notebook"], []).append(r)
+    merged: list[Mapping[str, Any]] = []
+    for r in load(results) or []:
+        if r["notebook"] not in ours:
+            merged.append(r)
+        elif ours[r["notebook"]]:  # the first of that notebook's old records: its new ones go here
+            merged += ours[r["notebook"]]
+            ours[r["notebook"]] = []
+    merged += [r for rs in ours.values() for r in rs]  # notebooks the file did not have yet
     tmp = path.with_suffix(".json.tmp")
     def finite(r: Mapping[str, Any]) -> dict[str, Any]:  # one seed has no interval: null ends, valid JSON
         interval = r["interval"]
         return {**r, "interval": None if interval is None else [x if math.isfinite(x) else None for x in interval]}
 
-    tmp.write_text(json.dumps([*kept, *map(finite, records)], indent=1, ensure_ascii=False) + "\n")
+    tmp.write_text(json.dumps([finite(r) for r in merged], indent=1, ensure_ascii=False) + "\n")
     tmp.replace(path)
     return path
 
