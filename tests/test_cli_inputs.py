@@ -11,6 +11,7 @@ import pytest
 
 from rlkit import cli
 from rlkit.errors import ConflictingOptions
+from rlkit.lab.runs import first_seed
 from rlkit.tasks import arithmetic, gsm8k
 
 
@@ -457,11 +458,12 @@ def grpo_copy(tmp_path):
 
 @pytest.mark.parametrize("damage", DAMAGES)
 def test_reproduced_names_a_damaged_run(damage, grpo_copy, tmp_path, capsys):
-    named = damage(grpo_copy / "grpo" / "seed2")
+    third = first_seed(grpo_copy) + 2  # the publication's third seed
+    named = damage(grpo_copy / "grpo" / f"seed{third}")
     before = {p: p.read_bytes() for p in grpo_copy.rglob("*") if p.is_file()}
     code, err = refused(["reproduced", "--results", str(grpo_copy), "--out", str(tmp_path / "report")],
                         capsys, quiet=False)
-    assert code == 1 and "grpo seed 2: damaged" in err and named in err, err
+    assert code == 1 and f"grpo seed {third}: damaged" in err and named in err, err
     assert {p: p.read_bytes() for p in grpo_copy.rglob("*") if p.is_file()} == before
 
 
@@ -471,12 +473,13 @@ def test_reuse_and_the_claims_refuse_a_damaged_finished_run(damage, grpo_copy):
     from rlkit.lab.reproduce import PlannedRun, train_runs
     from rlkit.lab.runs import available_seeds, final_correct, load_run
 
-    run = grpo_copy / "grpo" / "seed2"
+    third = first_seed(grpo_copy) + 2
+    run = grpo_copy / "grpo" / f"seed{third}"
     intact = load_run(run)
     named = damage(run)
     before = {p: p.read_bytes() for p in grpo_copy.rglob("*") if p.is_file()}
     with pytest.raises(DamagedFile, match=named):  # the reuse: before anything is trained
-        train_runs([PlannedRun("grpo", "grpo", "standard", 2)], scale="cpu", results=grpo_copy,
+        train_runs([PlannedRun("grpo", "grpo", "standard", third)], scale="cpu", results=grpo_copy,
                    progress=False)
     with pytest.raises(DamagedFile, match=named):  # the claims' seeds
         available_seeds(grpo_copy, "grpo")
@@ -487,11 +490,12 @@ def test_reuse_and_the_claims_refuse_a_damaged_finished_run(damage, grpo_copy):
 
 def test_reproduce_refuses_to_reuse_a_damaged_run_before_training_anything(grpo_copy, capsys, monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    named = damage_eval_missing(grpo_copy / "grpo" / "seed1")
+    second = f"seed{first_seed(grpo_copy) + 1}"
+    named = damage_eval_missing(grpo_copy / "grpo" / second)
     before = tree(grpo_copy)
     code, err = refused(["reproduce", "--only", "grpo", "--results", str(grpo_copy), "--workers", "1"], capsys,
                         quiet=False)
-    assert code == 1 and f"{grpo_copy / 'grpo' / 'seed1' / 'eval.jsonl'}" in err and named in err, err
+    assert code == 1 and f"{grpo_copy / 'grpo' / second / 'eval.jsonl'}" in err and named in err, err
     assert tree(grpo_copy) == before
 
 
