@@ -907,9 +907,9 @@ def test_the_comparison_pages_summary_and_forest_count_every_claim_once():
     assert len(forest_panels([dropped]).axes) == 1
 
 
-PICTURE_LATE = {"03_aspo": "its picture draws the toy tensors of an earlier check (A8, first8)"}
+PICTURE_LATE: dict[str, str] = {}
 """Method pages whose first picture still comes after the first code a learner reads (issue 47, item 1), each
-with why it was not moved; a page that gets its picture first must leave this list."""
+with why it was not moved; a page that gets its picture first must leave this list (none is left)."""
 
 
 def _picture_then_code(text: str) -> tuple[int | None, int | None]:
