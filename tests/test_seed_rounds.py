@@ -110,7 +110,7 @@ def test_reproduce_runs_the_rounds_unless_told_a_fixed_number_or_another_scale(p
     monkeypatch.setattr(reproduce, "train_runs", lambda planned, **kw: {})
     monkeypatch.setattr(reproduce, "seed_rounds", lambda *a, **kw: called.append(kw) or {})
     monkeypatch.setattr(reproduce, "execute", lambda spec, out, params, **kw: out / "nb.ipynb")
-    monkeypatch.setattr(reproduce.judge, "judge_all", lambda specs, res, seeds, sequential: judged.append(
+    monkeypatch.setattr(reproduce.judge, "judge_all", lambda specs, res, seeds, sequential, **kw: judged.append(
         (seeds, sequential)) or [])
     monkeypatch.setattr(paths, "published_dir", lambda: tmp_path / "nowhere")
     reproduce.reproduce(only=["aspo"], results=results, specs_dir=specs_dir, progress=False, **kwargs)
