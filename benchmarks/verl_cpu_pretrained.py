@@ -17,6 +17,10 @@ rewards and start/end held-out accuracy.
     python benchmarks/verl_cpu_pretrained.py --model /tmp/smollm2 --data /tmp/gsm8k --methods grpo --steps 10
     python benchmarks/verl_cpu_pretrained.py --from-runs RUNS --methods grpo   # publish runs already made
 
+``--format-score 0.1`` gives a wrong answer in the ``#### n`` format 0.1 (verl's GSM8K ``format_score``): SmolLM2-135M
+answers no training problem right, so with verl's default of 0 every reward is 0 and no group has an advantage
+(reproductions/LOG.md, 2026-12-03); ``--response-length`` shortens the answers for CPU time.
+
 On 2 loaded cores a step of 16 responses of up to 512 tokens takes minutes (reproductions/LOG.md, 2026-12-02
 evening): ``--steps 1`` times the path; the page's curves need 10.
 """
@@ -57,13 +61,24 @@ def experiment(method: str) -> str:
     return f"{method}-gsm8k-smollm2-cpu"
 
 
-def launch(method: str, steps: int, model: Path, data: Path, runs: Path, gen: Path, timeout: float) -> Path:
-    """One launch of ``method`` into ``runs``; its printout goes to ``runs/<experiment>.out``."""
+def reward_overrides(format_score: float, response_length: int | None) -> list[str]:
+    """The launch's overrides of the reward and the answers' length: rlkit's GSM8K rule with verl's scores
+    (:func:`rlkit.tasks.gsm8k.compute_score`: 1 right, ``format_score`` for a wrong ``#### n``, 0 without one) and,
+    given, a shorter ``data.max_response_length`` than the CPU preset's."""
+    keys = [] if format_score == 0 else [
+        "reward.custom_reward_function.path=pkg://rlkit.tasks.gsm8k", "reward.custom_reward_function.name=compute_score",
+        f"+reward.custom_reward_function.reward_kwargs.format_score={format_score}"]
+    return keys + ([f"data.max_response_length={response_length}"] if response_length else [])
+
+
+def launch(method: str, steps: int, model: Path, data: Path, runs: Path, gen: Path, timeout: float,
+           overrides: list[str]) -> Path:
+    """One launch of ``method`` into ``runs`` (``overrides`` last); its printout goes to ``runs/<experiment>.out``."""
     cmd = [sys.executable, "-m", "rlkit.cli", "launch", "--method", method, "--dataset", "gsm8k", "--model", str(model),
            "--device", "cpu", "--steps", str(steps), "--data", str(data), "--runs-dir", str(runs),
            "--experiment", experiment(method), "--timeout", str(int(timeout)), "--",
            f"trainer.test_freq={steps}", f"trainer.validation_data_dir={gen / method / 'val'}",
-           f"trainer.rollout_data_dir={gen / method / 'train'}"]
+           f"trainer.rollout_data_dir={gen / method / 'train'}", *overrides]
     printout = runs / f"{experiment(method)}.out"
     printout.parent.mkdir(parents=True, exist_ok=True)
     with open(printout, "w") as out:
@@ -133,7 +148,12 @@ def main() -> None:
     parser.add_argument("--from-runs", action="store_true", help="publish the runs already in --runs, launch none")
     parser.add_argument("--timeout", type=float, default=7200, help="seconds per launch (rlkit launch --timeout)")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--format-score", type=float, default=0.0,
+                        help="reward of a wrong answer in the '#### n' format (verl's gsm8k format_score; default 0)")
+    parser.add_argument("--response-length", type=int, default=None,
+                        help="data.max_response_length (default: the CPU preset's 512)")
     args = parser.parse_args()
+    overrides = reward_overrides(args.format_score, args.response_length)
     gen = args.runs / "generations"
     result = {**machine(), "model": {"name": "SmolLM2-135M-Instruct",
                                      "weights_sha256": sha256(args.model / "model.safetensors"),
@@ -141,11 +161,11 @@ def main() -> None:
                                         if k in ("package", "version", "gguf_sha256", "dtype", "parameters")}},
               "data": {name: sha256(args.data / name) for name in ("train.parquet", "test.parquet")},
               "command": "rlkit launch --method M --dataset gsm8k --model DIR --device cpu --steps N -- "
-                         "trainer.test_freq=N", "runs": {}}
+                         "trainer.test_freq=N " + " ".join(overrides), "runs": {}}
     for method in args.methods:
         t0 = time.monotonic()
         if not args.from_runs:
-            launch(method, args.steps, args.model, args.data, args.runs, gen, args.timeout)
+            launch(method, args.steps, args.model, args.data, args.runs, gen, args.timeout, overrides)
         row = publish(method, args.runs, gen, args.model, args.out)
         result["runs"][method] = row
         print(f"{method}: {row.get('outcome')}, {row.get('launch_s')} s all in ({time.monotonic() - t0:.0f} s here), "

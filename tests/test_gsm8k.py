@@ -33,6 +33,26 @@ def test_score_compares_numbers():
     assert gsm8k.score("it is 72.", "72", mode="flexible") == 1.0
 
 
+def test_compute_score_gives_the_format_its_score_and_accuracy_the_answer_alone():
+    cases = {"so #### 72": (1.0, True), "so #### 71": (0.1, False), "it is 72": (0.0, False)}
+    for text, (reward, acc) in cases.items():
+        assert gsm8k.compute_score("openai/gsm8k", text, "72", format_score=0.1) == {"score": reward, "acc": acc}
+    assert gsm8k.compute_score("openai/gsm8k", "so #### 71", "72")["score"] == 0.0  # verl's default: no format score
+    assert gsm8k.compute_score("openai/gsm8k", "it is 71", "72", mode="flexible", format_score=0.1)["score"] == 0.1
+    with pytest.raises(ValueError, match=r"format_score must be in \[0, 1\)"):
+        gsm8k.compute_score("openai/gsm8k", "#### 1", "1", format_score=1.0)
+
+
+def test_compute_score_scores_as_verls_own_gsm8k_rule():
+    verl_gsm8k = pytest.importorskip("verl.utils.reward_score.gsm8k")
+    # (not "72." or "72.0": rlkit compares numbers where verl compares strings, the module doc's one deviation)
+    texts = ["#### 72", "#### 71", "no answer", "x #### 1,234", "it is 72", "#### 9" + "x" * 400, "#### $72"]
+    for text in texts:
+        for mode in gsm8k.MODES:
+            ours = gsm8k.compute_score("openai/gsm8k", text, "72", mode=mode, format_score=0.1)["score"]
+            assert ours == verl_gsm8k.compute_score(text, "72", method=mode, format_score=0.1), (text, mode)
+
+
 def test_load_local_jsonl_and_parquet(tmp_path):
     rows = [{"question": "1+1?", "answer": "1+1=2\n#### 2"}, {"question": "2*3?", "answer": "#### 6"}]
     (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")

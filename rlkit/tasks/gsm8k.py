@@ -54,6 +54,21 @@ def score(text: str, ground_truth: str | int | float, mode: str = "strict") -> f
     return float(got is not None and want is not None and got == want)
 
 
+def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None,
+                  mode: str = "strict", format_score: float = 0.0, **kwargs) -> dict:
+    """verl custom reward function for GSM8K (``reward.custom_reward_function.path=pkg://`` this module,
+    ``name=compute_score``, ``reward_kwargs.mode`` / ``reward_kwargs.format_score``), with the scores of verl's own
+    ``gsm8k.compute_score``: 1.0 for the right answer, ``format_score`` for a wrong one that has the format (an
+    answer :func:`extract_answer` finds), 0.0 without one. ``acc`` is the right answer alone: held-out accuracy
+    does not count the format. verl's GSM8K default is ``format_score=0``; a model that never answers right gets
+    a signal from ``format_score > 0`` (its groups mix answers with and without ``#### n``)."""
+    if not 0.0 <= format_score < 1.0:
+        raise ValueError(f"format_score must be in [0, 1) (a right answer scores 1), got {format_score}")
+    right = score(solution_str, ground_truth, mode) == 1.0
+    formatted = extract_answer(solution_str, mode) is not None
+    return {"score": 1.0 if right else (format_score if formatted else 0.0), "acc": right}
+
+
 _GOLD = re.compile(r"-?(\d+(\.\d*)?|\.\d+)")
 
 
