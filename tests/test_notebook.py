@@ -5,6 +5,7 @@ again at 3 seeds, and a figure draws every seed a run group has. Fabricated run 
 from __future__ import annotations
 
 import re
+from html import escape
 
 import matplotlib
 import pytest
@@ -60,6 +61,8 @@ def test_a_page_shows_the_saved_sequential_records_each_on_its_seeds(spec, tmp_p
     assert notebook.RULES_LINK in html and report.glossary_html() not in html  # the verdict words: linked, not repeated
     counted = re.findall(r"Of (?:the )?2 claims", html)  # the verdict counts, once: in the "What we found" box
     assert counted == ["Of the 2 claims"], counted
+    box = report.found_box(on_file, limit=0)  # the counts alone: each claim's finding is in its row, not repeated
+    assert box in html and box.count("<li>") == 1 and all(escape(r["finding"]) not in box for r in on_file)
 
 
 def test_an_explicit_number_of_other_seeds_is_judged_now_and_says_so(spec, tmp_path):

@@ -428,8 +428,8 @@ def note_html(note: str | None) -> str:
 
 def claims_table(name: str, *, seed: int | None = None, seeds: int | None = None,
                  results: str | Path | None = None):
-    """The spec's claims (the rules: :data:`rlkit.lab.report.RULES`) as HTML: a "What we found" box in plain
-    sentences, the narrow table (claim and finding, estimate, coloured verdict; details folded) and the verdict
+    """The spec's claims (the rules: :data:`rlkit.lab.report.RULES`) as HTML: a "What we found" box with the verdicts'
+    counts and the collapses (each claim's finding is in its row, not repeated above it), the narrow table (claim and finding, estimate, coloured verdict; details folded) and the verdict
     legend beside it (:func:`rlkit.lab.book_pages.verdict_legend_html`: the words it uses, the interval, the margin,
     the seeds, and a link to the rules, stated once on the comparison page: :data:`RULES_LINK`). The records:
     :func:`claim_records` (with ``seeds`` None, those the reproduction saved in ``claims.json``; judged now only where
@@ -439,7 +439,7 @@ def claims_table(name: str, *, seed: int | None = None, seeds: int | None = None
 
     collapses = records_sentences(records)[1:]  # its first sentence, the counts, opens the "What we found" box
     return HTML(note_html(note) + (say_html(collapses) if collapses else "")
-                + report.found_box(records) + report.html(records) + verdict_legend_html(records, RULES_LINK))
+                + report.found_box(records, limit=0) + report.html(records) + verdict_legend_html(records, RULES_LINK))
 
 
 # ------------------------------------------------------------------------------------------------ words after results

@@ -115,17 +115,17 @@ def judge_claims(spec, results: str | Path, seeds: Sequence[int] | None = None) 
 def html(records: Sequence[Mapping[str, Any]], *, method_column: bool = False) -> str:
     """The claims as a narrow HTML table — claim (with its finding), estimate [CI], verdict (coloured) — whose
     details (the paper's numbers, metric, margin and its source, the mechanism's activity) fold into a dropdown
-    under each claim, so the table fits a laptop's text column."""
+    under each verdict (the column with room to spare: a row is as tall as its claim and finding), so the table
+    fits a laptop's text column."""
     rows = []
     for r, t in zip(records, table(records).to_dict("records")):
         details = "".join(f"<li><b>{k}</b>: {escape(str(t[k]))}</li>" for k in ("paper", "metric", "margin",
                                                                                 "activity") if t[k])
-        claim = (f"<b>{escape(r['statement'])}</b><br><span class='rlkit-finding'>{escape(r['finding'])}</span>"
-                 f"<details><summary>details</summary><ul>{details}</ul></details>")
+        claim = f"<b>{escape(r['statement'])}</b><br><span class='rlkit-finding'>{escape(r['finding'])}</span>"
         method = f"<td>{escape(r['id'].rsplit('-', 1)[0])}</td>" if method_column else ""
         rows.append(f"<tr>{method}<td>{claim}</td><td>{estimate_cell(r, t['estimate [CI]'])}"
                     f"</td><td style='background-color:{COLOURS.get(r['verdict'], 'white')}'>"
-                    f"{escape(r['verdict'])}</td></tr>")
+                    f"{escape(r['verdict'])}<details><summary>details</summary><ul>{details}</ul></details></td></tr>")
     head = ("<th>method</th>" if method_column else "") + "<th>claim and finding</th><th>value; difference [CI]</th>" \
         "<th>verdict</th>"
     return (f"<table class='rlkit-claims'><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
@@ -151,10 +151,10 @@ def estimate_cell(r: Mapping[str, Any], difference: str) -> str:
     return f"{own};<br><span style='white-space:nowrap'>{escape(difference)}</span>"
 
 
-def found_box(records: Sequence[Mapping[str, Any]]) -> str:
-    """:func:`rlkit.lab.findings.summary` as the page's "What we found" box (HTML, styled as the book's tip
-    boxes)."""
-    items = "".join(f"<li>{escape(s)}</li>" for s in summary(records))
+def found_box(records: Sequence[Mapping[str, Any]], limit: int = 4) -> str:
+    """:func:`rlkit.lab.findings.summary` (the counts and ``limit`` findings) as the page's "What we found" box
+    (HTML, styled as the book's tip boxes)."""
+    items = "".join(f"<li>{escape(s)}</li>" for s in summary(records, limit))
     return (f"<div class='admonition tip'><p class='admonition-title'>What we found</p><ul>{items}</ul></div>")
 
 
