@@ -71,6 +71,11 @@ def reward_overrides(format_score: float, response_length: int | None) -> list[s
     return keys + ([f"data.max_response_length={response_length}"] if response_length else [])
 
 
+PARTIAL_CREDIT = {"spo": "+algorithm.spo.binary=false"}
+"""What a method needs told when a reward has partial credit (``--format-score``): SPO's tracker takes 0 or 1 unless
+``spo.binary`` is false."""
+
+
 def launch(method: str, steps: int, model: Path, data: Path, runs: Path, gen: Path, timeout: float,
            overrides: list[str]) -> Path:
     """One launch of ``method`` into ``runs`` (``overrides`` last); its printout goes to ``runs/<experiment>.out``."""
@@ -79,6 +84,8 @@ def launch(method: str, steps: int, model: Path, data: Path, runs: Path, gen: Pa
            "--experiment", experiment(method), "--timeout", str(int(timeout)), "--",
            f"trainer.test_freq={steps}", f"trainer.validation_data_dir={gen / method / 'val'}",
            f"trainer.rollout_data_dir={gen / method / 'train'}", *overrides]
+    if method in PARTIAL_CREDIT and any("format_score" in o for o in overrides):
+        cmd.append(PARTIAL_CREDIT[method])
     printout = runs / f"{experiment(method)}.out"
     printout.parent.mkdir(parents=True, exist_ok=True)
     with open(printout, "w") as out:

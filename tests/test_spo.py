@@ -15,8 +15,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rlkit import registry
 from rlkit.methods.spo import (
-    Config, PromptSampler, ValueTracker, spo_advantage, spo_divergence, spo_estimator, spo_rho,
+    Config, PromptSampler, SpoHooks, ValueTracker, spo_advantage, spo_divergence, spo_estimator, spo_rho,
 )
 from rlkit.registry import AdvantageInputs, MissingInputs, get_advantage
 
@@ -576,3 +577,22 @@ def test_bad_advantage_inputs_raise():
         spo_advantage(torch.ones(2), torch.ones(2), adv_eps=-1.0)
     with pytest.raises(ValueError, match="mask has 3 rows for 2 rewards"):
         spo_advantage(torch.ones(2), torch.zeros(2), mask=torch.ones(3, 4))
+
+
+def test_the_hooks_tracker_takes_partial_credit_when_the_config_says_so():
+    """A reward with partial credit (GSM8K's format score: 0.1 for a wrong answer in the format) stops a binary
+    tracker; ``spo.binary=false`` tracks it (the SmolLM2 run through main_ppo met the first)."""
+    from types import SimpleNamespace
+
+    engine = SimpleNamespace(seed=0, pool_ids=["a", "b"], offline_scores=lambda n: None)
+    for binary in (True, False):
+        hooks = registry.make_hooks("spo", {"spo": Config(binary=binary, offline_N=0)})
+        assert isinstance(hooks, SpoHooks)
+        hooks.start(engine, resumed=False)
+        assert hooks.tracker.binary is binary
+    hooks.tracker.update(["a", "b"], [0.1, 0.0], [0.0, 0.0])  # the last: binary=False
+    assert hooks.tracker.alpha[0].item() == pytest.approx(0.96 * 0.5 + 0.1)
+    with pytest.raises(ValueError, match="binary=False"):
+        binary_hooks = registry.make_hooks("spo", {"spo": Config(offline_N=0)})
+        binary_hooks.start(engine, resumed=False)
+        binary_hooks.tracker.update(["a"], [0.1], [0.0])

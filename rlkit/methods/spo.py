@@ -88,6 +88,10 @@ class Config(DualClipKnobs):
     """Added to the batch std in the advantage normalisation."""
     no_baseline: bool = False
     """Ablation (recipe ``no_baseline``, paper App. F): v̂ = 0, i.e. trainers pass zero baselines."""
+    binary: bool = True
+    """Rewards are 0 or 1 (the paper's Beta posterior; another reward is refused); False: any reward in [0, 1], as
+    a partial-credit rule gives (e.g. GSM8K's format score), tracked by the same update read as an adaptive moving
+    average (module doc)."""
     clip_high: float = 0.28
     """ε_high of the PPO clip (recipe, clip-higher)."""
     clip_c: float | None = 10.0
