@@ -163,7 +163,10 @@ def test_two_nodes_of_a_simulated_ray_cluster_train_one_fsdp_rank_each(workdir, 
     for key in ("critic/score/mean", "actor/pg_loss", "actor/grad_norm", "response_length/mean",
                 "timing_s/update_weights", "timing_s/gen"):
         assert train[key].notna().all(), key
-    assert (train["actor/grad_norm"] > 0).all()
+    # a step whose groups all scored alike has every advantage 0 and no gradient; every other step must move
+    idle = (train["critic/advantages/max"] == 0) & (train["critic/advantages/min"] == 0)
+    assert ((train["actor/grad_norm"] > 0) | idle).all(), train[["actor/grad_norm", "critic/advantages/max"]]
+    assert (train["actor/grad_norm"] > 0).any()
     config = json.loads((run_dir / "config.json").read_text())["verl"]
     assert config["trainer"]["nnodes"] == 2 and config["trainer"]["n_gpus_per_node"] == 1
     nodes = {cls: {a["Address"]["NodeID"] for a in actors if cls in a["ActorClassName"]}
