@@ -78,6 +78,11 @@ class DamagedFile(RunError, ValueError):
     is missing, cut off or not what it should hold: the message names the file (and line) and what is wrong."""
 
 
+class NoSignalLeft(RunError):
+    """Dynamic sampling drew every prompt its bound allows for one step and still lacks a batch of groups whose
+    answers differ: the model solves all or none of what it is given."""
+
+
 class ExecutionFailed(RunError):
     """An executed notebook whose execution failed: the book does not publish its traceback."""
 

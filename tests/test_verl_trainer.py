@@ -154,6 +154,91 @@ def test_the_replay_buffer_looks_for_finished_rollouts_without_verls_2_s_wait():
     assert buffer.poll_interval == POLL_S <= 0.1
 
 
+class PromptQueue:
+    """What verl's sync replay buffer reads of TransferQueue (``kv_list``, ``kv_batch_get``, ``kv_clear``) for
+    groups of two answers that finish as they are sent; ``acc(n)`` is the n-th group's two correctness values."""
+
+    def __init__(self, acc):
+        self.acc, self.items, self.sent = acc, {}, 0
+
+    def send(self, n):  # the trainer's refill_fn: n more prompts
+        for _ in range(n):
+            uid = f"g{self.sent}"
+            self.items[uid] = {"is_prompt": True, "global_steps": 1, "status": "finished"}
+            for j, acc in enumerate(self.acc(self.sent)):
+                self.items[f"{uid}_{j}"] = {"acc": acc}
+            self.sent += 1
+        return n
+
+    def kv_list(self):
+        return {"train": {key: {k: v for k, v in tag.items() if k != "acc"} for key, tag in self.items.items()}}
+
+    def kv_batch_get(self, keys, partition_id, select_fields):
+        assert select_fields == ["extra_fields"]
+        return {"extra_fields": [{"reward_extra_info": {"acc": self.items[k]["acc"]}} for k in keys]}
+
+    def kv_clear(self, partition_id, keys):
+        for key in keys:
+            self.items.pop(key, None)
+
+
+DYNAMIC = ("algorithm.adv_estimator=rlkit_grpo", "algorithm.filter_groups.enable=true",
+           "algorithm.filter_groups.metric=acc", "data.train_batch_size=4")
+
+
+def sample_one_step(monkeypatch, acc, *overrides):
+    """The trainer's replay buffer for step 1, with its first batch of 4 prompts sent as verl sends it."""
+    import verl.trainer.ppo.v1.replay_buffer as replay_buffer
+
+    queue = PromptQueue(acc)
+    monkeypatch.setattr(replay_buffer, "tq", queue)
+    t = trainer_for(*DYNAMIC, *overrides)
+    monkeypatch.setattr(t, "_add_prompts_to_generate", queue.send)
+    buffer = t._build_replay_buffer()
+    queue.send(4)
+    t.global_steps = 1
+    t.on_sample_begin()
+    return t, queue, buffer
+
+
+def test_dynamic_sampling_ends_the_run_at_its_bound_when_no_group_has_signal(monkeypatch):
+    """verl 0.9.1's V1 buffer ignores ``max_num_gen_batches`` and refilled forever on a model that answers nothing
+    right (SmolLM2 on GSM8K under HAPO's preset); the rlkit trainer stops at the bound: 3 batches of 4 prompts."""
+    from rlkit.errors import NoSignalLeft
+
+    t, queue, buffer = sample_one_step(monkeypatch, lambda n: [0.0, 0.0],
+                                       "algorithm.filter_groups.max_num_gen_batches=3")
+    with pytest.raises(NoSignalLeft, match=r"sent 12 prompts at step 1 and has fewer than 4 groups whose answers "
+                                           r"differ on 'acc'.*allows 12.*algorithm.filter_groups.enable=false"):
+        buffer.sample(global_steps=1, partition_id="train", batch_size=4)
+    assert queue.sent == 12 and t.refill_budget.limit == 12
+
+
+def test_dynamic_sampling_within_its_bound_returns_the_groups_with_signal(monkeypatch):
+    _, queue, buffer = sample_one_step(monkeypatch, lambda n: [1.0, 0.0] if n >= 4 else [0.0, 0.0],
+                                       "algorithm.filter_groups.max_num_gen_batches=3")
+    batch, metrics = buffer.sample(global_steps=1, partition_id="train", batch_size=4)
+    assert sorted({key.split("_")[0] for key in batch.keys}) == ["g4", "g5", "g6", "g7"]
+    assert metrics["training/filter_groups/evicted_samples"] == 4 and queue.sent == 8
+
+
+def test_dynamic_sampling_without_a_bound_is_verls_endless_refill(monkeypatch):
+    """0, verl's default: unbounded, as verl and the DAPO recipe mean it. verl's buffer then refills past any
+    count (here stopped by the queue at 40 prompts)."""
+    t, queue, buffer = sample_one_step(monkeypatch, lambda n: [0.0, 0.0])
+    assert t.refill_budget is None and buffer.refill_fn == queue.send
+    send = queue.send
+
+    def until_40(n):
+        if queue.sent >= 40:
+            raise RuntimeError("40 prompts sent")
+        return send(n)
+
+    buffer.refill_fn = until_40
+    with pytest.raises(RuntimeError, match="40 prompts sent"):
+        buffer.sample(global_steps=1, partition_id="train", batch_size=4)
+
+
 def test_each_step_begins_by_asking_for_a_tests_hold(monkeypatch):
     """``RLKIT_TEST_HOLD`` (test support: :func:`rlkit.environ.hold_before_step`, tested in test_verl_runner.py)
     is asked at the start of every step of verl's loop, with the step about to run."""

@@ -34,6 +34,12 @@ method trains with ``algorithm.adv_estimator``, else the estimator's.
   ``<trainer.default_local_dir>/rlkit_<method>_sampler.pt``), from which the processor builds the next rollout's
   temperatures with the same hooks. vLLM only. The temperatures it applied are logged as
   ``<method>/sampler/temperature_mean``/``_std``.
+- Dynamic sampling (``algorithm.filter_groups``, on in the presets of the methods that sample dynamically):
+  verl 0.9.1's V1 replay buffer drops each group whose answers all score alike and refills without end — it
+  ignores the recipe's ``algorithm.filter_groups.max_num_gen_batches`` (it says so in a warning), so a model that
+  answers nothing right generated forever. The rlkit trainer enforces that bound (:class:`RefillBudget`): a step
+  that has sent ``max_num_gen_batches`` × ``data.gen_batch_size`` prompts (``train_batch_size`` by default)
+  without a full batch ends the run with :class:`rlkit.errors.NoSignalLeft`; 0, verl's default, is unbounded.
 - Checkpoints: the hooks' state is saved in each checkpoint folder (``rlkit_method.pt``) and restored on resume.
 - Test support: with ``RLKIT_TEST_HOLD=<step>:<file>`` in its environment the trainer stops before step ``<step>``
   and waits while ``<file>`` exists (:func:`rlkit.environ.hold_before_step`), so a test kills the run there.
@@ -87,6 +93,7 @@ from verl.workers.utils.padding import no_padding_2_padding, response_from_neste
 from rlkit import registry
 from rlkit.core.tool_use import tool_metrics
 from rlkit.environ import hold_before_step
+from rlkit.errors import NoSignalLeft
 from rlkit.hooks import Hooks, Recalled, StepBatch, checked
 from rlkit.tasks.tools import CodeDetection, count_code_calls, first_code_char
 from rlkit.verl import ADV_ESTIMATORS, POLICY_LOSSES, TRAINER
@@ -106,6 +113,47 @@ SAMPLER_PROCESSOR = "rlkit.verl.sampling:AdaptiveTemperatureProcessor"
 """vLLM's ``logits_processors`` entry for a method's per-token temperature (qualified class name)."""
 POLL_S = 0.05
 """Seconds between the replay buffer's looks for finished rollouts (verl's default: 2; module doc)."""
+
+
+# --------------------------------------------------------------------------- dynamic sampling's bound
+
+
+class RefillBudget:
+    """The bound verl's V1 replay buffer does not apply (module doc): the prompts one step may send to fill its
+    batch with groups whose answers differ, the first batch included (the dynamic-sampling recipe's
+    ``max_num_gen_batches`` generation batches of ``gen_batch_size`` prompts). Wraps the buffer's ``refill_fn``."""
+
+    def __init__(self, refill: Callable[[int], Any], first: int, limit: int, metric: str) -> None:
+        self.refill, self.first, self.limit, self.metric = refill, first, limit, metric
+        self.step, self.sent = 0, first
+
+    @classmethod
+    def of(cls, buffer: Any, config: Any) -> RefillBudget | None:
+        """Install the budget on ``buffer`` when dynamic sampling is on with a bound > 0; None otherwise."""
+        batches = int((config.algorithm.get("filter_groups", None) or {}).get("max_num_gen_batches", 0) or 0)
+        if getattr(buffer, "filter_groups_metric", None) is None or batches <= 0:
+            return None
+        first = int(config.data.train_batch_size)
+        budget = cls(buffer.refill_fn, first, batches * int(config.data.get("gen_batch_size", None) or first),
+                     buffer.filter_groups_metric)
+        buffer.refill_fn = budget
+        _log.warning("rlkit enforces algorithm.filter_groups.max_num_gen_batches=%d: at most %d prompts a step",
+                       batches, budget.limit)
+        return budget
+
+    def start(self, step: int) -> None:
+        """A new step's sampling: its first batch of ``first`` prompts is already sent."""
+        self.step, self.sent = step, self.first
+
+    def __call__(self, n: int) -> Any:
+        if self.sent + n > self.limit:
+            raise NoSignalLeft(
+                f"dynamic sampling sent {self.sent} prompts at step {self.step} and has fewer than {self.first} "
+                f"groups whose answers differ on {self.metric!r} (the others were all right or all wrong); its "
+                f"bound, algorithm.filter_groups.max_num_gen_batches, allows {self.limit}. Train this model "
+                "without it (algorithm.filter_groups.enable=false) or on prompts it solves sometimes")
+        self.sent += n
+        return self.refill(n)
 
 
 # --------------------------------------------------------------------------- the method a config asks for
@@ -362,6 +410,7 @@ class RlkitTrainer(PPOTrainerSync):
         self.engine = VerlEngine(self)
         self._step: dict[str, Any] = {}  # what the step's hooks see: its StepBatch, the entropies of its pass
         self._applied = dict.fromkeys(APPLIED, 0.0)
+        self.refill_budget: RefillBudget | None = None  # set with the replay buffer
         self.sampler_state_path: str | None = None
         if self.hooks.sets_temperature():
             path = self.method.extra.get("stats_path")
@@ -379,7 +428,13 @@ class RlkitTrainer(PPOTrainerSync):
         self.trainer_mode = "sync"  # verl treats every trainer_mode but "sync" as asynchronous (module doc)
         buffer = super()._build_replay_buffer()
         buffer.poll_interval = POLL_S  # verl's 2 s made every generation phase a multiple of 2 s (module doc)
+        self.refill_budget = RefillBudget.of(buffer, self.config)
         return buffer
+
+    def on_sample_begin(self):
+        super().on_sample_begin()
+        if self.refill_budget is not None:
+            self.refill_budget.start(self.global_steps)
 
     # ----------------------------------------------------------------------- setup
 

@@ -160,7 +160,10 @@ class Preset:
 
 # DAPO's mechanics (clip-higher, dynamic sampling, token-mean loss, overlong shaping), as verl's DAPO recipe
 # and HAPO's recipes set them (method notes: HAPO: "filter_groups on acc, overlong buffer 4096 with penalty 1.0").
-_DYNAMIC_SAMPLING = {"algorithm.filter_groups.enable": True, "algorithm.filter_groups.metric": "acc"}
+# The bound on a step's refills is the DAPO recipe's max_num_gen_batches=10 (its run scripts), here 10 batches of
+# train_batch_size prompts; verl 0.9.1's V1 buffer ignores it and rlkit's trainer enforces it (rlkit.verl.trainer).
+_DYNAMIC_SAMPLING = {"algorithm.filter_groups.enable": True, "algorithm.filter_groups.metric": "acc",
+                     "algorithm.filter_groups.max_num_gen_batches": 10}
 
 
 def overlong(buffer: int = 4096, penalty: float = 1.0) -> dict[str, Any]:
