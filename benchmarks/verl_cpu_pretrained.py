@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 
 from rlkit.metrics import metrics_frame
+from rlkit.verl.launch.presets import PRESETS
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "reproductions" / "results-verl-cpu" / "smollm2-gsm8k"
@@ -74,6 +75,10 @@ def reward_overrides(format_score: float, response_length: int | None) -> list[s
 PARTIAL_CREDIT = {"spo": "+algorithm.spo.binary=false"}
 """What a method needs told when a reward has partial credit (``--format-score``): SPO's tracker takes 0 or 1 unless
 ``spo.binary`` is false."""
+NO_DYNAMIC_SAMPLING = "algorithm.filter_groups.enable=false"
+"""For a method whose preset samples dynamically (DAPO's filter on correctness): SmolLM2-135M answers no training
+problem right, so every group is all wrong and dropped, and the run ends at the bound on refills
+(:class:`rlkit.errors.NoSignalLeft`) before its first step (reproductions/LOG.md, 2026-12-04)."""
 
 
 def launch(method: str, steps: int, model: Path, data: Path, runs: Path, gen: Path, timeout: float,
@@ -86,6 +91,8 @@ def launch(method: str, steps: int, model: Path, data: Path, runs: Path, gen: Pa
            f"trainer.rollout_data_dir={gen / method / 'train'}", *overrides]
     if method in PARTIAL_CREDIT and any("format_score" in o for o in overrides):
         cmd.append(PARTIAL_CREDIT[method])
+    if PRESETS[method].keys.get("algorithm.filter_groups.enable"):
+        cmd.append(NO_DYNAMIC_SAMPLING)
     printout = runs / f"{experiment(method)}.out"
     printout.parent.mkdir(parents=True, exist_ok=True)
     with open(printout, "w") as out:

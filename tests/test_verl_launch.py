@@ -267,6 +267,27 @@ def test_book_page_commands_are_todays_presets():
     assert "<!-- rlkit presets -->" in text
 
 
+def test_a_failed_launch_says_why_in_one_line(tmp_path, monkeypatch, capsys):
+    """main_ppo's traceback stays in launch.json and launch.log; the terminal gets one line with its cause."""
+    from rlkit.verl.launch.runner import PHASES, Result
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data" / "gsm8k").mkdir(parents=True)
+    for name in ("train.parquet", "test.parquet"):
+        (tmp_path / "data" / "gsm8k" / name).write_bytes(b"")
+    error = ("Traceback (most recent call last):\n  File \"main_ppo.py\", line 93, in run_ppo\n"
+             "ray.exceptions.RayTaskError(NoSignalLeft): ray::TaskRunnerV1.run() (pid=8)\n"
+             "  File \"trainer.py\", line 150, in __call__\nrlkit.errors.NoSignalLeft: no group has signal")
+    monkeypatch.setattr(L, "_execute", lambda argv, **kw: Result(1, "failed", [], error, 110.0,
+                                                                 phases=[(PHASES[1][0], 9.0), ("step 1", 60.0)]))
+    assert cli.main(_launch_args("grpo", "gsm8k", "--experiment", "r1")) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err, err
+    assert err.startswith("rlkit launch: main_ppo failed after 110 s in phase: step 1 (exit 1): "
+                          "rlkit.errors.NoSignalLeft: no group has signal — its traceback: "), err
+    assert err.endswith(str(Path("runs") / "r1" / "launch.log")), err
+
+
 def test_ray_failing_to_start_is_tried_again_then_named(tmp_path, monkeypatch, capsys):
     from rlkit.verl.launch.runner import PHASES, Result
 

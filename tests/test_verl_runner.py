@@ -16,7 +16,7 @@ import pytest
 from conftest import OWNER
 from rlkit.metrics import read_metrics
 from rlkit.verl.launch import runner
-from rlkit.verl.launch.runner import Limits
+from rlkit.verl.launch.runner import Limits, Result
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -232,6 +232,29 @@ def test_last_error_strips_ray_prefixes_and_position_markers():
     assert runner.last_error(lines) == ("Traceback (most recent call last):\n  File \"a.py\", line 2, in f\n"
                                         "    x = y()\nray.exceptions.RayTaskError(ValueError): boom")
     assert runner.last_error(["all fine\n"]) is None
+
+
+RAY_TASK_FAILED = [  # a failure inside verl's TaskRunner as main_ppo prints it: Ray's wrapper, then the remote's
+    "Traceback (most recent call last):\n", '  File "main_ppo.py", line 93, in run_ppo\n',
+    "    ray.get(runner.run.remote(config))\n",
+    "ray.exceptions.RayTaskError(NoSignalLeft): \x1b[36mray::TaskRunnerV1.run()\x1b[39m (pid=8, ip=1.2.3.4)\n",
+    "           ^^^^^^^^^^^^^^^\n", '  File "replay_buffer.py", line 484, in sample\n',
+    "    self.refill_fn(dispatch_count)\n",
+    "rlkit.errors.NoSignalLeft: dynamic sampling sent 12 prompts at step 1\n", "\n",
+    "Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.\n"]
+
+
+def test_a_ray_tasks_error_is_read_to_the_remote_exception():
+    """Ray's ``RayTaskError(X)`` line is not the end: the remote traceback and its exception follow, and that
+    exception is the launch's one-line cause."""
+    (block,) = runner.traceback_blocks(RAY_TASK_FAILED)
+    assert block[-1] == "rlkit.errors.NoSignalLeft: dynamic sampling sent 12 prompts at step 1"
+    assert block[3].startswith("ray.exceptions.RayTaskError(NoSignalLeft)") and len(block) == 7
+    result = Result(1, "failed", [], runner.describe_error(RAY_TASK_FAILED, RAY_TASK_FAILED), 9.0)
+    assert result.cause == "rlkit.errors.NoSignalLeft: dynamic sampling sent 12 prompts at step 1"
+    # a watchdog's reason comes first and is the cause; no error, no cause
+    assert Result(124, "stalled", [], "no metrics line for 700 s\nTraceback ...", 9.0).cause.startswith("no metrics")
+    assert Result(0, "finished", [1], None, 9.0).cause is None
 
 
 def test_limits_must_be_positive():

@@ -608,10 +608,10 @@ def run(p: Plan, cfg, *, resume: bool = False, limits: runner.Limits | None = No
               f"work and launch again; full output: {run_dir / runner.LOG}", file=sys.stderr)
     else:
         where = f" in phase: {result.phase}" if result.phase else ""
+        cause = f": {result.cause}" if result.cause else ""
         print(f"rlkit launch: main_ppo {result.outcome} after {result.seconds:.0f} s{where} (exit "
-              f"{result.returncode}); full output: {run_dir / runner.LOG}", file=sys.stderr)
-        if result.error:
-            print(result.error, file=sys.stderr)
+              f"{result.returncode}){cause} — its traceback: {run_dir / runner.LAUNCH} (\"error\"), full output: "
+              f"{run_dir / runner.LOG}", file=sys.stderr)
     return result.returncode
 
 

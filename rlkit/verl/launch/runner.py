@@ -63,7 +63,10 @@ _FATAL = re.compile(r"Traceback \(most recent call last\)|Error executing job wi
 _RAY_OOM = re.compile(r"\d+ Workers \(tasks / actors\) killed due to memory pressure \(OOM\)")
 """The raylet's line when its memory monitor killed workers (at 95% of the machine's memory, Ray's default): no
 traceback follows, the driver waits on the dead workers."""
-_EXCEPTION_LINE = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt|Exit)(?:\([\w.]+\))?(?::|$)")
+_EXCEPTION_LINE = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt|Exit)(?:\([\w.]+\))?(?::|$)"
+                             r"|^[a-z_]\w*(?:\.[a-z_]\w*)*\.[A-Z]\w*: ")  # or any qualified class: rlkit.errors.X
+_RAY_TASK_ERROR = re.compile(r"^ray\.exceptions\.Ray\w*Error\(")
+"""Ray's wrapper of a remote exception: the remote traceback, and the exception itself, follow it."""
 _CARETS = re.compile(r"\s*[\^~]+\s*")
 _RAY_PREFIX = re.compile(r"^(?:\x1b\[\d+m)?\([\w.:]+(?: pid=\d+(?:, ip=[\d.]+)?)?\)(?:\x1b\[0m)? ?")
 _RAY_REPEATED = re.compile(r"(?:\x1b\[\d+m)? ?\[repeated \d+x across cluster\](?:\x1b\[0m)?$")
@@ -129,6 +132,18 @@ class Result:
     def phase(self) -> str | None:
         """The phase the launch was in when it ended."""
         return self.phases[-1][0] if self.phases else None
+
+    @property
+    def cause(self) -> str | None:
+        """The error in one line: the watchdog's reason when it gave one, else the exception that began it all
+        (the first traceback's last line: for a Ray task, the remote exception's)."""
+        if not self.error:
+            return None
+        lines = self.error.splitlines()
+        if not _TRACEBACK.search(lines[0]):
+            return lines[0]
+        return next((line for line in lines if _EXCEPTION_LINE.match(line) and not _RAY_TASK_ERROR.match(line)),
+                    next((line for line in lines if _EXCEPTION_LINE.match(line)), lines[-1]))
 
 
 # ------------------------------------------------------------------------------------------------ resume
@@ -283,17 +298,22 @@ def traceback_blocks(lines: Sequence[str]) -> list[list[str]]:
     """Each traceback in ``lines``, prefixes and ``^^^`` markers removed, from its first line to its exception."""
     blocks: list[list[str]] = []
     current: list[str] | None = None
+    remote = False  # after Ray's wrapper line: the remote traceback, then its exception
     for raw in lines:
         line = strip_ray_prefix(raw)
         if _CARETS.fullmatch(line):
             continue
         if _TRACEBACK.search(line):
-            current = [line]
+            current, remote = [line], False
             blocks.append(current)
         elif current is not None:
+            if remote and not line.startswith(" ") and not _EXCEPTION_LINE.match(line):
+                current = None  # no remote traceback followed: the block ends at the wrapper
+                continue
             current.append(line)
             if _EXCEPTION_LINE.match(line):
-                current = None
+                remote = bool(_RAY_TASK_ERROR.match(line))
+                current = current if remote else None
     return blocks
 
 
