@@ -62,6 +62,10 @@ TRAINER = textwrap.dedent('''
               "Workers (tasks / actors) killed due to memory pressure (OOM), 0 Workers crashed due to other reasons "
               "at node (ID: 068f7e, IP: 192.0.2.2) over the last time period.", flush=True)
         time.sleep(600)
+    elif mode == "oom-task":                                      # the same, as Ray 2.56 tells the task's caller
+        print("ray.exceptions.OutOfMemoryError: 3 worker(s) were killed due to the node running low on memory. "
+              "Memory on the node (IP: 192.0.2.2, ID: 0776) was 21.96GB used / 23.54GB limit (0.932794)", flush=True)
+        time.sleep(600)
     elif mode == "stall":
         time.sleep(600)
     elif mode == "fail":
@@ -129,6 +133,15 @@ def test_workers_killed_by_rays_memory_monitor_stop_the_run_saying_so(fake):
     first = result.error.splitlines()[0]
     assert first.startswith("Ray's memory monitor stopped the run's workers: 4 Workers (tasks / actors) killed "
                             "due to memory pressure (OOM)") and "ppo_micro_batch_size_per_gpu" in first, first
+    assert not _alive(worker)
+
+
+def test_rays_newer_words_for_its_memory_monitor_are_read_too(fake):
+    """Ray 2.56 words it ``3 worker(s) were killed due to the node running low on memory`` (HAPO's SmolLM2 run
+    beside a second launch, 2026-12-04)."""
+    result, worker = fake("oom-task", limits=Limits(startup_s=20, step_s=300, error_grace_s=3, idle_s=300))
+    assert result.cause.startswith("Ray's memory monitor stopped the run's workers: 3 worker(s) were killed due to "
+                                   "the node running low on memory"), result.cause
     assert not _alive(worker)
 
 

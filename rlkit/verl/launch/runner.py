@@ -60,7 +60,8 @@ MARKER = "RLKIT_LAUNCH_ID"
 """Environment variable every process of a launch inherits: how its process tree is found and stopped."""
 _TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
 _FATAL = re.compile(r"Traceback \(most recent call last\)|Error executing job with overrides")
-_RAY_OOM = re.compile(r"\d+ Workers \(tasks / actors\) killed due to memory pressure \(OOM\)")
+_RAY_OOM = re.compile(r"\d+ Workers \(tasks / actors\) killed due to memory pressure \(OOM\)"
+                      r"|\d+ worker\(s\) were killed due to the node running low on memory")  # Ray ≥ 2.56's words
 """The raylet's line when its memory monitor killed workers (at 95% of the machine's memory, Ray's default): no
 traceback follows, the driver waits on the dead workers."""
 _EXCEPTION_LINE = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt|Exit)(?:\([\w.]+\))?(?::|$)"
