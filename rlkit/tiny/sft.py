@@ -394,36 +394,6 @@ def checkpoint_bytes(cfg: SFTConfig) -> int:
     return 4 * sum(t.numel() for t in model.state_dict().values()) + (1 << 20)
 
 
-def seed_spread(cfg: SFTConfig, seeds: int = 3, *, problems: int = 1000, workers: int = 2,
-                cache_dir: str | Path | None = None, curve: tuple[int, ...] = ()) -> list[dict]:
-    """The SFT recipe ``cfg`` trained with seeds 0..``seeds``−1 on this machine (``workers`` side by side, one thread
-    each; each start cached as any other), and each start's greedy accuracy on ``problems`` held-out problems:
-    how much the start itself varies, whatever RL does after it. Seed ``cfg.seed`` is the recipe's own start."""
-    from concurrent.futures import ProcessPoolExecutor
-    import multiprocessing
-
-    configs = [SFTConfig(**{**asdict(cfg), "task": cfg.task, "seed": k}) for k in range(seeds)]
-    with ProcessPoolExecutor(max(1, min(workers, seeds)), mp_context=multiprocessing.get_context("spawn")) as pool:
-        return list(pool.map(_one_seed, configs, [problems] * seeds, [str(cache_dir or default_cache_dir())] * seeds,
-                             [tuple(curve)] * seeds))
-
-
-def _one_seed(cfg: SFTConfig, problems: int, cache_dir: str, curve: tuple[int, ...]) -> dict:
-    torch.set_num_threads(1)
-    name = f"sft-{cfg.key(build_tokenizer())}.pt"
-    path = Path(cache_dir) / name
-    if path.exists():
-        model, info = load_checkpoint(path, "cpu")
-    else:
-        model, info = train(cfg, progress=False, curve=curve)
-        save_checkpoint(path, model, info, cfg)
-    held_out = arithmetic.make_split(problems, "test", seed=0, **asdict(cfg.task))
-    correct = evaluate(model, build_tokenizer(), held_out, max_new_tokens=max_response_tokens(cfg.task, cfg.form),
-                       form=cfg.form)
-    return {"seed": cfg.seed, f"acc_{problems}": accuracy(correct), "acc": info["val/acc"], "loss": info["loss"],
-            "curve": info.get("curve", {}), "minutes": info.get("minutes"), "path": str(path)}
-
-
 FINGERPRINT_STEPS = 4
 """SFT steps the fingerprint takes (about a second on one core)."""
 
