@@ -1,6 +1,6 @@
 """What a learner reads to follow a method from its equation to the optimizer step, measured on a real run.
 
-A one-step smoke run of the method is traced (``sys.settrace``) from the trainer's step (``rlkit.tiny.rl.rl_step``)
+A one-step smoke run of the method is traced (``sys.settrace``) from the trainer's step (``rlkit.tiny.step.rl_step``)
 down; every rlkit function called inside the step's advantage and policy-loss dispatch
 (:func:`rlkit.registry.advantage`, :func:`rlkit.registry.policy_loss`) is one a learner reads, and so is the step
 itself, from the rollout's rewards to ``optimizer.step()``. The sampler, the model and the evaluation are not on the
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import rlkit
 from rlkit import registry
-from rlkit.tiny import rl
+from rlkit.tiny import rl, step
 from rlkit.tiny.config import build_config
 
 PACKAGE = Path(rlkit.__file__).parent
@@ -30,7 +30,7 @@ DISPATCH = {registry.advantage.__code__, registry.policy_loss.__code__}
 
 def read_path(method: str) -> dict[str, dict[str, int]]:
     """File (relative to the package) → {function name: source lines} of the functions on ``method``'s path."""
-    codes = {rl.rl_step.__code__}
+    codes = {step.rl_step.__code__}
     depth = {"dispatch": 0}
 
     def tracer(frame, event, arg):

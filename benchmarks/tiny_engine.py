@@ -176,13 +176,14 @@ class PhaseClock:
 
 def profile_run(method: str, regime: str, sets: dict, out: Path, scale: str = "cpu") -> tuple[PhaseClock, Any]:
     """Train one run of ``method`` in ``regime`` at ``scale`` into ``out`` with every phase timed; (clock, config)."""
-    from rlkit.tiny import rl, task
+    from rlkit.tiny import rl, sft, step, task
     from rlkit.tiny.config import build_config
 
     cfg = build_config(method, scale, {"seed": 0, **sets}, regime=regime)
     clock = PhaseClock()
-    saved = {(o, a): getattr(o, a) for o, a in ((rl, "rollout"), (rl, "evaluate"), (rl, "_policy_eval"),
-                                                (rl, "token_logprobs"), (task, "token_logprobs"),
+    saved = {(o, a): getattr(o, a) for o, a in ((step, "rollout"), (sft, "rollout"), (rl, "evaluate"),
+                                                (step, "_policy_eval"), (step, "token_logprobs"),
+                                                (task, "token_logprobs"),
                                                 (torch.autograd, "backward"), (torch.autograd, "grad"),
                                                 (torch.optim.Adam, "step"),
                                                 (torch.nn.utils, "clip_grad_norm_"))}
@@ -198,10 +199,11 @@ def profile_run(method: str, regime: str, sets: dict, out: Path, scale: str = "c
         return None if clock.stack[-1] == "stale policy's evaluation" else "generation"
 
     try:
-        clock.wrap(rl, "rollout", which_rollout)
+        for owner in (step, sft):  # the training's rollouts, and SPO's offline pass
+            clock.wrap(owner, "rollout", which_rollout)
         clock.wrap(rl, "evaluate", which_eval)
-        clock.wrap(rl, "_policy_eval", "stale policy's evaluation")
-        for owner in (rl, task):
+        clock.wrap(step, "_policy_eval", "stale policy's evaluation")
+        for owner in (step, task):
             clock.wrap(owner, "token_logprobs", "update: forward")
         clock.wrap(torch.autograd, "backward", "update: backward")
         clock.wrap(torch.autograd, "grad", "update: backward")

@@ -15,15 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from rlkit import __version__
-from rlkit.errors import (
-    ConflictingOptions,
-    DiskFull,
-    InvalidSetting,
-    RlkitError,
-    RunError,
-    UsageError,
-    from_os_error,
-)
+from rlkit.errors import (ConflictingOptions, DiskFull, InvalidSetting, RlkitError, RunError, UsageError,
+                          from_os_error)
 
 
 def _methods(args: argparse.Namespace) -> int:
@@ -48,6 +41,8 @@ def _methods(args: argparse.Namespace) -> int:
 
 
 def _env(args: argparse.Namespace) -> int:
+    import torch
+
     from rlkit.tiny import machine
 
     here = machine.describe()
@@ -58,12 +53,12 @@ def _env(args: argparse.Namespace) -> int:
     k = here["kernels"]
     print(f"CPU          {here['cpu_model']}")
     print(f"ISA          {' '.join(here['cpu_flags']) or '?'}")
-    print(f"kernels      torch {_torch_version()}: ATen {k['aten_cpu_capability']}, MKL branch "
+    print(f"kernels      torch {torch.__version__}: ATen {k['aten_cpu_capability']}, MKL branch "
           f"{k['mkl_cbwr'] or 'automatic'} (RLKIT_NUMERICS={k['mode']})")
     print(f"fingerprint  {here['fingerprint']}  ({machine.FINGERPRINT_STEPS} SFT steps of the cpu-scale model, "
           "one thread)")
     if published and published["fingerprint"] == "?":
-        print(f"published    no fingerprint recorded ({PUBLISHED_NOTE})")
+        print("published    no fingerprint recorded (results made before rlkit recorded one)")
     elif published:
         same = published["fingerprint"] == here["fingerprint"]
         print(f"published    {published['fingerprint']}  ({published['processor']}): "
@@ -71,15 +66,6 @@ def _env(args: argparse.Namespace) -> int:
                  if same else "a different float path: runs start from the same shipped weights, part after a few "
                               "steps, and agree with the publication within its seed spread (rlkit reproduced)"))
     return 0
-
-
-PUBLISHED_NOTE = "results made before rlkit recorded one"
-
-
-def _torch_version() -> str:
-    import torch
-
-    return torch.__version__
 
 
 def _published_machine() -> dict | None:
@@ -132,12 +118,6 @@ def _reproduced(args: argparse.Namespace) -> int:
     return 0
 
 
-def _overrides(items: list[str] | None) -> dict[str, str]:
-    from rlkit.tiny.config import parse_sets
-
-    return parse_sets(items)
-
-
 def _agree(overrides: dict[str, str], **flags: object) -> None:
     """Refuse a ``--set`` that disagrees with the flag for the same setting (``--seed 3 --set seed=5``)."""
     from rlkit.tiny.config import _parse_scalar
@@ -148,39 +128,37 @@ def _agree(overrides: dict[str, str], **flags: object) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from rlkit.tiny.config import build_config
+    from rlkit.tiny.config import build_config, parse_sets
     from rlkit.tiny.rl import train
 
-    overrides = _overrides(args.set)
+    overrides = parse_sets(args.set)
     _agree(overrides, method=args.method, scale=args.scale, seed=args.seed)
     overrides = {k: v for k, v in overrides.items() if k not in ("method", "scale")}
     overrides["seed"] = args.seed if args.seed is not None else overrides.get("seed", 0)
     cfg = build_config(args.method, args.scale, overrides, regime=args.regime)
-    device = args.device
     _retrain_sft(args)
-    if device == "cuda":
+    if args.device == "cuda":
         import torch
 
         if not torch.cuda.is_available():
             raise UsageError("--device cuda but no CUDA device is available: use --device cpu")
-    out = train(cfg, args.out, device=device, resume=args.resume, sft_cache=args.sft_cache, force=args.force)
+    out = train(cfg, args.out, device=args.device, resume=args.resume, sft_cache=args.sft_cache, force=args.force)
     print(f"metrics: {out / 'metrics.jsonl'}")
     return 0
 
 
 def _retrain_sft(args: argparse.Namespace) -> None:
-    """``--retrain-sft``: the SFT start is trained on this machine instead of loaded from the shipped one (for every
-    process this one starts: the reproduction's workers and notebooks)."""
+    """``--retrain-sft``: train the SFT start here, in this process and every one it starts."""
     if getattr(args, "retrain_sft", False):
         os.environ["RLKIT_RETRAIN_SFT"] = "1"
 
 
 def _export(args: argparse.Namespace) -> int:
-    from rlkit.tiny.config import default_config
+    from rlkit.tiny.config import default_config, parse_sets
     from rlkit.tiny.hf import export_sft
 
     _retrain_sft(args)
-    overrides = _overrides(args.set)
+    overrides = parse_sets(args.set)
     _agree(overrides, scale=args.scale)
     sft = default_config(args.scale, {k: v for k, v in overrides.items() if k != "scale"}).sft
     try:
@@ -310,9 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sft-cache", default=None, help="SFT checkpoint cache (default $RLKIT_CACHE/sft)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override any config field, dotted for nested ones: --set steps=100 --set gspo.clip_low=3e-3")
-    p.add_argument("--retrain-sft", action="store_true",
-                   help="train the SFT start on this machine instead of starting from the one rlkit ships (its "
-                        "numbers then depend on this CPU: rlkit env)")
+    p.add_argument("--retrain-sft", action="store_true", help=RETRAIN_HELP)
     p.set_defaults(func=_train)
 
     p = sub.add_parser("export", help="the tiny engine's SFT start as a Hugging Face model directory (verl, vLLM)")
@@ -322,9 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where SFT trains if not cached")
     p.add_argument("--sft-cache", default=None, help="SFT checkpoint cache (default $RLKIT_CACHE/sft)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="SFT fields as rlkit train takes them")
-    p.add_argument("--retrain-sft", action="store_true",
-                   help="train the SFT start on this machine instead of starting from the one rlkit ships (its "
-                        "numbers then depend on this CPU: rlkit env)")
+    p.add_argument("--retrain-sft", action="store_true", help=RETRAIN_HELP)
     p.set_defaults(func=_export)
 
     from rlkit.models import MODELS  # light: transformers is imported when a model is written
@@ -358,9 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--results", default=None, help=results_help)
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--book", action="store_true", help="build the book afterwards (rlkit book)")
-    p.add_argument("--retrain-sft", action="store_true",
-                   help="train the SFT start on this machine instead of starting from the one rlkit ships (its "
-                        "numbers then depend on this CPU: rlkit env)")
+    p.add_argument("--retrain-sft", action="store_true", help=RETRAIN_HELP)
     p.set_defaults(func=_reproduce)
 
     p = sub.add_parser("reproduced", help="did I reproduce? these results beside the published ones, run by run and "
@@ -441,6 +413,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 FORCE_HELP = "write into a non-empty directory rlkit did not write (only rlkit's own files there are replaced)"
+RETRAIN_HELP = ("train the SFT start on this machine instead of starting from the one rlkit ships (its numbers then "
+                "depend on this CPU: rlkit env)")
 
 
 class Refused(SystemExit):
@@ -455,10 +429,7 @@ class Refused(SystemExit):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``rlkit``: run the sub-command; a refusal (:mod:`rlkit.errors`) is printed as one message and exits 2
-    (usage) or 1 (run time), with its traceback only under ``--debug``. The environment variables rlkit reads are
-    checked first (:func:`rlkit.environ.check`); Ctrl-C ends any command with one line and exit 130; rlkit's own
-    warnings are printed once each, as one line."""
+    """``rlkit``: a refusal (:mod:`rlkit.errors`) is one line, exit 2 or 1 (traceback: ``--debug``); Ctrl-C 130."""
     command = "rlkit"
     try:
         args = build_parser().parse_args(argv)
@@ -498,8 +469,7 @@ AGAIN = {"train": "a run continues with --resume", "launch": "a run continues wi
 
 @contextlib.contextmanager
 def _readable_warnings(command: str) -> Iterator[None]:
-    """Warnings rlkit's own modules raise (a torn metrics line skipped, ...) printed as ``rlkit CMD: warning: ...``,
-    each message once however many readers meet it; other libraries' warnings as Python prints them."""
+    """rlkit's own warnings printed once each as ``rlkit CMD: warning: ...``; other libraries' as Python prints them."""
     import warnings
 
     shown, python_s = set(), warnings.showwarning

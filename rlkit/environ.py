@@ -1,16 +1,7 @@
-"""The environment variables rlkit reads, each checked before any work and refused in one line
-(:class:`~rlkit.errors.BadEnvironment`, exit 2): :func:`check` runs first in every ``rlkit`` command and in
-:func:`rlkit.tiny.rl.train`.
-
-- ``RLKIT_NUMERICS``: ``pinned`` (default), ``compatible`` or ``native`` (:mod:`rlkit.numerics`).
-- ``RLKIT_CACHE``: where SFT starts, SPO's offline passes and the default CPU model are cached (default
-  ``~/.cache/rlkit``; set but empty counts as unset): a directory, or a path where one can be made. Whether it can
-  be written is checked before anything is trained to be cached there (:func:`writable_dir`).
-- ``RLKIT_RETRAIN_SFT``, ``RLKIT_VLLM_KEEP_WEIGHTS``: ``0`` or ``1`` (:func:`flag`).
-- ``RLKIT_PROJECT``: checked where a project is looked up (:func:`rlkit.lab.paths.find_project`), as only the
-  commands that read one need it.
-- ``RLKIT_TEST_HOLD``: test support, never set by rlkit (:func:`hold_before_step`).
-"""
+"""The environment variables rlkit reads, checked by :func:`check` before any work (every ``rlkit`` command and
+:func:`rlkit.tiny.rl.train`), each refused in one line (:class:`~rlkit.errors.BadEnvironment`, exit 2):
+``RLKIT_NUMERICS``, ``RLKIT_CACHE`` (default ``~/.cache/rlkit``; empty counts as unset), ``RLKIT_RETRAIN_SFT``,
+``RLKIT_VLLM_KEEP_WEIGHTS``, ``RLKIT_TEST_HOLD``; ``RLKIT_PROJECT`` where a project is looked up."""
 
 from __future__ import annotations
 
@@ -42,8 +33,7 @@ def cache_root() -> Path:
 
 
 def cache_origin(path: str | Path | None = None) -> str:
-    """How the user named the cache ``path`` (None: the default one), for messages: ``--sft-cache PATH``,
-    ``RLKIT_CACHE=PATH`` or ``the default cache PATH``."""
+    """How the user named the cache ``path`` (None: the default), for messages: ``--sft-cache PATH``, ..."""
     if path is not None:
         return f"--sft-cache {path}"
     named = os.environ.get(CACHE, "").strip()
@@ -55,8 +45,7 @@ def _refusal(origin: str) -> type[UsageError]:
 
 
 def check_dir(path: Path, origin: str) -> Path:
-    """``path`` is a directory or could be made one (no file in the way), else a one-line refusal naming
-    ``origin`` (how the user named it)."""
+    """``path``, a directory or one that could be made (no file in the way), else a refusal naming ``origin``."""
     for part in (path, *path.parents):
         if part.exists():
             if not part.is_dir():
@@ -67,9 +56,8 @@ def check_dir(path: Path, origin: str) -> Path:
 
 
 def writable_dir(path: Path, origin: str, size: int = 0) -> Path:
-    """``path`` (made if missing) where this process may write a file of ``size`` bytes, else a one-line
-    refusal naming ``origin``: checked before the work whose result goes there
-    (:class:`~rlkit.errors.DiskFull` where it does not fit)."""
+    """``path`` (made if missing) where a file of ``size`` bytes can be written, else a refusal naming ``origin``
+    (:class:`~rlkit.errors.DiskFull` where it does not fit), before the work whose result goes there."""
     from rlkit.files import try_write
 
     check_dir(path, origin)
@@ -110,15 +98,12 @@ def check() -> None:
 
 
 HOLD = "RLKIT_TEST_HOLD"
-"""Test support, never set by rlkit: ``<step>:<file>`` makes a training run (the tiny engine's, or rlkit's verl
-trainer) stop before it begins step ``<step>`` — step ``<step> - 1`` logged, its checkpoint saved — write ``<file>``
-and wait while the file exists (:func:`hold_before_step`), so that a test kills or freezes the run at that point
-instead of racing it."""
+"""Test support, never set by rlkit: ``<step>:<file>`` holds a training run before step ``<step>``
+(:func:`hold_before_step`), so that a test kills or freezes it there instead of racing it."""
 
 
 def hold() -> tuple[int, Path] | None:
-    """:data:`HOLD`'s step and file (None: unset); a value that is not ``<step>:<file>`` is refused in one
-    line."""
+    """:data:`HOLD`'s step and file (None: unset); a value that is not ``<step>:<file>`` is refused."""
     value = os.environ.get(HOLD)
     if not value:
         return None
@@ -129,9 +114,7 @@ def hold() -> tuple[int, Path] | None:
 
 
 def hold_before_step(step: int, *, poll_s: float = 0.2) -> bool:
-    """Test support (:data:`HOLD`): when ``RLKIT_TEST_HOLD`` is ``<step>:<file>`` for this ``step``, write
-    ``<file>`` (this process's pid) and wait until it is removed; True if it held. Without the variable, or for
-    another step, it returns False at once."""
+    """Test support (:data:`HOLD`): at ``step``, write ``<file>`` and wait until it is gone; True if it held."""
     held_at = hold()
     if held_at is None or held_at[0] != step:
         return False

@@ -1,7 +1,6 @@
-"""What rlkit refuses, one class per user mistake: :class:`UsageError` (exit 2: the command line or its inputs)
-and :class:`RunError` (exit 1: the run or the machine). ``rlkit.cli.main`` prints each as one or two lines naming
-the file or key and what to do; ``rlkit --debug`` shows the traceback too. Classes that replace an older
-``ValueError``/``KeyError``/``FileExistsError`` still are one, so callers that caught those keep working."""
+"""What rlkit refuses, one class per user mistake: :class:`UsageError` (exit 2: the command line or its inputs) and
+:class:`RunError` (exit 1: the run or the machine), printed by ``rlkit.cli.main`` as one line. Classes that replace an
+older ``ValueError``/``KeyError``/``FileExistsError`` still are one, so callers that caught those keep working."""
 
 from __future__ import annotations
 
@@ -74,13 +73,11 @@ class CannotResume(RunError):
 
 
 class DamagedFile(RunError, ValueError):
-    """A file rlkit reads back — a run's ``metrics.jsonl``, ``config.json`` or ``env.json``, an executed notebook —
-    is missing, cut off or not what it should hold: the message names the file (and line) and what is wrong."""
+    """A file rlkit reads back (metrics, config, an executed notebook) is missing, cut off or not what it holds."""
 
 
 class NoSignalLeft(RunError):
-    """Dynamic sampling drew every prompt its bound allows for one step and still lacks a batch of groups whose
-    answers differ: the model solves all or none of what it is given."""
+    """Dynamic sampling reached its bound without a batch of groups whose answers differ."""
 
 
 class ExecutionFailed(RunError):
@@ -88,8 +85,7 @@ class ExecutionFailed(RunError):
 
 
 class NoNetwork(RunError, ConnectionError):
-    """A source on the network (a Hugging Face dataset id) that cannot be reached: the message names the local
-    alternative."""
+    """A source on the network (a Hugging Face dataset id) that cannot be reached."""
 
 
 class DiskFull(RunError, OSError):
@@ -101,21 +97,16 @@ class PermissionDenied(RunError, PermissionError):
 
 
 class BadPath(UsageError, OSError):
-    """A path the command was given that cannot be one: a file where a folder must be, no such file, a name
-    too long, a loop of symbolic links."""
+    """A path that cannot be one: a file where a folder must be, no such file, a name too long, a link loop."""
 
 
 PATH_ERRNOS = {
-    errno.ENOTDIR: "a part of the path is a file, not a folder",
-    errno.ENOENT: "no such file or directory",
+    errno.ENOTDIR: "a part of the path is a file, not a folder", errno.ENOENT: "no such file or directory",
     errno.EISDIR: "is a directory, not a file",
     errno.ENAMETOOLONG: "a name in the path is too long for the file system",
-    errno.ELOOP: "the path loops through symbolic links",
-    errno.EEXIST: "already exists",
-    errno.ENOTEMPTY: "is a folder that is not empty",
-    errno.EXDEV: "lies on another file system",
-    errno.EINVAL: "is not a name the file system takes",
-}
+    errno.ELOOP: "the path loops through symbolic links", errno.EEXIST: "already exists",
+    errno.ENOTEMPTY: "is a folder that is not empty", errno.EXDEV: "lies on another file system",
+    errno.EINVAL: "is not a name the file system takes"}
 """The errnos of a path that cannot be what it was asked to be, and what each means."""
 
 
@@ -135,9 +126,8 @@ def _file_in_the_way(path: str) -> str | None:
 
 
 def from_os_error(e: OSError) -> RlkitError:
-    """The refusal an ``OSError`` stands for: disk full (:class:`DiskFull`), permission denied
-    (:class:`PermissionDenied`), a path that cannot be (:class:`BadPath`, :data:`PATH_ERRNOS`), else a
-    :class:`RunError` with the system's message and the path."""
+    """The refusal an ``OSError`` stands for: :class:`DiskFull`, :class:`PermissionDenied`, :class:`BadPath`
+    (:data:`PATH_ERRNOS`), else a :class:`RunError` with the system's message and the path."""
     name = getattr(e, "filename", None)
     where = f" ({shown_path(name)})" if name else ""
     if e.errno in (errno.ENOSPC, errno.EDQUOT):

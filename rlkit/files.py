@@ -1,15 +1,7 @@
-"""Writing files and directories without losing what a user owns.
-
-- :func:`atomic_write` — a file appears whole or not at all; no temporary file is left behind on failure, and
-  disk-full and permission errors come back as :class:`~rlkit.errors.DiskFull`/:class:`~rlkit.errors.PermissionDenied`.
-- :func:`claim_dir` — the directories rlkit writes carry a marker (:data:`MARKER`) saying which kind of directory
-  it is (:data:`KINDS`: a training run, a model export, ...) and listing the files rlkit wrote; a command writes
-  only into a directory of its own kind or an empty one. A directory of another kind is refused, ``force`` or
-  not; a non-empty one without a marker is refused unless ``force``, and then only rlkit's own files are touched
-  (:func:`remove_owned`).
-- :func:`lock_dir` — one writer per directory: an exclusive ``fcntl.flock`` on the directory itself, which the
-  kernel releases when its process dies (a killed run's lock is taken over); the holder (pid, host, start time) is
-  recorded in the marker so a second writer is refused naming it.
+"""Writing files and directories without losing what a user owns: :func:`atomic_write` (a file appears whole or
+not at all), :func:`claim_dir` (a directory's marker, :data:`MARKER`, says its kind and the files rlkit wrote: another
+kind is refused, a foreign non-empty one unless ``force``, and then only rlkit's files are touched) and
+:func:`lock_dir` (one writer per directory: an ``fcntl.flock`` the kernel releases when its process dies).
 """
 
 from __future__ import annotations
@@ -38,14 +30,12 @@ KINDS = {TRAINING_RUN: "rlkit train", EXPORT: "rlkit export", LAUNCH_RUN: "rlkit
          BOOK: "rlkit book", DATA: "rlkit data", RESULTS: "rlkit reproduce", PRETRAINED: "rlkit model"}
 """The kinds of directory rlkit writes, each with the command that makes it. A directory is one kind for good."""
 _OLD_COMMANDS = {"run": TRAINING_RUN, "export": EXPORT, "book": BOOK}
-"""What an older rlkit's marker (``{"command": ...}``, no kind) said besides a command of :data:`KINDS`: the
-``what`` of its ``lock_dir``."""
+"""What an older rlkit's marker (``{"command": ...}``, no kind) said besides a command of :data:`KINDS`."""
 
 
 @contextlib.contextmanager
 def os_errors() -> Iterator[None]:
-    """Turn disk-full and permission ``OSError``s raised inside into rlkit's refusals (the others are left to
-    their callers; ``rlkit`` names any that reaches it: :func:`rlkit.errors.from_os_error`)."""
+    """Turn disk-full and permission ``OSError``s raised inside into rlkit's refusals (the others are left)."""
     try:
         yield
     except OSError as e:
@@ -59,8 +49,7 @@ def os_errors() -> Iterator[None]:
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "w", *, encoding: str | None = "utf-8",
                  fsync: bool = True) -> Iterator[IO[Any]]:
-    """Open a temporary sibling of ``path`` for writing; on success it is flushed (``fsync``: to the disk) and
-    replaces ``path``, on any failure it is removed."""
+    """Open a temporary sibling of ``path``; on success it is flushed (``fsync``) over ``path``, else removed."""
     path = Path(path)
     binary = "b" in mode
     with os_errors():
@@ -103,8 +92,7 @@ def _no_space(path: Path) -> bool:
 
 
 def read_json(path: str | os.PathLike) -> dict[str, Any]:
-    """The JSON object in file ``path``; :class:`~rlkit.errors.DamagedFile` naming it when it is missing, cut off,
-    not JSON or not an object."""
+    """The JSON object in file ``path``; :class:`~rlkit.errors.DamagedFile` naming it when it is not one."""
     path = Path(path)
     try:
         with os_errors():
@@ -128,9 +116,8 @@ def read_json(path: str | os.PathLike) -> dict[str, Any]:
 
 def read_torch(path: str | os.PathLike, keys: Iterable[str] = (), *,
                weights_only: bool = True) -> dict[str, Any]:
-    """The dict ``torch.save`` wrote to ``path``, with ``keys`` among its keys;
-    :class:`~rlkit.errors.DamagedFile` naming the file when it is missing, cut off, not torch's or another
-    dict (torch reports a damaged zip or pickle in several exception types)."""
+    """The dict ``torch.save`` wrote to ``path``, with ``keys`` among its keys; :class:`~rlkit.errors.DamagedFile`
+    naming the file when it is missing, cut off, not torch's or another dict."""
     import torch
 
     path = Path(path)
@@ -153,8 +140,7 @@ def read_torch(path: str | os.PathLike, keys: Iterable[str] = (), *,
 
 # ---------------------------------------------------------------------------------------- owned directories
 def read_marker(path: str | os.PathLike) -> dict[str, Any] | None:
-    """The marker of directory ``path`` with its ``kind`` (:func:`kind_of`), or None when it has none (or an
-    unreadable one)."""
+    """The marker of directory ``path`` with its ``kind`` (:func:`kind_of`), or None (none, or unreadable)."""
     try:
         record = json.loads((Path(path) / MARKER).read_text())
     except (OSError, ValueError):
@@ -165,8 +151,7 @@ def read_marker(path: str | os.PathLike) -> dict[str, Any] | None:
 
 
 def kind_of(marker: dict[str, Any]) -> str | None:
-    """The kind of directory a marker stands for: its ``kind``, or for an older rlkit's marker the kind its
-    ``command`` makes (``rlkit train`` → a training run, ``rlkit data gsm8k`` → data); None when it names none."""
+    """A marker's ``kind``, or for an older rlkit's marker the kind its ``command`` makes; None when it names none."""
     kind = marker.get("kind")
     if kind in KINDS:
         return kind
@@ -175,15 +160,10 @@ def kind_of(marker: dict[str, Any]) -> str | None:
     return by_command.get(" ".join(command.split()[:2])) or _OLD_COMMANDS.get(command)
 
 
-def _check_kind(kind: str) -> None:
+def check_dir(path: str | os.PathLike, kind: str) -> dict[str, Any] | None:
+    """Refuse (:class:`~rlkit.errors.NotOurDirectory`) a file, or a directory marked as another kind; its marker."""
     if kind not in KINDS:
         raise ValueError(f"unknown kind of directory {kind!r}; valid: {', '.join(KINDS)}")
-
-
-def check_dir(path: str | os.PathLike, kind: str) -> dict[str, Any] | None:
-    """Refuse (:class:`~rlkit.errors.NotOurDirectory`) a ``path`` that is a file, or a directory rlkit marked as
-    another kind than ``kind``; its marker (None: it has none, or does not exist). Writes nothing."""
-    _check_kind(kind)
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise NotOurDirectory(f"{path} is a file, not a directory: choose a directory for the {kind}")
@@ -197,9 +177,7 @@ def check_dir(path: str | os.PathLike, kind: str) -> dict[str, Any] | None:
 
 
 def try_write(path: Path, size: int = 0) -> None:
-    """Make folder ``path`` when missing and write (then remove) a temporary file of ``size`` bytes in it: the
-    ``OSError`` of a folder this process may not write, or where that much does not fit, before the work whose
-    result goes there."""
+    """Make folder ``path`` and write (then remove) ``size`` bytes there: its ``OSError`` before the work."""
     path.mkdir(parents=True, exist_ok=True)
     fd, probe = tempfile.mkstemp(dir=path, prefix=".rlkit-probe.")
     try:
@@ -216,9 +194,8 @@ def try_write(path: Path, size: int = 0) -> None:
 
 def writable_dir(path: str | os.PathLike, kind: str,
                  remedy: str = "choose another folder, or fix its permissions") -> Path:
-    """``path``, a folder that may hold files of ``kind`` (:func:`check_dir`), created when missing and tried with a
-    temporary file: one that cannot be written is :class:`~rlkit.errors.PermissionDenied` (or
-    :class:`~rlkit.errors.DiskFull`) with ``remedy``, before any work. Writes no marker."""
+    """``path``, a folder of ``kind`` (:func:`check_dir`), made and tried with a temporary file: one that cannot be
+    written is :class:`~rlkit.errors.PermissionDenied` (or ``DiskFull``) with ``remedy``. Writes no marker."""
     path = Path(path)
     check_dir(path, kind)
     try:
@@ -233,13 +210,9 @@ def writable_dir(path: str | os.PathLike, kind: str,
 
 def claim_dir(path: str | os.PathLike, kind: str, *, force: bool = False, writes: Iterable[str] = (),
               signature: str | None = None) -> dict[str, Any]:
-    """Make ``path`` a directory of ``kind`` (one of :data:`KINDS`) that its command may write, and return its
-    marker.
-
-    A missing or empty directory is created and marked. One marked as ``kind`` is the command's own; one marked as
-    another kind is refused (:func:`check_dir`), even with ``force``. One without a marker is refused
-    (:class:`~rlkit.errors.NotOurDirectory`) unless every entry is a name in ``writes`` (an older rlkit's output),
-    ``signature`` names a file in it that only this command writes, or ``force``."""
+    """Make ``path`` a directory of ``kind`` (:data:`KINDS`); its marker. One of another kind is refused even with
+    ``force``; one without a marker unless its entries are all in ``writes`` (an older rlkit's output), it holds
+    ``signature`` (a file only this command writes), or ``force``."""
     path = Path(path)
     with os_errors():
         marker = check_dir(path, kind)
@@ -262,8 +235,7 @@ def _write_marker(path: Path, marker: dict[str, Any]) -> None:
 
 
 def record_files(path: str | os.PathLike, kind: str, names: Iterable[str]) -> None:
-    """Add ``names`` (relative to ``path``) to the files the marker of ``path``, a directory of ``kind``, says rlkit
-    wrote."""
+    """Add ``names`` (relative to ``path``, a directory of ``kind``) to the files its marker says rlkit wrote."""
     path = Path(path)
     marker = check_dir(path, kind) or {"kind": kind, "files": []}
     marker["files"] = sorted(set(marker.get("files", [])) | set(names))
@@ -291,9 +263,8 @@ def remove_owned(path: str | os.PathLike, keep: Iterable[str] = ()) -> list[str]
 # ---------------------------------------------------------------------------------------- one writer
 @contextlib.contextmanager
 def lock_dir(path: str | os.PathLike, kind: str = TRAINING_RUN) -> Iterator[dict[str, Any] | None]:
-    """Hold an exclusive lock on directory ``path`` (which must exist, a directory of ``kind``: :func:`claim_dir`)
-    while inside; a second process is refused (:class:`~rlkit.errors.RunLocked`) naming the holder. Yields the
-    previous holder when its lock was left by a process that no longer holds it (a killed run), else None."""
+    """Hold an exclusive lock on directory ``path`` (of ``kind``) while inside; a second process is refused
+    (:class:`~rlkit.errors.RunLocked`) naming the holder. Yields a killed previous holder's record, else None."""
     path = Path(path)
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:

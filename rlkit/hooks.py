@@ -1,14 +1,8 @@
 """A method's part in a run beyond its estimator and loss: the lifecycle hooks both engines call.
 
-A method that needs more than an advantage estimator and a policy loss — prompts it draws itself (SPO), a sampling
-temperature it sets per token (HAPO), state it keeps across steps (SPO's value tracker, HAPO's entropy statistics),
-rewards it reshapes or groups it drops (DAPO), metrics that say whether its mechanism acted (ASPO, HAPO, SPO) —
-subclasses :class:`Hooks` in its own module and names the class in its :class:`~rlkit.registry.Method` record
-(``hooks=``). The engines (:mod:`rlkit.tiny.rl`, :mod:`rlkit.verl.trainer`) make one instance per run
-(:func:`rlkit.registry.make_hooks`) and call each hook at the same point of a step; they never name a method. A
-hook a method does not define is the default here, which does nothing.
-
-One step, in the order the hooks are called::
+A method that draws its own prompts (SPO), sets a per-token temperature (HAPO), reshapes rewards (DAPO) or logs
+its mechanism (ASPO) subclasses :class:`Hooks` (its :class:`~rlkit.registry.Method`'s ``hooks=``); both engines make
+one per run (:func:`rlkit.registry.make_hooks`) and, never naming a method, call each at the same point of a step::
 
     choose_prompts(n)            the step's prompts (None: the engine draws them uniformly)
     groups_to_draw(n)            how many groups to sample for n wanted (DAPO's dynamic sampling draws more)
@@ -22,16 +16,8 @@ One step, in the order the hooks are called::
       ... the engine updates the policy ...
     after_update(batch)          state after the step (SPO's tracker, HAPO's next temperatures) and its metrics
 
-plus :meth:`Hooks.start` (once, before the first step), :meth:`Hooks.state_dict` /
-:meth:`Hooks.load_state_dict` (checkpoints) and :meth:`Hooks.check` (the engine's settings, before any work).
-
-What a hook needs from the engine — the training pool, the start policy's offline scores, stored responses and
-their log-probs now — it asks through :class:`Engine`, which each engine implements its own way (the tiny engine
-in memory, verl through its TransferQueue and workers).
-
-Hooks are checked when the method registers (:func:`check_hooks`: a hook with a signature other than the base
-class's is refused, naming the method and the hook) and their results on every call (:func:`checked`: a
-wrong-shaped result fails naming the method and the hook).
+plus :meth:`Hooks.start`, ``state_dict``/``load_state_dict`` and ``check``. A hook asks the engine through
+:class:`Engine`; signatures are checked at registration (:func:`check_hooks`), results on every call (:func:`checked`).
 """
 
 from __future__ import annotations
@@ -51,45 +37,31 @@ Tensor = torch.Tensor
 class StepBatch:
     """One step's responses as the hooks see them (``B`` responses, ``T`` tokens each)."""
 
-    step: int
-    """The step being taken (1-based)."""
-    prompt_ids: list
-    """``(B,)`` the pool id of the prompt each response answers."""
-    rewards: Tensor
-    """``(B,)`` the rewards the estimator sees."""
-    mask: Tensor
-    """``(B, T)`` response mask."""
-    lengths: Tensor
-    """``(B,)`` response lengths."""
-    tokens: Tensor | None = None
-    """``(B, T)`` the response token ids."""
-    old_logp: Tensor | None = None
-    """``(B, T)`` log-probs of the sampled tokens under the policy that sampled them."""
-    entropy: Tensor | None = None
-    """``(B, T)`` token entropies of that policy (the tiny engine: the sampler's; verl: its old-log-prob pass's)."""
-    temperature: Tensor | None = None
-    """``(B, T)`` the temperature each token was sampled at, where the engine knows it (the tiny engine)."""
+    step: int  # The step being taken (1-based).
+    prompt_ids: list  # ``(B,)`` the pool id of the prompt each response answers.
+    rewards: Tensor  # ``(B,)`` the rewards the estimator sees.
+    mask: Tensor  # ``(B, T)`` response mask.
+    lengths: Tensor  # ``(B,)`` response lengths.
+    tokens: Tensor | None = None  # ``(B, T)`` the response token ids.
+    old_logp: Tensor | None = None  # ``(B, T)`` log-probs of the sampled tokens under the sampling policy.
+    entropy: Tensor | None = None  # ``(B, T)`` token entropies of that policy.
+    temperature: Tensor | None = None  # ``(B, T)`` each token's sampling temperature, where the engine knows it.
 
 
 @dataclass
 class Recalled:
     """A stored response of one prompt (:meth:`Engine.remember`), its log-probs then and now."""
 
-    logp_then: Tensor
-    """``(n,)`` log-probs of its tokens under the policy that sampled it."""
-    logp_now: Tensor
-    """``(n,)`` the same under the current policy."""
-    mask: Tensor
-    """``(n,)`` its response mask."""
+    logp_then: Tensor  # ``(n,)`` log-probs of its tokens under the policy that sampled it.
+    logp_now: Tensor  # ``(n,)`` the same under the current policy.
+    mask: Tensor  # ``(n,)`` its response mask.
 
 
 class Engine(Protocol):
     """What an engine offers hooks."""
 
-    seed: int
-    """The run's seed."""
-    pool_ids: list
-    """Every prompt of the training pool, by id."""
+    seed: int  # The run's seed.
+    pool_ids: list  # Every prompt of the training pool, by id.
 
     def offline_scores(self, n: int) -> Mapping[Any, list[float]] | None:
         """``n`` scored samples per pool prompt from the start policy (None: the engine has none)."""
@@ -98,23 +70,15 @@ class Engine(Protocol):
         """Keep the responses ``rows`` (prompt id → row of ``batch``), replacing each prompt's earlier one."""
 
     def recall(self, prompt_ids: list) -> dict[Any, Recalled]:
-        """Each of ``prompt_ids``' kept response (those that have one), scored by the current policy (the list as
-        given, repeats included: an engine may score them as one batch)."""
+        """Each of ``prompt_ids``' kept response (those that have one), scored by the current policy."""
 
 
 class Hooks:
-    """The default of every hook: nothing. A method's module subclasses it and overrides what it needs.
+    """The default of every hook: nothing. ``config`` is the method's ``Config``, ``configs`` every method's."""
 
-    ``config`` is the method's ``Config``, ``configs`` every method's (for :mod:`rlkit.registry`'s dispatch).
-    """
-
-    method: ClassVar[str] = ""
-    """Set by :func:`rlkit.registry.register_method` to the method's name (for messages)."""
-    grouped: ClassVar[bool] = True
-    """Whether the method samples groups of responses per prompt (SPO: one response per prompt)."""
-    keyed: ClassVar[bool] = False
-    """Whether the hooks keep state per prompt: the engine then gives them stable prompt ids (the pool's, verl's
-    ``extra_info["prompt_id"]``) and its pool; otherwise a step's ``prompt_ids`` only tell its groups apart."""
+    method: ClassVar[str] = ""  # The method's name, set by :func:`rlkit.registry.register_method` (for messages).
+    grouped: ClassVar[bool] = True  # Whether the method samples groups of responses per prompt (SPO: one).
+    keyed: ClassVar[bool] = False  # Whether the hooks keep state per prompt (the engine gives stable ids, its pool).
 
     def __init__(self, config: Any, configs: Mapping[str, Any]) -> None:
         self.config, self.configs = config, configs
@@ -134,8 +98,7 @@ class Hooks:
         return n
 
     def sets_temperature(self) -> bool:
-        """Whether :meth:`temperature_fn` may return a function in this run (an engine whose sampler runs
-        elsewhere, verl's vLLM, installs its per-token temperature only then)."""
+        """Whether :meth:`temperature_fn` may return a function in this run (verl installs it in vLLM only then)."""
         return False
 
     def temperature_fn(self, temperature: float) -> Callable[[Tensor], Tensor] | None:
@@ -188,8 +151,7 @@ def check_hooks(method: str, hooks: type) -> None:
 
 
 def checked(hooks: Hooks, name: str, result: Any, *, rows: int | None = None) -> Any:
-    """``result`` of hook ``name``, refused (``TypeError``/``ValueError`` naming method and hook) when it is not
-    what the engine can use: a dict of metrics, a 1-D tensor of ``rows`` values, ..."""
+    """``result`` of hook ``name``, refused (naming method and hook) when it is not what the engine can use."""
     who = f"method {hooks.method!r}: hook {name}"
     if name in ("advantage_inputs", "advantage_metrics", "after_update") and not isinstance(result, Mapping):
         raise TypeError(f"{who} must return a dict, got {type(result).__name__}")
@@ -210,8 +172,7 @@ def checked(hooks: Hooks, name: str, result: Any, *, rows: int | None = None) ->
 
 
 def side_generator(seed: int, step: int, purpose: str, device: Any = "cpu") -> torch.Generator:
-    """A generator of its own for a metric's draws, seeded from (``seed``, ``step``, ``purpose``): the training's
-    generators are not touched (the run stays bit for bit the same) and a resumed run draws the same."""
+    """A generator seeded from (``seed``, ``step``, ``purpose``), leaving the training's draws untouched."""
     digest = hashlib.sha256(f"rlkit/{purpose}/{seed}/{step}".encode()).digest()
     return torch.Generator(device=device).manual_seed(int.from_bytes(digest[:8], "little") >> 1)
 

@@ -1,11 +1,7 @@
-"""Run metrics as JSON lines ``{"step": N, "data": {...}}`` — verl's ``file`` logger format, so tiny runs and verl
-runs are read, plotted and compared by the same code.
-
-Writing is crash-safe: each line is flushed and fsynced before the step counts as done, a reader skips a torn
-last line (a process killed mid-write), and :meth:`MetricsWriter.open` with ``resume_after=k`` drops every line
-past step ``k`` — the steps a resumed run is about to redo — so a killed-and-resumed run ends with exactly the
-lines of an uninterrupted one. Non-finite numbers are written as ``null`` (as verl's orjson does) and read back
-as NaN.
+"""Run metrics as JSON lines ``{"step": N, "data": {...}}``, verl's ``file`` logger format (one reader for both).
+Crash-safe: each line is fsynced before the step counts as done, a reader skips a torn last line, and
+:meth:`MetricsWriter.open` with ``resume_after=k`` drops the lines past step ``k``, so a killed-and-resumed run ends
+with the lines of an uninterrupted one. Non-finite numbers are written as ``null`` (as verl's orjson) and read as NaN.
 """
 
 from __future__ import annotations
@@ -58,9 +54,8 @@ def _is_step(step: Any) -> bool:
 
 
 def read_metrics(path: str | Path, *, whole: bool = False) -> list[dict[str, Any]]:
-    """All records of a metrics file, in file order, as ``{"step": N, "data": {...}}`` dicts. A line that is not
-    one is :class:`~rlkit.errors.DamagedFile` naming the file and line; a cut-off last line (a writer killed
-    mid-line, or one still writing) is skipped with a warning, unless ``whole`` (a finished run's file: damaged)."""
+    """A metrics file's records in file order; a bad line is :class:`~rlkit.errors.DamagedFile` naming it, a cut-off
+    last line is skipped with a warning unless ``whole`` (a finished run's file: damaged)."""
     path = Path(path)
     with path.open(encoding="utf-8", errors="replace") as f:
         return _parse(f.read().split("\n"), path, whole=whole)

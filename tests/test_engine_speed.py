@@ -24,11 +24,11 @@ def test_phase_clock_charges_each_second_once(bench):
 
 @pytest.mark.parametrize("regime", ["standard", "stress"])
 def test_whole_run_is_timed_by_phase_and_unpatched_after(bench, tmp_path, regime):
-    from rlkit.tiny import rl
+    from rlkit.tiny import rl, sft, step
 
-    before = rl.rollout, rl.evaluate, rl.token_logprobs
+    before = step.rollout, sft.rollout, rl.evaluate, step.token_logprobs
     clock, cfg = bench.profile_run("grpo", regime, {"steps": 2, "eval_every": 1}, tmp_path / "run", scale="smoke")
-    assert (rl.rollout, rl.evaluate, rl.token_logprobs) == before
+    assert (step.rollout, sft.rollout, rl.evaluate, step.token_logprobs) == before
     assert (tmp_path / "run" / "eval.jsonl").exists()
     for phase in ("update: forward", "update: backward", "generation", "evaluation (every eval_every)",
                   "evaluation (final)", "other"):

@@ -18,6 +18,7 @@ import torch
 
 from conftest import make_batch, make_inputs
 from rlkit import registry
+from rlkit import settings
 from rlkit.errors import InvalidSetting
 from rlkit.hooks import Hooks
 from rlkit.registry import AdvantageInputs
@@ -128,7 +129,7 @@ def test_the_loss_names_a_mis_shaped_input(method):
 
 
 # ------------------------------------------------------------------------------------------------ settings
-def violations(where: registry.Range | None, choices: tuple | None) -> list:
+def violations(where: settings.Range | None, choices: tuple | None) -> list:
     """Values just outside a field's declarations: each bound's nearest refused values, a value not among its
     choices."""
     bad = ["bogus"] if choices is not None else []
@@ -141,7 +142,7 @@ def violations(where: registry.Range | None, choices: tuple | None) -> list:
 
 
 def bad_settings(method: str) -> list[tuple[str, object]]:
-    rules = registry.declared_rules(registry.get_method(method).config)
+    rules = settings.declared_rules(registry.get_method(method).config)
     return [(name, value) for name, rule in rules.items() for value in violations(*rule)]
 
 
@@ -150,8 +151,8 @@ def test_the_method_declares_its_numeric_settings(method):
     config = registry.get_method(method).config
     numbers = ("float", "int", "float | None", "int | None")
     numeric = [f.name for f in dataclasses.fields(config) if f.type in numbers]
-    assert registry.declared_rules(config) or not numeric
-    assert bad_settings(method) or not registry.declared_rules(config)
+    assert settings.declared_rules(config) or not numeric
+    assert bad_settings(method) or not settings.declared_rules(config)
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -177,7 +178,7 @@ def test_a_violating_value_is_refused_the_same_by_both_engines(method):
 @pytest.mark.parametrize("method", METHODS)
 def test_what_its_functions_refuse_the_settings_check_refuses_first(method):
     """A value of a numeric knob that the method's loss or estimator refuses mid-run is refused by the
-    settings check before any work (every knob's range declared, :func:`rlkit.registry.knob`)."""
+    settings check before any work (every knob's range declared, :func:`rlkit.settings.knob`)."""
     m = registry.get_method(method)
     b, inputs, entropy = make_inputs(3)
     cfg = m.default_config()

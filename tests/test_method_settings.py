@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from rlkit import cli, registry
+from rlkit import cli, registry, settings
 from rlkit.errors import InvalidSetting, UnknownSetting
 from rlkit.tiny.config import build_config
 
@@ -19,8 +19,8 @@ from rlkit.tiny.config import build_config
 def test_values_inside_the_range_pass_and_bounds_read_as_written():
     assert registry.check_settings("hapo", {"temperature_tau": 0.5, "adv_beta": 1.0}).temperature_tau == 0.5
     assert registry.check_settings("spo", {"rho_value": None, "rho_type": "constant"}).rho_value is None
-    assert str(registry.Range(gt=0)) == "> 0" and str(registry.Range(ge=0, lt=1)) == "in [0, 1)"
-    assert str(registry.Range(le=1)) == "≤ 1" and str(registry.Range(gt=0, le=1)) == "in (0, 1]"
+    assert str(settings.Range(gt=0)) == "> 0" and str(settings.Range(ge=0, lt=1)) == "in [0, 1)"
+    assert str(settings.Range(le=1)) == "≤ 1" and str(settings.Range(gt=0, le=1)) == "in (0, 1]"
     with pytest.raises(InvalidSetting, match=r"^hapo\.temperature_tau=abc: must be a number in \(0, 1\)$"):
         registry.check_settings("hapo", {"temperature_tau": "abc"})
     with pytest.raises(InvalidSetting, match=r"^spo\.d_half=null: must be a number > 0$"):
@@ -34,13 +34,13 @@ def test_values_inside_the_range_pass_and_bounds_read_as_written():
 def test_a_method_whose_defaults_break_its_own_rules_is_not_registered():
     @dataclasses.dataclass
     class Config:
-        width: float = registry.knob(-1.0, gt=0)
+        width: float = settings.knob(-1.0, gt=0)
 
     with pytest.raises(ValueError, match=r"method 'toy_bad': its default toy_bad\.width=-1: must be > 0"):
         registry.register_method(registry.Method("toy_bad", Config, advantage="grpo", policy_loss="ppo"))
     assert "toy_bad" not in registry.list_methods()["method"]
     with pytest.raises(ValueError, match="one lower bound"):
-        registry.Range(gt=0, ge=0)
+        settings.Range(gt=0, ge=0)
 
 
 # ------------------------------------------------------------------------------------------------ the commands

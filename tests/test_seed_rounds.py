@@ -16,9 +16,9 @@ SPECS = {
     "aspo.yaml": (
         "name: aspo\nnotebook: notebooks/03_aspo.md\nmethod: aspo\nseeds: 3\nseed_rule: {batch: 3, cap: 9}\n"
         "claims:\n"
-        "  - {claim: clear, source: s, metric: aspo/code_ratio, expect: higher, tolerance: 0.01, margin_source: m,"
+        "  - {claim: clear, source: s, metric: tool/code_ratio, expect: higher, tolerance: 0.01, margin_source: m,"
         " window: 1, activity: {metric: aspo/shaped_frac, at_least: 0.01}}\n"
-        "  - {claim: noisy, source: s, run: aspo-eq1, metric: aspo/code_ratio, expect: higher, tolerance: 0.01,"
+        "  - {claim: noisy, source: s, run: aspo-eq1, metric: tool/code_ratio, expect: higher, tolerance: 0.01,"
         " margin_source: m, window: 1, activity: {metric: aspo/shaped_frac, at_least: 0.01}}\n"
         "variants:\n  aspo-eq1: {aspo.shaping: reward}\n"),
 }
@@ -30,7 +30,7 @@ def value(name: str, seed: int) -> float:
 
 
 def write(root, name, seed):
-    fake_run(root, name, seed, {"aspo/code_ratio": [0.5, value(name, seed)], "aspo/shaped_frac": [0.5, 0.5]})
+    fake_run(root, name, seed, {"tool/code_ratio": [0.5, value(name, seed)], "aspo/shaped_frac": [0.5, 0.5]})
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import torch
 
 import rlkit.methods
 from conftest import make_batch, make_groups
-from rlkit import cli, registry
+from rlkit import cli, registry, settings
 from rlkit.errors import InvalidSetting
 from rlkit.methods import gspo
 from rlkit.tiny.config import build_config
@@ -100,16 +100,16 @@ def test_every_signature_default_is_the_configs(method):
 def test_shared_knobs_keep_their_ranges_where_a_method_overrides_the_default():
     """GSPO's clip bounds are plain defaults over the registry's ClipKnobs: their range and the aggregation's
     choices are still checked; AEPO's own narrower range wins over the shared one."""
-    rules = registry.declared_rules(gspo.Config)
-    assert rules["clip_low"] == registry.declared_rules(registry.ClipKnobs)["clip_low"]
-    assert rules["agg"] == registry.declared_rules(registry.LossKnobs)["agg"]
+    rules = settings.declared_rules(gspo.Config)
+    assert rules["clip_low"] == settings.declared_rules(settings.ClipKnobs)["clip_low"]
+    assert rules["agg"] == settings.declared_rules(settings.LossKnobs)["agg"]
     with pytest.raises(InvalidSetting, match="gspo.clip_low=-1: must be ≥ 0"):
         registry.check_settings("gspo", {"clip_low": -1})
     with pytest.raises(InvalidSetting, match="gspo.agg=sum: must be one of token-mean"):
         registry.check_settings("gspo", {"agg": "sum"})
     with pytest.raises(InvalidSetting, match=r"aepo.clip_low=1: must be in \[0, 1\)"):
         registry.check_settings("aepo", {"clip_low": 1})
-    shared = {f.name for f in dataclasses.fields(registry.DualClipKnobs)} | {"norm_by_std"}
+    shared = {f.name for f in dataclasses.fields(settings.DualClipKnobs)} | {"norm_by_std"}
     for method in METHODS:  # no Config declares a shared knob's range again
         config = registry.get_method(method).config
         declared_here = vars(config).get("__annotations__", {})

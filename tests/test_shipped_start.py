@@ -84,10 +84,11 @@ def test_the_spo_offline_pass_is_found_beside_the_shipped_start(shipped, tmp_pat
     (passed,) = (tmp_path / "c1").glob("offline-*.pt")
     shutil.move(passed, folder / passed.name)  # 'ship' it
 
-    import rlkit.tiny.rl as rl
+    from rlkit.tiny import sft, step
 
-    sizes, real = [], rl.rollout
-    monkeypatch.setattr(rl, "rollout", lambda *a, **k: sizes.append(len(a[2])) or real(*a, **k))
+    sizes, real = [], step.rollout  # the same function in both modules
+    for module in (step, sft):  # the training's rollouts, and the offline pass's
+        monkeypatch.setattr(module, "rollout", lambda *a, **k: sizes.append(len(a[2])) or real(*a, **k))
     second = train(cfg, tmp_path / "second", progress=False, sft_cache=tmp_path / "c2")
     assert sizes and cfg.pool_size * cfg.spo.offline_N not in sizes  # the shipped pass was not sampled again
     strip = [(r["step"], {k: v for k, v in r["data"].items() if not k.startswith(("timing", "perf"))})
@@ -120,12 +121,13 @@ def test_ship_start_writes_the_start_its_manifest_and_spos_offline_passes(tmp_pa
     assert all((tmp_path / "start" / f).exists() for f in entry["spo_offline"])
     # an SPO run of a planned seed (the second) from the shipped start finds its pass: nothing sampled offline,
     # nothing cached
-    import rlkit.tiny.rl as rl
     from rlkit.lab.runs import FIRST_SEED
+    from rlkit.tiny import sft, step
 
     cfg = build_config("spo", "smoke", {"seed": FIRST_SEED + 1, "steps": 1})
-    sizes, real = [], rl.rollout
-    monkeypatch.setattr(rl, "rollout", lambda *a, **k: sizes.append(len(a[2])) or real(*a, **k))
+    sizes, real = [], step.rollout
+    for module in (step, sft):  # the training's rollouts, and the offline pass's
+        monkeypatch.setattr(module, "rollout", lambda *a, **k: sizes.append(len(a[2])) or real(*a, **k))
     train(cfg, tmp_path / "run", progress=False, sft_cache=tmp_path / "cache")
     assert cfg.pool_size * cfg.spo.offline_N not in sizes and not (tmp_path / "cache").exists()
 

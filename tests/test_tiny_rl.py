@@ -23,8 +23,8 @@ from rlkit.tiny.config import METHODS, REGIMES, build_config, set_field
 from rlkit.tiny.rl import logged_metrics, train
 
 COMMON = {"critic/score/mean", "response_length/mean", "actor/entropy", "actor/pg_loss", "actor/pg_clipfrac",
-          "adv/zero_frac", "perf/throughput", "timing_s/step", "aspo/first_code_pos/mean", "aspo/code_ratio",
-          "aspo/code_rounds/mean", "aspo/code_pass_ratio", "rollout/response_tokens"}
+          "adv/zero_frac", "perf/throughput", "timing_s/step", "tool/first_code_pos/mean", "tool/code_ratio",
+          "tool/code_rounds/mean", "tool/code_pass_ratio", "rollout/response_tokens"}
 SPECIFIC = {"spo": {"spo/rho/mean"}, "hapo": {"hapo/temperature/mean", "hapo/temperature/std"}}
 
 
@@ -67,7 +67,9 @@ def test_stale_rollouts_come_from_the_policy_of_k_steps_earlier(tmp_path, cache,
         return torch.cat([p.detach().flatten() for p in model.parameters()]).clone()
 
     policies, sampled_by, in_step = [], [], []
-    real_rollout, real_step = rl.rollout, rl.rl_step
+    from rlkit.tiny import step as step_module
+
+    real_rollout, real_step = step_module.rollout, rl.rl_step
 
     def rollout(model, *args, **kwargs):
         if in_step:  # the training rollout, not an evaluation
@@ -82,7 +84,7 @@ def test_stale_rollouts_come_from_the_policy_of_k_steps_earlier(tmp_path, cache,
         finally:
             in_step.pop()
 
-    monkeypatch.setattr(rl, "rollout", rollout)
+    monkeypatch.setattr(step_module, "rollout", rollout)
     monkeypatch.setattr(rl, "rl_step", step)
     # the overlong penalty makes rewards differ within groups, so the untrained smoke model does move
     cfg = build_config("dapo", "smoke", {"steps": 5, "staleness": 2, "dapo.overlong_buffer": 40, "lr": 1e-2,
@@ -125,7 +127,7 @@ def test_the_current_policy_rollout_runs_where_it_is_read_and_logs_the_same_valu
 @pytest.mark.parametrize("method", ["hapo", "spo"])
 def test_the_current_policy_metrics_leave_the_training_untouched(method, tmp_path, cache, monkeypatch):
     """policy/* sample with a generator of their own: every other metric is the same without them, to the bit."""
-    from rlkit.tiny import rl
+    from rlkit.tiny import step as step_module
 
     # SPO: a pool twice the draw, so the uniform reference draw of spo/sampling_focus_uniform is a real draw
     cfg = build_config(method, "smoke", {"steps": 4, "staleness": 2, "lr": 1e-2,
@@ -136,7 +138,7 @@ def test_the_current_policy_metrics_leave_the_training_untouched(method, tmp_pat
     assert timeless(read_metrics(part / "metrics.jsonl")) == timeless(read_metrics(on / "metrics.jsonl"))
     if method == "spo":
         assert {d["spo/sampling_focus_uniform"] for _, d in timeless(read_metrics(on / "metrics.jsonl"))[1:]} != {1.0}
-    monkeypatch.setattr(rl, "_policy_eval", lambda *a, **k: {})
+    monkeypatch.setattr(step_module, "_policy_eval", lambda *a, **k: {})
     off = train(cfg, tmp_path / "off", progress=False, sft_cache=cache)
     with_eval, without = timeless(read_metrics(on / "metrics.jsonl")), timeless(read_metrics(off / "metrics.jsonl"))
     new = {"policy/entropy", "policy/score/mean"}
@@ -147,7 +149,6 @@ def test_the_current_policy_metrics_leave_the_training_untouched(method, tmp_pat
 
 
 def test_activity_helpers_by_hand():
-    from rlkit.tiny import rl
 
     from rlkit.hooks import side_generator
 
@@ -181,16 +182,16 @@ def test_decoupled_loss_logs_behaviour_weights_and_needs_itself_for_a_cap(tmp_pa
 
 
 def test_ppo_epochs_pass_over_the_batch_again_in_a_new_order(tmp_path, cache, monkeypatch):
-    import rlkit.tiny.rl as rl
+    from rlkit.tiny import step
 
-    seen, real = [], rl.token_logprobs
+    seen, real = [], step.token_logprobs
 
     def token_logprobs(model, ids, *args, **kwargs):
         if model.training and torch.is_grad_enabled():  # the update's forward passes (not sampling or evaluation)
             seen.append(ids.clone())
         return real(model, ids, *args, **kwargs)
 
-    monkeypatch.setattr(rl, "token_logprobs", token_logprobs)
+    monkeypatch.setattr(step, "token_logprobs", token_logprobs)
     cfg = build_config("grpo", "smoke", {"steps": 1, "mini_batches": 2, "ppo_epochs": 3})
     train(cfg, tmp_path / "epochs", progress=False, sft_cache=cache)
     assert len(seen) == 6  # 3 passes × 2 mini-batches
@@ -203,11 +204,12 @@ def test_ppo_epochs_pass_over_the_batch_again_in_a_new_order(tmp_path, cache, mo
 
 
 def test_spo_offline_pass_is_sampled_once_per_seed_and_reused_bit_for_bit(tmp_path, cache, monkeypatch):
-    import rlkit.tiny.rl as rl
+    from rlkit.tiny import sft, step
 
     cfg = build_config("spo", "smoke", {"steps": 2, "spo.offline_N": 2})
-    calls, real = [], rl.rollout
-    monkeypatch.setattr(rl, "rollout", lambda *a, **k: calls.append(1) or real(*a, **k))
+    calls, real = [], step.rollout
+    for module in (step, sft):  # the training's rollouts, and the offline pass's
+        monkeypatch.setattr(module, "rollout", lambda *a, **k: calls.append(1) or real(*a, **k))
 
     def kept():
         return len(list(cache.glob("offline-*.pt")))
@@ -457,7 +459,7 @@ def test_the_evaluations_reuse_what_was_already_evaluated_and_equal_evaluating_a
 @settings(max_examples=60, deadline=None)
 @given(groups=st.lists(st.integers(1, 4), min_size=1, max_size=12), n=st.integers(1, 8), seed=st.integers(0, 99))
 def test_mini_batches_hold_whole_groups_and_every_row_once(groups, n, seed):
-    from rlkit.tiny.rl import _mini_batches
+    from rlkit.tiny.step import _mini_batches
 
     ids = torch.tensor([7 * g for g, size in enumerate(groups) for _ in range(size)])
     batches = _mini_batches(ids, n, torch.Generator().manual_seed(seed))
@@ -473,7 +475,7 @@ def test_mini_batches_hold_whole_groups_and_every_row_once(groups, n, seed):
 
 @pytest.mark.parametrize("case", ["mixed", "zero", "kl", "kl-mixed"])
 def test_backward_is_loss_backward_bit_for_bit_and_skips_only_zero_gradients(case):
-    """The update's backward (rl._backward, the log-probs from token_logprobs with the silent rows frozen) against a
+    """The update's backward (step._backward, the log-probs from token_logprobs with the silent rows frozen) against a
     plain ``loss.backward()`` on two prompts × four responses: every parameter's gradient and the weights after an
     Adam step equal bit for bit; the rows with a zero advantage run without autograd's graph, and the pass through
     the model is skipped when every advantage is zero, unless the loss has a term without them (a KL-like term
@@ -482,7 +484,7 @@ def test_backward_is_loss_backward_bit_for_bit_and_skips_only_zero_gradients(cas
 
     from rlkit import registry
     from rlkit.tiny.model import ModelConfig, TinyDecoder, token_logprobs
-    from rlkit.tiny.rl import _backward
+    from rlkit.tiny.step import _backward
 
     torch.manual_seed(0)
     model = TinyDecoder(ModelConfig(vocab_size=24, d_model=32, n_layers=2, n_heads=2, max_len=64))

@@ -50,7 +50,7 @@ def test_the_tiny_curve_stops_where_verl_stopped():
 
 
 def test_calls_per_response_from_verls_turn_count():
-    tiny = run({"aspo/code_rounds/mean": [1.0, 2.0]})
+    tiny = run({"tool/code_rounds/mean": [1.0, 2.0]})
     verl = run({"num_turns/mean": [4.0, 6.0]})  # prompt + (call, answer) × k + final turn = 2k + 2
     t, v = two_engines.pair(tiny, verl, two_engines.QUANTITIES[-1])
     assert v.tolist() == t.tolist() == [1.0, 2.0]

@@ -197,8 +197,8 @@ def test_a_failure_inside_vllm_ends_the_launch_with_its_error(workdir, capsys):
 
 OWN_METRICS = {  # each method's own metrics (its loss's, its hooks'), and one that must move in a 5-step run
     "gspo": (["actor/pg_clipfrac_seq", "actor/gspo/seq_ratio/mean"], "actor/gspo/seq_ratio/max"),
-    "aspo": (["aspo/first_code_pos/mean", "aspo/code_ratio", "aspo/correct_code_ratio", "aspo/shaped_frac",
-              "aspo/bias_ratio"], "aspo/code_ratio"),
+    "aspo": (["tool/first_code_pos/mean", "tool/code_ratio", "tool/correct_code_ratio", "aspo/shaped_frac",
+              "aspo/bias_ratio"], "tool/code_ratio"),
     "aepo": (["actor/aepo/clipfrac_grad_kept", "actor/aepo/adv_reshape/mean"],
              "actor/aepo/entropy_adv_scale/min"),
     "spo": (["critic/baseline/mean", "spo/rho/mean", "spo/D/mean", "spo/sampling_focus"], "critic/baseline/mean"),

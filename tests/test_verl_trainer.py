@@ -19,7 +19,7 @@ import torch
 
 from conftest import make_batch
 from rlkit.methods import aepo, aspo, dr_grpo, grpo, hapo, spo
-from rlkit.core.groups import group_advantage
+from rlkit.core.ops import group_advantage
 from rlkit.tasks.tools import CodeDetection, first_code_char
 from rlkit.tasks.tools import first_code_token as first_code_token_by_offsets
 
@@ -357,8 +357,8 @@ def test_aspo_advantage_step_through_verls_compute_advantage(tokenizer):
     assert not torch.equal(out, base)  # the two passing, correct code responses are shaped...
     assert out[0, 0] > base[0, 0] > 0 and 0 < out[1, 0] < base[1, 0]  # ...earlier code up, later code down
     torch.testing.assert_close(out[2:], base[2:], rtol=0, atol=0)
-    assert metrics["aspo/code_ratio"] == pytest.approx(4 / 6)
-    assert metrics["aspo/code_pass_ratio"] == pytest.approx(3 / 4)
+    assert metrics["tool/code_ratio"] == pytest.approx(4 / 6)
+    assert metrics["tool/code_pass_ratio"] == pytest.approx(3 / 4)
 
 
 # --------------------------------------------------------------------------- SPO
@@ -675,7 +675,7 @@ def test_aspo_through_verls_transferqueue_path(tokenizer, fake_tq):
     expected = t.advantage_step(data, {}).batch["advantages"]
     torch.testing.assert_close(got, expected[:, : got.shape[1]])
     assert got[0, 0] > got[1, 0] > 0  # the earlier call is favoured
-    assert metrics["aspo/code_ratio"] == pytest.approx(0.5)
+    assert metrics["tool/code_ratio"] == pytest.approx(0.5)
     # the hooks' advantage_metrics see the advantages the estimator computed: how far the shaping moved GRPO's
     valid = torch.ones_like(got)
     for i, r in enumerate(responses):

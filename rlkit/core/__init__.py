@@ -1,13 +1,13 @@
 """Tensor math shared by all methods: masked ops, group statistics, loss aggregation, PPO clip, entropy, rollout
 correction (the sampler-trainer mismatch: its metrics and the TIS / masked-IS / IcePop weights)."""
 
-from rlkit.core.aggregation import AGG_MODES, agg_loss
-from rlkit.core.entropy import entropy_from_logits
-from rlkit.core.groups import group_advantage, group_index, group_mean_std, group_sum
-from rlkit.core.masked import (
-    check_shapes, masked_count, masked_mean, masked_share, masked_std, masked_sum, masked_var, masked_whiten,
+from rlkit.core.ops import (
+    AGG_MODES,
+    agg_loss, behaviour_weights, check_shapes, clip_metrics, clipped_surrogate, group_advantage, group_index,
+    group_mean_std, group_sum, log_ratio, masked_count, masked_mean, masked_share, masked_std, masked_sum,
+    masked_var, masked_whiten, reduce_policy_loss,
 )
-from rlkit.core.ppo import behaviour_weights, clip_metrics, clipped_surrogate, log_ratio, reduce_policy_loss
+from rlkit.core.entropy import entropy_from_logits
 from rlkit.core.rollout_correction import correct, icepop, mismatch_metrics, seq_mis, seq_tis, token_tis
 
 __all__ = [

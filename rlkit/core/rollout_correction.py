@@ -7,7 +7,7 @@ off-policy for the trainer, and the policy gradient needs the importance ratio
     ρ_t = π_old(y_t | x, y_<t) / π_sampler(y_t | x, y_<t) = exp(old_logp_t − rollout_logp_t)   (token)
     ρ(y) = Π_t ρ_t = exp(Σ_t log ρ_t)                                                         (sequence)
 
-(log ρ clamped to ±20 before ``exp``: verl's safety bound, rlkit's :data:`~rlkit.core.ppo.LOG_RATIO_CLAMP`).
+(log ρ clamped to ±20 before ``exp``: verl's safety bound, rlkit's :data:`~rlkit.core.ops.LOG_RATIO_CLAMP`).
 Each correction turns ρ into a detached per-token weight w_t that multiplies a policy loss's per-token term
 ℓ_t, and may remove whole sequences from the response mask the loss aggregates over:
 
@@ -45,8 +45,7 @@ from typing import Any
 
 import torch
 
-from rlkit.core.masked import check_shapes, masked_mean, masked_sum
-from rlkit.core.ppo import LOG_RATIO_CLAMP
+from rlkit.core.ops import check_shapes, masked_mean, masked_sum, LOG_RATIO_CLAMP
 
 Tensor = torch.Tensor
 

@@ -1,5 +1,6 @@
 """Tool-use statistics of a batch of responses: where the first code/tool call sits, how many calls, how many
-passed — under the names ASPO (arXiv 2508.19201, §4.5) gave them, logged by every method on the tool task."""
+passed — logged by every method on the tool task, named ``tool/*``. ASPO (arXiv 2508.19201, §4.5) defined them;
+its own mechanism's metrics stay under its name."""
 
 from __future__ import annotations
 
@@ -30,12 +31,12 @@ def flags(x: Any, name: str, batch: int, device: torch.device) -> Tensor:
 def tool_metrics(
     first_code_pos: Any, correct: Any, code_calls: Any, code_pass: Any = None
 ) -> dict[str, float]:
-    """Tool-use metrics of a batch under ASPO's names, logged by every method on the tool task (all inputs
+    """Tool-use metrics of a batch, named ``tool/*``, logged by every method on the tool task (all inputs
     ``(B,)``; positions NaN or negative = no code).
 
-    ``aspo/first_code_pos/mean`` (over responses with code), ``aspo/code_ratio`` (share with code),
-    ``aspo/code_rounds/mean`` (calls per response, all responses), ``aspo/correct_code_ratio`` (share both
-    correct and with code) and, given ``code_pass``, ``aspo/code_pass_ratio`` (over responses with code).
+    ``tool/first_code_pos/mean`` (over responses with code), ``tool/code_ratio`` (share with code),
+    ``tool/code_rounds/mean`` (calls per response, all responses), ``tool/correct_code_ratio`` (share both
+    correct and with code) and, given ``code_pass``, ``tool/code_pass_ratio`` (over responses with code).
     A mean over no responses is NaN.
     """
     p = torch.as_tensor(first_code_pos).detach().to(torch.float64)
@@ -47,12 +48,12 @@ def tool_metrics(
     right = flags(correct, "correct", batch, device)
     n_used = int(used.sum())
     metrics = {
-        "aspo/first_code_pos/mean": p[used].mean().item() if n_used else math.nan,
-        "aspo/code_ratio": used.double().mean().item(),
-        "aspo/code_rounds/mean": calls.mean().item(),
-        "aspo/correct_code_ratio": (used & right).double().mean().item(),
+        "tool/first_code_pos/mean": p[used].mean().item() if n_used else math.nan,
+        "tool/code_ratio": used.double().mean().item(),
+        "tool/code_rounds/mean": calls.mean().item(),
+        "tool/correct_code_ratio": (used & right).double().mean().item(),
     }
     if code_pass is not None:
         passed = flags(code_pass, "code_pass", batch, device)
-        metrics["aspo/code_pass_ratio"] = (passed & used).sum().item() / n_used if n_used else math.nan
+        metrics["tool/code_pass_ratio"] = (passed & used).sum().item() / n_used if n_used else math.nan
     return metrics

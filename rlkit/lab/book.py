@@ -1,12 +1,8 @@
 """Build the Jupyter Book (1.x, offline) from the executed notebooks of the reproductions.
 
-``book/`` holds the hand-written pages (intro, papers, full-scale runs), ``_config.yml``, ``_toc.yml`` and
-``references.bib``. :func:`build` copies each spec's executed notebook from the results into
-``<book>/notebooks/`` and runs ``jupyter-book build`` with warnings as errors; nothing is executed during the build
-(``execute_notebooks: off``), so the pages show exactly what ``rlkit reproduce`` computed. The generated text
-of the hand-written pages and of ``_toc.yml`` (the lists of the methods, the presets table, launch commands) comes
-from :mod:`rlkit.lab.book_pages` and is committed: ``python -m rlkit.lab.book_pages`` rewrites it, and a test
-fails while a page differs from it. Every default folder is the project's (:mod:`rlkit.lab.paths`).
+:func:`build` copies each spec's executed notebook from the results into ``<book>/notebooks/`` and runs
+``jupyter-book build`` with warnings as errors; nothing is executed during the build, so the pages show
+exactly what ``rlkit reproduce`` computed (generated text of the pages: :mod:`rlkit.lab.book_pages`).
 
     rlkit book                                  # reproductions/results -> book/_build/html
     rlkit book --results /tmp/smoke --book /tmp/book-copy
@@ -60,10 +56,7 @@ def check_book(book: Path) -> None:
 
 def stage(book: Path | None = None, results: Path | None = None, specs_dir: Path | None = None, *,
           force: bool = False) -> list[Path]:
-    """Copy every spec's executed notebook into ``<book>/notebooks/``; missing ones are an error that names them
-    all and the command that makes them (:func:`check_results`), raised before anything is copied. Only the
-    notebooks an earlier build copied there are replaced (:func:`rlkit.files.claim_dir`): a ``notebooks``
-    folder rlkit did not write is refused unless ``force``."""
+    """Copy every spec's executed notebook into ``<book>/notebooks/`` (missing ones named first)."""
     book = Path(book or paths.book_dir())
     check_book(book)
     notebooks = check_results(results, specs_dir)
@@ -85,10 +78,7 @@ def stage(book: Path | None = None, results: Path | None = None, specs_dir: Path
 
 
 def read_executed(path: Path, remedy: str = "execute it again (rlkit reproduce)") -> dict[str, Any]:
-    """The executed notebook at ``path``; refused, with ``remedy``, when it cannot be read or is cut off
-    (:class:`~rlkit.errors.DamagedFile`) or when its execution failed or stopped before its end
-    (:class:`~rlkit.errors.ExecutionFailed`: a cell's output is an error, as papermill leaves it, or a code
-    cell was not executed, :func:`not_executed`)."""
+    """The executed notebook at ``path``, refused with ``remedy`` when damaged, failed or unfinished."""
     with os_errors():
         text = Path(path).read_text(encoding="utf-8", errors="replace")
     try:
@@ -113,8 +103,7 @@ def read_executed(path: Path, remedy: str = "execute it again (rlkit reproduce)"
 
 
 def not_executed(cell: Any) -> str | None:
-    """Why a notebook's code ``cell`` was not executed (papermill left it ``pending``, or it has no execution
-    count), or None: executed, or nothing to execute (a markdown cell, an empty code cell)."""
+    """Why a code ``cell`` was not executed (papermill left it ``pending``, no execution count), or None."""
     source = "".join(cell.get("source", "")) if isinstance(cell, dict) else ""
     if not isinstance(cell, dict) or cell.get("cell_type") != "code" or not source.strip():
         return None
@@ -128,10 +117,7 @@ _ASSIGNMENT = re.compile(r"^(?P<name>[A-Za-z_]\w*)\s*=\s*(?P<value>[^#]*?)\s*(?P
 
 
 def one_parameters_cell(nb: dict[str, Any]) -> dict[str, Any]:
-    """A page's two parameter cells made one: papermill leaves the notebook's own ``parameters`` cell (defaults,
-    with a comment on each) and adds an ``injected-parameters`` cell (the values it ran with). The values go into
-    the notebook's cell, each beside its comment, and the injected cell is dropped; a value the notebook's cell
-    does not name is appended."""
+    """A page's two parameter cells made one: papermill's injected values in the notebook's own."""
     cells = nb.get("cells", [])
 
     def tagged(tag: str) -> int | None:
@@ -162,9 +148,7 @@ PARAMETERS_LINE = "This page was executed with {values} (the parameters cell, fo
 
 
 def fold_parameters(nb: dict[str, Any], shown: str) -> dict[str, Any]:
-    """A page's parameters cell as the book shows it: ``results`` named by ``shown`` (:func:`rlkit.lab.paths.results_shown`: no
-    machine path) in the cell and in papermill's record of the run, the cell folded (``hide-cell``) under one line
-    that states its values (:data:`PARAMETERS_LINE`)."""
+    """A page's parameters cell folded under one line (:data:`PARAMETERS_LINE`), ``results`` as ``shown``."""
     cells = nb.get("cells", [])
     own = next((i for i, c in enumerate(cells) if "parameters" in c.get("metadata", {}).get("tags", [])), None)
     if own is None:
@@ -194,10 +178,7 @@ def fold_parameters(nb: dict[str, Any], shown: str) -> dict[str, Any]:
 
 def build(book: Path | None = None, results: Path | None = None, *, strict: bool = True,
           specs_dir: Path | None = None, force: bool = False) -> Path:
-    """Stage the notebooks and build the HTML book; returns ``<book>/_build/html/index.html``.
-
-    ``strict`` turns every Sphinx warning into an error (``-W --keep-going``: all warnings are listed, then it
-    fails). The build is from scratch each time (``--all``) so a stale page cannot survive."""
+    """Stage the notebooks and build the HTML book afresh (``strict``: warnings are errors); its index."""
     book = Path(book or paths.book_dir())
     stage(book, results, specs_dir, force=force)
     cmd = [sys.executable, "-c", "from jupyter_book.cli.main import main; main()", "build", str(book), "--all"]

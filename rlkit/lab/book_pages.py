@@ -1,34 +1,13 @@
 """The book's generated text: every list of the methods on its hand-written pages, and the *Full-scale runs*
 page's presets table, commands and list of verl twins.
 
-A page is hand-written except between markers, each block ending at ``<!-- end -->`` (``<!-- end runs -->`` for
-``runs``): on ``book/full_scale_runs.md``, ``<!-- rlkit presets -->`` holds :func:`presets_table`; each
-``<!-- rlkit launch METHOD DATASET -->`` the ``rlkit launch`` line of that run (:data:`BOOK_RUNS`) and the
-``main_ppo`` command it validates and runs (:func:`book_block`), and ``<!-- rlkit runs DATASET -->`` one heading
-and launch block per method (:func:`runs_block`); ``<!-- rlkit cpu command -->`` the CPU launch line with the
-methods it takes (:func:`cpu_command`), ``<!-- rlkit cpu launches -->`` every method's timed CPU launch
-(:func:`launches_table`), ``<!-- rlkit pretrained -->`` a pretrained model's GSM8K runs (:func:`pretrained_table`);
-``<!-- rlkit twins -->`` the methods that have a verl twin on the *Two
-engines* page and those that have none yet (:func:`twins_block`, from :func:`rlkit.lab.two_engines.twins`). On
-``book/intro.md``, ``<!-- rlkit method pages -->`` is the table of the method pages (:func:`method_pages_table`);
-on ``book/papers.md``, ``<!-- rlkit papers -->`` the table of papers (:func:`papers_table`); on the project's
-``README.md``, ``<!-- rlkit methods -->`` the table of the methods and their modules (:func:`methods_table`);
-on ``notebooks/00_overview.md``, ``<!-- rlkit references -->`` every method cited by its paper
-(:func:`references_line`); on ``book/intro.md``, ``<!-- rlkit verdicts -->`` the verdict legend
-(:func:`verdict_legend_markdown`); ``book/_toc.yml`` lists the method pages between ``# rlkit method pages`` and ``# end``, and the topic pages
-between ``# rlkit topic pages`` and ``# end`` (:func:`toc_block`).
-
-The method pages are the specs that train a method on its own page (:func:`method_specs`), in notebook order, each named by its
-spec's title; the verl runs are the registry's methods that have a verl preset, in the figures' order
-(:func:`rlkit.lab.plots.methods`). :func:`update_book_page` re-renders every block of a page from today's specs,
-presets (:mod:`rlkit.verl.launch.presets`), plan (:func:`rlkit.verl.launch.plan`) and twins, :func:`update_book` every
-such page of the book and the README (``python -m rlkit.lab.book_pages``); tests fail when a committed page
-differs from it.
-Nothing here imports verl.
-"""
+A page is hand-written except between markers (``<!-- rlkit KIND … -->`` to ``<!-- end -->``), each block
+rendered here from today's specs and presets (:func:`update_book_page`); ``python -m rlkit.lab.book_pages``
+rewrites them, and tests fail when a committed page differs. Nothing here imports verl."""
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from collections.abc import Mapping, Sequence
@@ -56,8 +35,7 @@ DAPO_RUNS: dict[str, tuple[str, int, int]] = {
     "spo": ("Qwen/Qwen3-8B", 8, 1),  # SPO (method notes: SPO)
     "hapo": ("Qwen/Qwen3-8B-Base", 8, 4),  # v1 Table 1's Qwen3 row, 32×A100 (method notes: HAPO)
 }
-"""Each method's DAPO-Math run as its paper ran it: (model, GPUs per node, nodes); a method it does not name runs as
-GRPO's (Qwen3-8B on one node of 8 GPUs)."""
+"""Each method's DAPO-Math run as its paper ran it: (model, GPUs per node, nodes); others run as GRPO's."""
 
 #: The runs the book's "Full-scale runs" page shows: dataset → method → (model, GPUs per node, nodes).
 BOOK_RUNS: dict[str, dict[str, tuple[str, int, int]]] = {
@@ -67,8 +45,7 @@ BOOK_RUNS: dict[str, dict[str, tuple[str, int, int]]] = {
 
 
 NO_DUAL_CLIP = ("cispo",)
-"""Loss modes with no dual clip (their loss never reads ``clip_ratio_c``): the presets table shows "—" for their c,
-as it does for any clip key a preset leaves unset (a loss that reads no clip range sets none)."""
+"""Loss modes with no dual clip (their loss never reads ``clip_ratio_c``): the presets table shows "—"."""
 
 RAY_HEAD = "HEAD:6379"
 """The Ray address the page's multi-node commands show (the cluster's head node)."""
@@ -92,12 +69,7 @@ def render_command(method: str, dataset: str, model: str | None = None, *, gpus:
 
 
 def verdict_legend(records: Sequence[Mapping[str, Any]] | None = None) -> list[tuple[str, Any]]:
-    """The verdict legend in five lines, each ``(term, meaning)``, read from the verdict words' constants and
-    glossary (:data:`rlkit.lab.claims.VERDICTS`, :data:`rlkit.lab.report.GLOSSARY`), never typed twice: the verdict
-    words of ``records`` (all of them, where None), each with what it means (the first line's meaning is a list of
-    ``(word, meaning)``); the interval; the margin; the seeds (those ``records`` were judged on, and the sequential
-    rule); and where the full rules are. Beside every claims table (:func:`rlkit.lab.notebook.claims_table`) and
-    once in the intro (``<!-- rlkit verdicts -->``)."""
+    """The verdict legend, five ``(term, meaning)`` lines read from the verdicts and :data:`GLOSSARY`."""
     present = {r["verdict"] for r in records} if records is not None else set(VERDICTS)
     words = [(v, GLOSSARY[v]) for v in VERDICTS if v in present and v in GLOSSARY]
     rule = SeedRule()
@@ -111,8 +83,7 @@ def verdict_legend(records: Sequence[Mapping[str, Any]] | None = None) -> list[t
 
 
 def verdict_legend_markdown(records: Sequence[Mapping[str, Any]] | None = None) -> str:
-    """:func:`verdict_legend` as a Markdown list, a verdict word a line (the intro's ``<!-- rlkit verdicts -->``
-    block)."""
+    """:func:`verdict_legend` as a Markdown list, a verdict word a line (``<!-- rlkit verdicts -->``)."""
     lines = []
     for term, meaning in verdict_legend(records):
         if term == "verdicts":
@@ -124,8 +95,7 @@ def verdict_legend_markdown(records: Sequence[Mapping[str, Any]] | None = None) 
 
 
 def verdict_legend_html(records: Sequence[Mapping[str, Any]] | None = None, rules_html: str = "") -> str:
-    """:func:`verdict_legend` as HTML, the box beside a claims table, one line a term (the verdict words of
-    ``records`` on the first); ``rules_html``, where given, is the rules line's text (a link to them)."""
+    """:func:`verdict_legend` as the HTML box beside a claims table; ``rules_html``: the rules line's text."""
     items = []
     for term, meaning in verdict_legend(records):
         if term == "verdicts":
@@ -206,8 +176,7 @@ def papers_table(specs_dir: Path | None = None) -> str:
 
 
 def toc_block(indent: str = "      ", specs_dir: Path | None = None, kind: str = "method") -> str:
-    """``_toc.yml``'s chapters of the method pages (``kind`` ``topic``: the topic pages), between its ``# rlkit
-    method pages`` (``# rlkit topic pages``) and ``# end`` lines."""
+    """``_toc.yml``'s chapters of the method pages (or with ``kind`` ``topic``, the topic pages)."""
     specs = {"method": method_specs, "topic": topic_specs}[kind](specs_dir)
     lines = [f"{indent}# rlkit {kind} pages"] + [f"{indent}- file: {_page(s)}" for s in specs]
     return "\n".join([*lines, f"{indent}# end"]) + "\n"
@@ -221,8 +190,7 @@ def runs_block(dataset: str) -> str:
 
 
 def presets_table() -> str:
-    """The page's tables of presets, two narrow ones that fit the text column: what each method's loss is, and how
-    its batch is drawn on DAPO-Math, as in its paper."""
+    """The page's two tables of presets: each method's loss, and its batch on DAPO-Math as in its paper."""
     loss = ["method", "`adv_estimator`", "`loss_mode`", "clip ε_low / ε_high / c", "loss aggregation"]
     batch = ["method", "responses per prompt", "updates per batch", "prompts per step", "max response",
              "DAPO mechanics", "tools"]
@@ -257,8 +225,7 @@ def cpu_command() -> str:
 
 
 def twins_block(verl_root: Path | str | None = None) -> str:
-    """The page's list of the methods that have a verl twin on the *Two engines* page and those that have none
-    (:func:`rlkit.lab.two_engines.twins_words`; default: the published twins)."""
+    """The methods with a verl twin and those without (:func:`rlkit.lab.two_engines.twins_words`)."""
     words = two_engines.twins_words(verl_root)
     return (f"<!-- rlkit twins -->\nThe methods with a twin: {words['twin_methods']}; "
             f"{words['no_twin_methods']}.\n<!-- end -->")
@@ -269,19 +236,12 @@ LAUNCH_FALLBACK_METRIC = "critic/advantages/max"
 
 
 def launches_file() -> Path:
-    """``reproductions/results-verl-cpu/toy-launches.json``: every method's 5-step CPU launch, timed
-    (``python benchmarks/verl_cpu_methods.py`` writes it)."""
+    """``toy-launches.json``: every method's 5-step CPU launch, timed (``benchmarks/verl_cpu_methods.py``)."""
     return two_engines.published_twins_dir() / "toy-launches.json"
 
 
 def launches_table(path: Path | str | None = None) -> str:
-    """The page's table of CPU launches, one row per method of :data:`BOOK_METHODS`, from :func:`launches_file`:
-    the launch's wall seconds all in, the median step, the steps logged, the probe reward at the first and last
-    step and the method's own metric over the steps, under a line naming the machine, date, commit and load, and
-    which metrics moved. A method the file does not hold (registered since it was measured) is listed as not
-    measured; no file, one line saying so."""
-    import json
-
+    """The page's table of CPU launches (:func:`launches_file`), one row per method, under its machine."""
     path = Path(path) if path is not None else launches_file()
     if not path.exists():
         return ("<!-- rlkit cpu launches -->\nNo CPU launches measured yet (`python benchmarks/verl_cpu_methods.py`)."
@@ -309,25 +269,16 @@ def launches_table(path: Path | str | None = None) -> str:
 
 
 PRETRAINED_FIGURE = "_static/smollm2_gsm8k.png"
-"""The figure of :func:`pretrained_table`'s runs, in the book's folder (``benchmarks/verl_cpu_pretrained.py`` draws
-it when it publishes them)."""
+"""The figure of :func:`pretrained_table`'s runs (``benchmarks/verl_cpu_pretrained.py`` draws it)."""
 
 
 def pretrained_file() -> Path:
-    """``reproductions/results-verl-cpu/smollm2-gsm8k/runs.json``: a pretrained model's GSM8K runs through
-    ``main_ppo`` on a CPU (``python benchmarks/verl_cpu_pretrained.py`` writes it)."""
+    """``smollm2-gsm8k/runs.json``: a pretrained model's GSM8K runs through ``main_ppo`` on a CPU."""
     return two_engines.published_twins_dir() / "smollm2-gsm8k" / "runs.json"
 
 
 def pretrained_table(path: Path | str | None = None) -> str:
-    """The page's table of a pretrained model's GSM8K runs, one row per method of :func:`pretrained_file`: the
-    outcome, the steps logged, start-up and median step seconds, the training reward and the answers' length at the
-    first and the last step (the reward's highest; the share of answers cut at the length cap over the steps), the
-    held-out accuracy before the first step and after the
-    last, under a line naming the machine, date, commit, model (its weights' SHA-256) and the command; no file, one
-    line saying so; then the runs' figure (:data:`PRETRAINED_FIGURE`)."""
-    import json
-
+    """The page's table and figure of a pretrained model's GSM8K runs (:func:`pretrained_file`)."""
     path = Path(path) if path is not None else pretrained_file()
     if not path.exists():
         return ("<!-- rlkit pretrained -->\nNo pretrained run measured yet (`python benchmarks/verl_cpu_pretrained.py`)."
@@ -375,8 +326,7 @@ def _span(bounds: list[float] | None) -> str:
 
 
 def _moved(runs: list[dict]) -> str:
-    """Which launches' own metric moved, which stayed put (a mechanism that did not act in a few toy steps), and
-    which methods log no metric of their own (their column shows :data:`LAUNCH_FALLBACK_METRIC`)."""
+    """Which launches' own metric moved, which stayed put, and which methods log no metric of their own."""
     done = [r for r in runs if "error" not in r and r.get("own_range")]
     none = [r["method"] for r in done if r["own_metric"] == LAUNCH_FALLBACK_METRIC]
     own = [r for r in done if r["own_metric"] != LAUNCH_FALLBACK_METRIC]
@@ -401,9 +351,7 @@ def book_block(method: str, dataset: str) -> str:
 
 
 def update_book_page(text: str) -> str:
-    """``text`` with every generated block re-rendered (module doc): the *Full-scale runs* page's presets table,
-    CPU command, list of twins and commands, the intro's and the papers page's tables, ``_toc.yml``'s method pages.
-    The tests check that the book's pages are up to date; :func:`update_book` rewrites them."""
+    """``text`` with every generated block re-rendered (module doc)."""
     def render(match: re.Match) -> str:
         fixed = {"presets": presets_table, "twins": twins_block, "cpu command": cpu_command,
                  "cpu launches": launches_table, "pretrained": pretrained_table,
@@ -423,8 +371,7 @@ PROJECT_PAGES = ("README.md", "notebooks/00_overview.md")
 
 
 def generated_pages(book: Path | None = None) -> list[Path]:
-    """Every hand-written file that holds generated blocks: :data:`BOOK_PAGES` in ``book`` (default: the
-    project's) and the project's :data:`PROJECT_PAGES`."""
+    """Every hand-written file that holds generated blocks: :data:`BOOK_PAGES` and :data:`PROJECT_PAGES`."""
     pages = [Path(book or paths.book_dir()) / name for name in BOOK_PAGES]
     return [*pages, *(paths.project_root() / name for name in PROJECT_PAGES)]
 

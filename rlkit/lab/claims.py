@@ -1,47 +1,10 @@
 """Paper claims and the rules that judge them from run files: margins declared before the runs, activity
 gates, seeds added where a claim needs them, verdicts.
 
-A claim names a metric, the direction the paper expects (``higher``/``lower``/``not_lower``/``equal`` than a
-baseline paired by seed, a ``rise`` over the run's own first value, or ``at_least`` a threshold) and an **activity**
-metric of the mechanism it tests: below its gate the runs say nothing about the claim — "not exercised", never
-"does not hold". A gate reads the mechanism's own action, never the outcome the claim is about; a run that
-collapses is told as a finding (:func:`collapse_facts`), never hidden behind a gate.
-
-**The margin** m is declared in the claim's spec with its source (``tolerance`` and ``margin_source``): the
-paper's effect, or a smallest effect of interest at this scale, stated against the baseline's measured seed spread.
-It is never computed from the runs being judged; :func:`margin_check` compares it with the baseline's spread in
-published runs (a test fails when it is far off) and adopts nothing. A non-inferiority margin is never wider than
-the effect the paper claims (``paper_effect``).
-
-**Seeds: a pre-declared sequential rule** (:class:`rlkit.lab.stats.SeedRule`, in each spec's ``seed_rule``).
-Every run starts with ``start`` seeds (3); after each round the claims still *inconclusive* get ``batch`` more
-seeds (3) for the runs they compare, up to ``cap`` (12); decided claims stop
-(:func:`rlkit.lab.judge.next_round`). A claim's verdict is the one of its **deciding look**: it is judged at
-each planned look in turn, on the first n seeds of its runs, and the first look that decides it (any verdict but
-*inconclusive*) is its verdict, on those seeds, even when its runs gained seeds later for other claims; an
-undecided claim is judged at its last look. Every look's interval is held to the looks' level, Bonferroni over
-the planned looks (:func:`rlkit.lab.stats.look_level`; why, and what it covers: :mod:`rlkit.lab.stats`).
-
-**Verdicts** (δ signed positive in the claim's direction, [lo, hi] its interval at the look's level, m the margin):
-
-- superiority (higher, lower, rise): *holds: better* if lo > m (the whole interval beyond the margin); *does not
-  hold: opposite effect* if hi < −m (the whole interval beyond the margin the wrong way); inside the margin,
-  −m < lo and hi < m, *does not hold: an effect smaller than the margin* when the interval excludes 0 (either
-  sign: an effect is shown, and shown to be below the margin) and *does not hold: no effect* when it holds 0 —
-  an equivalence result (two one-sided tests, TOST); otherwise *inconclusive*.
-- threshold (at_least, m = 0 over the threshold): *holds: better* if lo > 0; *does not hold: no effect* (not above
-  the threshold) if hi < 0; otherwise *inconclusive*.
-- non-inferiority (not_lower): *holds: as good as* if lo > −m; *does not hold: opposite effect* if hi < −m (worse
-  by more than the margin); otherwise *inconclusive*.
-- equivalence (equal): *holds: as good as* if −m < lo and hi < m (TOST); *does not hold: differs* if the interval
-  lies entirely beyond ±m; otherwise *inconclusive*.
-
-*Better* and *as good as* are the two ways a claim holds (:data:`HOLDS`): an effect shown, or no loss (and for
-an equality claim, no difference) beyond the margin shown.
-
-A claim judged into its record (``claims.json``): :mod:`rlkit.lab.judge`; the findings in words:
-:mod:`rlkit.lab.findings`; the pages' tables and figures: :mod:`rlkit.lab.report`.
-"""
+A claim names a metric, the direction the paper expects against a baseline paired by seed (or a ``rise``, or
+``at_least`` a threshold), an activity gate on its mechanism (below it: "not exercised") and a margin m
+declared in the spec. :func:`verdict_of` reads the interval of the difference, signed in the claim's
+direction, against ±m (the rules in words: :data:`rlkit.lab.report.RULES`)."""
 
 from __future__ import annotations
 
@@ -66,28 +29,23 @@ BETTER, AS_GOOD, NO_EFFECT, SMALLER, OPPOSITE, DIFFERS, INCONCLUSIVE, IDLE, UNTE
 HOLDS = (BETTER, AS_GOOD)
 """The two ways a claim holds: *better* (superiority) and *as good as* (non-inferiority, equivalence)."""
 FAILS = (NO_EFFECT, SMALLER, OPPOSITE, DIFFERS)
-DECIDED = (*HOLDS, *FAILS)
 VERDICTS = (*HOLDS, NO_EFFECT, SMALLER, OPPOSITE, DIFFERS, INCONCLUSIVE, IDLE, UNTESTABLE, DROPPED)
 
 
 def seed_rule(spec: Any) -> SeedRule:
     """The spec's rule (``seed_rule: {batch, cap}`` in its yaml; ``start`` is its ``seeds``)."""
-    declared = dict(getattr(spec, "seed_rule", None) or {})
-    return SeedRule(start=getattr(spec, "seeds", 3), **declared)
+    return SeedRule(start=getattr(spec, "seeds", 3), **dict(getattr(spec, "seed_rule", None) or {}))
 
 
 @dataclass
 class Activity:
-    """The mechanism's own metric and its gate: the run-mean must be at least ``at_least`` (or at most
-    ``at_most``) for the mechanism to count as acting."""
+    """The mechanism's own metric and its gate: a run-mean at least ``at_least`` or at most ``at_most``."""
 
     metric: str
     at_least: float | None = None
     at_most: float | None = None
     baseline_too: str = ""
-    """Why the baseline's runs pass this gate as well, when they do (the gate reads a condition both share — e.g.
-    the clip binding, which CISPO acts on and GRPO drops gradients on — not the mechanism's own action). Empty: the
-    baseline must not pass it (:func:`gate_check`)."""
+    """Why the baseline's runs pass this gate too (e.g. the clip binding: CISPO acts, GRPO drops)."""
 
     def __post_init__(self) -> None:
         if (self.at_least is None) == (self.at_most is None):
@@ -112,33 +70,27 @@ class Claim:
     metric: str | None = None
     """The logged metric that tests it (None: not testable on a CPU; say why in ``reason``)."""
     expect: str | None = None
-    """``lower``/``higher``/``not_lower``/``equal`` vs the baseline, ``rise`` over the run's first value, or
-    ``at_least`` ``tolerance`` in absolute terms."""
+    """``lower``/``higher``/``not_lower``/``equal`` the baseline, ``rise``, or ``at_least`` a threshold."""
     baseline: str = "grpo"
     """Run compared against (a method, or a named variant such as ``grpo``)."""
     baseline_metric: str | None = None
-    """Compare with this other metric of the *same* runs instead of a baseline run (e.g. what uniform sampling
-    would have given)."""
+    """Compare with this other metric of the *same* runs instead of a baseline run."""
     window: int = 3
     """How many of the last logged values of ``metric`` are averaged (per seed)."""
     tolerance: float = 0.0
     """The margin, declared before the runs (``at_least``: the threshold)."""
     margin_source: str = ""
-    """Where the margin comes from: the paper's effect, or the smallest effect of interest at this scale and why,
-    against the baseline's measured seed spread (required for a judged claim; shown on the page)."""
+    """Where the margin comes from (the paper's effect, or the smallest of interest here, and why)."""
     paper_effect: float | None = None
     """The effect the paper reports, in the metric's units: a non-inferiority margin is never wider."""
     without: list[str] = field(default_factory=list)
-    """Runs of methods without the mechanism, named for the reader (their metric must be logged); they no longer
-    set the margin, which is declared (issue 32)."""
+    """Runs of methods without the mechanism, named for the reader (their metric must be logged)."""
     activity: Activity | None = None
     """The mechanism's activity metric and gate (required for every judged claim)."""
     regime: str = "standard"
-    """A regime of :data:`rlkit.tiny.config.REGIMES` (``standard``, the off-policy ladder's rungs, ``stress``): which
-    runs judge it."""
+    """The regime of :data:`rlkit.tiny.config.REGIMES` whose runs judge it."""
     baseline_regime: str | None = None
-    """The regime of the baseline's runs (default: ``regime``): e.g. GRPO on a rung of the ladder against GRPO
-    on-policy."""
+    """The regime of the baseline's runs (default: ``regime``)."""
     run: str | None = None
     """The run judged (default: the spec's method), e.g. a variant such as ``aspo-eq1``."""
     reason: str = ""
@@ -146,13 +98,9 @@ class Claim:
     dropped: str = ""
     """Why the claim, as the paper states it, cannot be judged fairly from these runs (shown on the page)."""
     requires: Mapping[str, Any] | None = None
-    """``{claim: k, why: ...}``: judged only where the spec's k-th claim — or, for ``k`` a claim id
-    ``"<spec>-<k>"``, another spec's — holds (a correction needs an uncorrected run that degrades; stability where
-    GRPO degrades needs GRPO to degrade); otherwise *not exercised*, with ``why``
-    (:func:`rlkit.lab.judge.judge_spec`)."""
+    """``{claim: k, why: ...}``: judged only where that claim (k-th, or ``"<spec>-<k>"``) holds."""
     unless_collapsed: str = ""
-    """Why the metric says nothing on a collapsed run (an entropy that rises because the policy fell apart): where
-    any of the claim's runs collapsed, the claim is *not exercised* and the collapse is the finding."""
+    """Why the metric says nothing on a collapsed run: then the claim is *not exercised*."""
     id: str = ""
     """``<spec>-<k>``: set when the spec loads."""
 
@@ -203,21 +151,16 @@ def run_name(method: str, regime: str) -> str:
 
 
 def regime_of(name: str) -> str:
-    """The regime of a run directory's ``name``, :func:`run_name`'s inverse (``grpo-stress``: stress; ``grpo``,
-    ``aspo-eq1``: standard)."""
+    """The regime of a run directory's ``name``: :func:`run_name`'s inverse."""
     return next((r for r in REGIMES if r != "standard" and name.endswith(f"-{r}")), "standard")
 
 
 def fmt(x: float | None, signed: bool = False) -> str:
-    """``x`` as the pages write it: 3 significant digits below 10, one decimal above (``signed``: with its
-    sign; None: a dash)."""
+    """``x`` as the pages write it: 3 significant digits below 10, one decimal above; None: a dash."""
     if x is None:
         return "—"
     sign = "+" if signed else ""
     return f"{x:{sign}.3g}" if abs(x) < 10 else f"{x:{sign}.1f}"
-
-
-# ------------------------------------------------------------------------------------------------ values
 
 
 def _series(run: Run, metric: str) -> pd.Series:
@@ -228,8 +171,7 @@ def _series(run: Run, metric: str) -> pd.Series:
 
 
 def window_value(run: Run, claim: Claim, metric: str | None = None) -> float:
-    """Mean of the last ``window`` logged values of the claim's metric (or ``metric``); for ``rise``, minus the
-    first value of the metric (or of ``baseline_metric``: the start it rises from)."""
+    """Mean of the last ``window`` values of the metric; for ``rise``, minus its first value."""
     tail = float(_series(run, metric or claim.metric).iloc[-claim.window :].mean())
     if claim.expect == "rise" and metric is None:
         return tail - float(_series(run, claim.baseline_metric or claim.metric).iloc[0])
@@ -242,9 +184,6 @@ def activity_value(run: Run, activity: Activity) -> float:
         return float("nan")
     values = run.frame[activity.metric].dropna()
     return float(values.mean()) if not values.empty else float("nan")
-
-
-# ------------------------------------------------------------------------------------------------ the rules
 
 
 def verdict_of(expect: str, lo: float, hi: float, margin: float) -> str:
@@ -264,19 +203,13 @@ def verdict_of(expect: str, lo: float, hi: float, margin: float) -> str:
     return INCONCLUSIVE
 
 
-# ------------------------------------------------------------------------------------------------ collapses
-
-
 COLLAPSE_ZERO_FRAC = 0.9
-"""A run collapses when its held-out accuracy ends below its start and at least this share of its samples carry
-no gradient (``adv/zero_frac``, mean of the last :data:`COLLAPSE_WINDOW` steps): declared, not fitted."""
+"""A run collapses when its accuracy ends below its start and this share of samples has no gradient."""
 COLLAPSE_WINDOW = 10
 
 
 def collapse_facts(run: Run) -> dict[str, Any] | None:
-    """A run's collapse facts: held-out accuracy at the start (``val/acc``, step 0) and the end (``val/acc_final``,
-    or the last ``val/acc``), the zero-advantage share and ``actor/ppo_kl`` over the last 10 steps, and whether it
-    collapsed (:data:`COLLAPSE_ZERO_FRAC`); None when the run logged no accuracy or zero-advantage share."""
+    """A run's accuracy start and end, zero-advantage share, KL, and whether it collapsed; or None."""
     frame = run.frame
 
     def tail(metric: str) -> float | None:
@@ -287,23 +220,18 @@ def collapse_facts(run: Run) -> dict[str, Any] | None:
     if "val/acc" not in frame or frame["val/acc"].dropna().empty or tail("adv/zero_frac") is None:
         return None
     start = float(frame["val/acc"].dropna().iloc[0])
-    end_metric = "val/acc_final" if "val/acc_final" in frame and not frame["val/acc_final"].dropna().empty \
+    final = "val/acc_final" if "val/acc_final" in frame and not frame["val/acc_final"].dropna().empty \
         else "val/acc"
-    end = float(frame[end_metric].dropna().iloc[-1])
-    zero = tail("adv/zero_frac")
+    end, zero = float(frame[final].dropna().iloc[-1]), tail("adv/zero_frac")
     return {"seed": run.seed, "acc_start": start, "acc_end": end, "zero_adv_frac": zero,
             "ppo_kl": tail("actor/ppo_kl"), "collapsed": end < start and zero >= COLLAPSE_ZERO_FRAC}
 
 
 def collapsed(name: str, runs: Sequence[Run]) -> dict[str, Any] | None:
-    """``{"run", "seeds": [facts of each collapsed seed], "of": seeds looked at}`` when any of ``runs`` collapsed,
-    else None."""
+    """``{"run", "seeds": [each collapsed seed's facts], "of": seeds looked at}``; None if none collapsed."""
     facts = [f for f in (collapse_facts(r) for r in runs) if f is not None]
     gone = [f for f in facts if f["collapsed"]]
     return {"run": name, "seeds": gone, "of": len(facts)} if gone else None
-
-
-# ------------------------------------------------------------------------------------------------ seeds: the rounds
 
 
 def compared_runs(claim: Claim, spec: Any) -> list[str]:
@@ -319,13 +247,8 @@ PROJECTION_LIMIT = 200
 
 
 def seeds_to_decide(record: Mapping[str, Any], expect: str, limit: int = PROJECTION_LIMIT) -> int | None:
-    """The fewest seeds per run that would decide an inconclusive claim if its estimate and per-seed spread stayed
-    as they are: a projection for planning, never a verdict; None if not by ``limit`` seeds.
-
-    The interval's half-width at n seeds is √(t²_{n−1}·spread²/n + p) at the record's level, where p is the part of
-    today's half-width the seeds do not explain (the held-out problems' part of an accuracy claim's seeds × problems
-    interval, :func:`rlkit.lab.stats.seeds_problems_interval`: the same problems for every seed, so more seeds
-    leave it; 0 for a t-interval over seeds)."""
+    """The fewest seeds that would decide an inconclusive claim, its estimate and spread held (a projection;
+    None past ``limit``): half-width √(t²_{n−1}·spread²/n + p), p the part the seeds do not explain."""
     if record.get("spread") is None or record.get("estimate") is None or record.get("interval") is None:
         return None
     sign = -1.0 if expect == "lower" else 1.0
@@ -340,18 +263,12 @@ def seeds_to_decide(record: Mapping[str, Any], expect: str, limit: int = PROJECT
     return None
 
 
-# ------------------------------------------------------------------------------------------------ spec checks
-
-
 MARGIN_FACTOR = 4.0
-"""How far a declared margin may sit from the baseline's measured seed SD before :func:`margin_check` calls it
-trivial: a superiority margin below SD/4 lets any method "hold"; a non-inferiority or equivalence margin above
-4·SD lets any method "hold" the other way."""
+"""How far (×, ÷) a declared margin may sit from the baseline's seed SD (:func:`margin_check`)."""
 
 
 def baseline_spread(claim: Claim, spec: Any, results: str | Path) -> float | None:
-    """The seed SD of the baseline's value of the claim's metric (its window mean; for ``rise``, the run's own rise)
-    in the runs under ``results``; None without two seeds."""
+    """The seed SD of the baseline's value of the claim's metric under ``results``; None without two seeds."""
     if claim.expect == "at_least":
         return None
     name = run_name(claim.run or spec.method, claim.regime) if claim.baseline_metric or claim.expect == "rise" \
@@ -363,8 +280,7 @@ def baseline_spread(claim: Claim, spec: Any, results: str | Path) -> float | Non
 
 
 def margin_check(claim: Claim, spread: float | None) -> str | None:
-    """Why the declared margin is trivial at the scale of the runs (``spread``: :func:`baseline_spread`), or None.
-    Compares only: the margin stays the declared one."""
+    """Why the declared margin is trivial beside ``spread`` (:func:`baseline_spread`), or None."""
     if spread is None or not claim.judged or claim.expect == "at_least":
         return None
     m = claim.tolerance if claim.paper_effect is None or claim.expect != "not_lower" \
@@ -377,9 +293,7 @@ def margin_check(claim: Claim, spread: float | None) -> str | None:
 
 
 def gate_check(claim: Claim, spec: Any, results: str | Path) -> str | None:
-    """Why the claim's gate does not measure its mechanism on the runs under ``results``, or None: the baseline's
-    runs pass it without a stated reason (``baseline_too``), or a run of the claim that logged the same numbers as
-    its baseline (every metric both log, :data:`NOT_THE_TRAJECTORY` aside) passes it."""
+    """Why the gate does not measure the mechanism (the baseline or a twin run passes it), or None."""
     if not claim.judged or claim.expect in ("rise", "at_least") or claim.baseline_metric:
         return None
     own, base = compared_runs(claim, spec)
@@ -402,9 +316,7 @@ def gate_check(claim: Claim, spec: Any, results: str | Path) -> str | None:
 
 
 NOT_THE_TRAJECTORY = ("timing_s/", "perf/", "actor/pg_loss")
-"""Logged numbers left out when asking whether two runs took the same trajectory: timings, and the loss *value*,
-which each method writes with its own surrogate (HAPO with only its clip on logs GRPO's every other number, bit for
-bit, and a loss 5e-6 apart)."""
+"""Logged numbers left out when asking whether two runs took the same trajectory."""
 
 
 def _same_numbers(a: Run, b: Run) -> bool:

@@ -1,24 +1,9 @@
-"""The reproduction's runs on a Ray cluster: each run a task of one CPU (``rlkit reproduce --ray-address ADDR``).
+"""The reproduction's runs on a Ray cluster, each a task of one CPU (``rlkit reproduce --ray-address ADDR``).
 
-:class:`RayRuns` connects to the cluster (``ray start --head`` on one machine, ``ray start --address HEAD:6379`` on
-the others) and sends every run to it as a task with ``num_cpus=1``, which trains it exactly as a local worker does
-(the same function, one torch thread, the same kernel pins: :func:`worker_env` hands them to every worker through
-``runtime_env``). Where the files land:
-
-- by default the task trains in a scratch folder of its node and returns the run's files, which are written into
-  the results folder of the machine that launched the reproduction. A run killed part-way in that folder (an
-  earlier reproduction stopped) is sent along with its task and resumed there, as a local run is.
-- ``shared=True``: the results folder is on storage every node mounts at the same path (NFS, ...); the task writes
-  there directly. Each task checks for a file the launcher wrote there first, so a node that sees another folder
-  at that path (a checkout of its own) fails at once instead of training into it.
-
-A task lost with its node (or its worker process) is retried, up to :data:`RETRIES` times (Ray's ``max_retries``).
-On shared storage the retry resumes from the last checkpoint the lost attempt wrote (one per step). Without shared
-storage the lost attempt's checkpoints were on the lost node: the retry starts again from what the launcher's folder
-held when the run was sent (a killed run's checkpoint, else the beginning), and the result is the same run, since
-a resumed run is bit-identical to an uninterrupted one. A run that raises is not retried: the error ends the
-reproduction, as it does locally.
-"""
+:class:`RayRuns` sends every run to the cluster as a ``num_cpus=1`` task that trains it as a local worker does
+(:func:`worker_env`), in a scratch folder whose files come back (a killed run sent along and resumed), or with
+``shared=True`` straight into results on storage every node mounts. A task lost with its node is retried
+(:data:`RETRIES`); a run that raises ends the reproduction."""
 
 from __future__ import annotations
 
@@ -52,9 +37,7 @@ LOCAL = ("auto", "local")
 
 
 def address_parts(address: str, origin: str | None = None) -> tuple[str, int] | None:
-    """``(host, port)`` of a Ray address (``HOST:PORT``, ``[IPv6]:PORT``, ``ray://HOST[:PORT]``), None for
-    :data:`LOCAL`; one that is none of these, or whose port is not 1-65535, is refused in one line naming
-    ``origin`` (how the user gave it; default ``--ray-address ADDRESS``)."""
+    """``(host, port)`` of a Ray address, None for :data:`LOCAL`; else refused naming ``origin``."""
     origin = origin or f"--ray-address {address}"
     text = address.strip()
     if text in LOCAL:
@@ -76,9 +59,7 @@ def address_parts(address: str, origin: str | None = None) -> tuple[str, int] | 
 
 
 def probe(address: str, timeout: float = PROBE_S) -> None:
-    """Refuse (:class:`~rlkit.errors.RunError`, one line) a Ray address whose host does not resolve, or whose
-    port does not accept a connection and answer as a Ray server, within ``timeout`` seconds each:
-    ``ray.init`` would wait minutes on it."""
+    """Refuse (:class:`~rlkit.errors.RunError`) a Ray address that does not resolve or answer as Ray."""
     parts = address_parts(address)
     if parts is None:
         return
@@ -118,8 +99,7 @@ HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0
 
 
 def _speaks_grpc(s: socket.socket) -> bool:
-    """Whether the server on the connected socket ``s`` answers the HTTP/2 preface with a SETTINGS frame, as
-    Ray's gRPC servers (its GCS, its client server) do; within the socket's timeout."""
+    """Whether the server on ``s`` answers the HTTP/2 preface with a SETTINGS frame, as Ray's gRPC does."""
     try:
         s.sendall(HTTP2_PREFACE)
         head = b""
@@ -141,9 +121,7 @@ def _resolve(host: str, port: int) -> list[Any] | OSError:
 
 
 def worker_env() -> dict[str, str]:
-    """The environment a run's numbers depend on, as this process has it: the kernel pins of the numerics mode
-    (:data:`rlkit.numerics.MODES`; a value set here wins, as :func:`rlkit.numerics.pin` lets it) and
-    :data:`RLKIT_ENV`. Set in every Ray worker before it imports torch, so remote runs compute what local ones do."""
+    """The environment a run's numbers depend on (kernel pins, :data:`RLKIT_ENV`), for every Ray worker."""
     pinned = {key for mode in numerics.MODES.values() for key in mode}
     env = dict(numerics.MODES[numerics.mode()])
     env.update({k: os.environ[k] for k in (*sorted(pinned), *RLKIT_ENV, environ.HOLD) if k in os.environ})
@@ -158,8 +136,7 @@ def run_files(run_dir: Path) -> dict[str, bytes]:
 
 
 def write_run(run_dir: Path, files: dict[str, bytes]) -> None:
-    """Write a run's ``files`` into ``run_dir``, each atomically, ``metrics.jsonl`` last: a launcher killed while
-    writing leaves a run that is not complete (:func:`rlkit.lab.reproduce.run_complete`), so it is trained again."""
+    """Write a run's ``files`` into ``run_dir`` atomically, ``metrics.jsonl`` last (a cut one: unfinished)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     for name in sorted(files, key=lambda n: n == "metrics.jsonl"):
         with atomic_write(run_dir / name, "wb", fsync=False) as f:
@@ -168,8 +145,7 @@ def write_run(run_dir: Path, files: dict[str, bytes]) -> None:
 
 def _task(train_one: Callable[..., float], run: Any, scale: str, device: str, results: str | None,
           start: dict[str, bytes], token: str | None) -> dict[str, Any]:
-    """One run on a node of the cluster: ``train_one(run, scale, results, device)`` into ``results`` (shared
-    storage, checked by ``token``), or into a scratch folder seeded with ``start`` whose files come back."""
+    """One run on a node: into shared ``results`` (checked by ``token``), or a scratch folder sent back."""
     import ray
 
     node = ray.get_runtime_context().get_node_id()
@@ -187,11 +163,7 @@ def _task(train_one: Callable[..., float], run: Any, scale: str, device: str, re
 
 
 class RayRuns:
-    """Runs as one-CPU tasks of the Ray cluster at ``address`` (``"auto"``: the one started on this machine), their
-    files into ``results`` (see the module's docstring; ``shared``: written there by the tasks themselves).
-
-    Use as a context manager: it connects on entry (unless this process is connected already) and disconnects on
-    exit, cancelling the tasks still pending."""
+    """Runs as one-CPU tasks of the Ray cluster at ``address``: a context manager that connects."""
 
     def __init__(self, address: str, results: Path, *, shared: bool = False):
         self.address, self.results, self.shared = address, Path(results).resolve(), shared
@@ -234,9 +206,7 @@ class RayRuns:
 
     def train(self, runs: Sequence[Any], train_one: Callable[..., float], *, scale: str,
               device: str = "cpu", tick: float = TICK_S) -> Iterator[tuple[Any, float] | None]:
-        """Send every run as a task (in this order: Ray starts them as CPUs free up); yield ``(run, minutes)`` as
-        each ends, with its files in place, and None every ``tick`` seconds without one. A failing run raises
-        ``RuntimeError`` naming it, after cancelling the others."""
+        """Send every run as a task; yield ``(run, minutes)`` as each ends, None every ``tick`` seconds."""
         import ray
 
         if device != "cpu":

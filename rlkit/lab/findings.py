@@ -1,17 +1,12 @@
-"""The findings in words: what a judged claim's interval says, with its direction and size (a share's in
-points) and what that means for the claim; a collapse's facts; a page's summary of its claims; the claims the
-seed rule left undecided. Sentences only: the rules that decide are :mod:`rlkit.lab.claims`'.
-"""
+"""The findings in words: a judged claim's interval, a collapse's facts, a page's summary. Sentences only."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rlkit.lab.claims import (
-    AS_GOOD, BETTER, COLLAPSE_WINDOW, DIFFERS, INCONCLUSIVE, NO_EFFECT, OPPOSITE, PROJECTION_LIMIT, SMALLER, VERDICTS,
-    Claim, fmt,
-)
+from rlkit.lab.claims import (AS_GOOD, BETTER, COLLAPSE_WINDOW, DIFFERS, INCONCLUSIVE, NO_EFFECT, OPPOSITE,
+                              PROJECTION_LIMIT, SMALLER, VERDICTS, Claim, fmt)
 from rlkit.lab.runs import SHARES
 from rlkit.lab.stats import LEVEL
 
@@ -26,7 +21,7 @@ def finding(claim: Claim, r: Mapping[str, Any]) -> str:
         return ("−" if v < 0 else "+" if signed else "") + text
 
     lo, hi = r["interval"]
-    ci = f"({_pct(r.get('level') or LEVEL)} CI, {r['over']})"
+    ci = f"({(r.get('level') or LEVEL) * 100:.4g}% CI, {r['over']})"
     margin = f"{num(r['margin'])}{unit}"
     if claim.expect in ("rise", "at_least"):
         if claim.expect == "rise":
@@ -69,15 +64,10 @@ def finding(claim: Claim, r: Mapping[str, Any]) -> str:
         meaning = f"the interval spans {bound}: not resolved by {len(r['seeds'])} seeds"
         n = r.get("seeds_to_decide")  # judge() projects it before it words the finding
         if r.get("spread") is not None:
-            meaning += (f" (were the estimate and the seeds' spread to hold, about {n} seeds would decide it)"
-                        if n is not None else
-                        f" (were the estimate and the seeds' spread to hold, no number of seeds up to "
-                        f"{PROJECTION_LIMIT} would decide it: the estimate lies too near the margin)")
+            meaning += " (were the estimate and the seeds' spread to hold, " + (
+                f"about {n} seeds would decide it)" if n is not None else f"no number of seeds up to "
+                f"{PROJECTION_LIMIT} would decide it: the estimate lies too near the margin)")
     return f"{found}; {meaning}."
-
-
-def _pct(level: float) -> str:
-    return f"{level * 100:.4g}%"
 
 
 def collapse_sentence(c: Mapping[str, Any]) -> str:
@@ -98,8 +88,7 @@ def collapse_sentence(c: Mapping[str, Any]) -> str:
 
 
 def summary(records: Sequence[Mapping[str, Any]], limit: int = 4) -> list[str]:
-    """What was found, in at most ``limit`` + 1 plain sentences: the verdict counts, then the judged claims' findings
-    (claims that hold or do not first, then the undecided ones), each with its direction and size."""
+    """What was found, in at most ``limit`` + 1 sentences: the verdict counts, then the claims' findings."""
     if not records:
         return ["No claims were judged."]
     counts = {v: sum(r["verdict"] == v for r in records) for v in VERDICTS}
@@ -114,9 +103,7 @@ def summary(records: Sequence[Mapping[str, Any]], limit: int = 4) -> list[str]:
 
 
 def at_the_cap(records: Sequence[Mapping[str, Any]]) -> str:
-    """The claims left inconclusive when the sequential rule has ended, each with the seeds it would need
-    (:func:`rlkit.lab.claims.seeds_to_decide`, a projection): a sentence to follow "the rule is finished", or
-    "" when none is left."""
+    """The claims left inconclusive when the seed rule has ended, with the seeds each would need."""
     left = [r for r in records if r["verdict"] == INCONCLUSIVE]
     if not left:
         return ""

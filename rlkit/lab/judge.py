@@ -1,13 +1,5 @@
 """Claims judged from the runs: each claim of a spec against its runs and its baseline's, paired by seed, into
-a record (``claims.json``, what the pages render); the rounds of the sequential seed rule.
-
-:func:`judge` applies the rules of :mod:`rlkit.lab.claims` with the intervals of :mod:`rlkit.lab.stats`;
-:func:`judge_spec` takes a spec's runs from a results directory — the seeds the rule gave each claim, or a
-fixed number — and :func:`next_round` names the runs the next round gives more seeds. Every judged record
-carries a ``finding`` (one sentence with the direction and size of what was found: :mod:`rlkit.lab.findings`),
-the ``level`` of its interval, the per-seed ``spread`` of its differences and ``collapsed`` (per-seed facts of
-the runs that collapsed, or None).
-"""
+a record (``claims.json``, what the pages render); the rounds of the sequential seed rule."""
 
 from __future__ import annotations
 
@@ -19,10 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from rlkit.lab.claims import (
-    DROPPED, HOLDS, IDLE, INCONCLUSIVE, UNTESTABLE, Claim, activity_value, collapsed, compared_runs, fmt, run_name,
-    seed_rule, seeds_to_decide, verdict_of, window_value,
-)
+from rlkit.lab.claims import (DROPPED, HOLDS, IDLE, INCONCLUSIVE, UNTESTABLE, Claim, activity_value,
+                              collapsed, compared_runs, fmt, run_name, seed_rule, seeds_to_decide, verdict_of,
+                              window_value)
 from rlkit.lab.findings import collapse_sentence, finding
 from rlkit.lab.runs import Run, available_seeds, final_correct, first_seed, load_run, seed_numbers
 from rlkit.lab.stats import SeedRule, look_level, seeds_problems_interval, t_interval
@@ -30,10 +21,7 @@ from rlkit.lab.stats import SeedRule, look_level, seeds_problems_interval, t_int
 def judge(claim: Claim, runs: Sequence[Run], baseline: Sequence[Run] = (),
           nulls: Mapping[str, Sequence[Run]] | None = None, *, spec: Any = None,
           level: float | None = None) -> dict[str, Any]:
-    """One claim against its runs (and its baseline's, paired by seed): the record of :data:`RECORD_FIELDS` —
-    verdict, estimate, interval at ``level`` (default: a single look's, :func:`rlkit.lab.stats.look_level`), the
-    declared margin and its source, activity, collapse facts, finding. ``nulls`` is accepted for old callers
-    and not read: margins are declared."""
+    """One claim against its runs (and its baseline's, paired by seed): its record, interval at ``level``."""
     del nulls
     chosen = look_level(1) if level is None else level
     record = _record(claim, spec)
@@ -73,23 +61,19 @@ def judge(claim: Claim, runs: Sequence[Run], baseline: Sequence[Run] = (),
         raise ValueError(f"claim {claim.claim!r}: no {claim.baseline} run with the same seed to compare against")
     sign = -1.0 if claim.expect == "lower" else 1.0
 
-    # --- the declared margin and its source
     if claim.expect == "at_least":
         margin, source = 0.0, f"threshold {fmt(claim.tolerance)}"
     else:
-        margin = claim.tolerance
-        source = f"declared {fmt(claim.tolerance)}"
+        margin, source = claim.tolerance, f"declared {fmt(claim.tolerance)}"
         if claim.expect == "not_lower" and claim.paper_effect is not None:
             margin = min(margin, claim.paper_effect)
             source += f", at most the paper's effect ({fmt(claim.paper_effect)})"
     if claim.margin_source:
         source += f": {claim.margin_source}"
 
-    # --- the estimate and its interval (signed: positive in the claim's direction)
     correct = []
     if claim.metric == "val/acc_final" and comparison and not claim.baseline_metric:
-        by_seed = {r.seed: r for r in runs}
-        base_by_seed = {r.seed: r for r in baseline}
+        by_seed, base_by_seed = {r.seed: r for r in runs}, {r.seed: r for r in baseline}
         correct = [(final_correct(by_seed[s]), final_correct(base_by_seed[s])) for s in seeds]
     per_seed = np.array([sign * (ours[s] - base[s]) for s in seeds])
     if correct and all(c is not None and b is not None and len(c) == len(b) == len(correct[0][0])
@@ -103,13 +87,11 @@ def judge(claim: Claim, runs: Sequence[Run], baseline: Sequence[Run] = (),
         over = f"{len(seeds)} seed{'s' * (len(seeds) > 1)}"
     verdict = verdict_of(claim.expect, lo, hi, margin)
     raw = (sign * mean, *sorted((sign * lo, sign * hi)))  # back in the metric's own direction
-    record.update({
-        "margin": margin, "margin_source": source, "estimate": raw[0], "interval": [raw[1], raw[2]],
-        "seeds": seeds, "over": over, "verdict": verdict, "level": chosen,
-        "spread": float(per_seed.std(ddof=1)) if len(per_seed) > 1 else None,
-        "values": {"run": float(np.mean([ours[s] for s in seeds])),
-                   "baseline": float(np.mean([base[s] for s in seeds])) if comparison else None},
-    })
+    record.update(margin=margin, margin_source=source, estimate=raw[0], interval=[raw[1], raw[2]],
+                  seeds=seeds, over=over, verdict=verdict, level=chosen,
+                  spread=float(per_seed.std(ddof=1)) if len(per_seed) > 1 else None,
+                  values={"run": float(np.mean([ours[s] for s in seeds])),
+                          "baseline": float(np.mean([base[s] for s in seeds])) if comparison else None})
     if verdict == INCONCLUSIVE:
         record["seeds_to_decide"] = seeds_to_decide(record, claim.expect)
     record["finding"] = told + finding(claim, record)
@@ -119,8 +101,7 @@ def judge(claim: Claim, runs: Sequence[Run], baseline: Sequence[Run] = (),
 RECORD_FIELDS = ("id", "notebook", "run", "baseline", "statement", "paper", "metric", "direction", "rule", "margin",
                  "margin_source", "estimate", "interval", "level", "seeds", "verdict", "activity", "collapsed",
                  "finding", "seeds_to_decide")
-"""The fields of a claim's record (``claims.json``); ``over`` (what the interval is over), ``spread`` (the per-seed
-SD of the differences) and ``values`` (the run's and baseline's means) ride along."""
+"""The fields of a claim's record (``claims.json``); ``over``, ``spread``, ``values`` ride along."""
 
 
 def _record(claim: Claim, spec: Any) -> dict[str, Any]:
@@ -149,13 +130,7 @@ def _rule(claim: Claim) -> str:
 
 def judge_spec(spec, results: str | Path, seeds: Sequence[int] | None = None, *, rule: SeedRule | None = None,
                level: float | None = None, judged: Sequence[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
-    """The records of every claim of ``spec`` (a :class:`rlkit.lab.reproduce.Spec`) from the runs under
-    ``results``. ``seeds`` given: those seeds, a fixed design (one look: a 95% interval). ``seeds`` None: the
-    sequential design (:class:`rlkit.lab.stats.SeedRule`, the spec's unless ``rule``): each claim judged at each
-    planned look its runs' seeds reach, on the first n seeds at that look's level, until a look decides it — its
-    verdict then stays the one of that look, on those seeds, whatever seeds its runs gained later for other claims
-    (an undecided claim: its last look). ``level`` overrides the level either way. Seeds without a run are left
-    out."""
+    """The records of ``spec``'s claims: on ``seeds`` (one look), or each at its first deciding look."""
     results = Path(results)
     r = rule or seed_rule(spec)
 
@@ -189,9 +164,7 @@ def judge_spec(spec, results: str | Path, seeds: Sequence[int] | None = None, *,
 
 def _required(claim: Claim, record: dict[str, Any], records: Sequence[Mapping[str, Any]],
               others: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """``record``, or — where ``claim.requires`` a claim (the spec's k-th, or another spec's ``"<spec>-<k>"``)
-    that does not hold — the claim not exercised, saying which claim and why (a correction needs something to
-    correct; a claim that a method stays stable where GRPO degrades needs GRPO to degrade)."""
+    """``record``, or the claim not exercised where the claim it ``requires`` fails, saying which and why."""
     if claim.requires is None or record["verdict"] in (UNTESTABLE, DROPPED):
         return record
     k = claim.requires["claim"]
@@ -214,17 +187,12 @@ def _required(claim: Claim, record: dict[str, Any], records: Sequence[Mapping[st
 
 
 CLAIMS_FILE = "claims.json"
-"""Beside the runs: one record per claim of every reproduction (:data:`RECORD_FIELDS`), what the pages render."""
+"""Beside the runs: one record per claim of every reproduction, what the pages render."""
 
 
 def judge_all(specs: Sequence[Any], results: str | Path, seeds: int | None = None, *,
               sequential: bool | None = None, context: Sequence[Any] = ()) -> list[dict[str, Any]]:
-    """The records of every claim of the ``specs`` that train a method: from ``seeds`` seeds (a fixed design; None
-    and not ``sequential``: each spec's ``seeds``), or — ``sequential``, the default when ``seeds`` is None — from
-    the seeds the sequential rule gave each claim (:func:`judge_spec`). ``context``: every spec (e.g. all of the
-    project's), so that a claim presuming another spec's claim (``requires: {claim: "<spec>-<k>"}``) is judged
-    against that claim even when its spec is not among ``specs`` (``rlkit reproduce --only``); those records are
-    not returned."""
+    """The records of every claim of the ``specs``; ``context``: all specs, for the claims others require."""
     sequential = seeds is None if sequential is None else sequential
 
     def fixed(spec: Any) -> list[int] | None:
@@ -244,13 +212,11 @@ def _presumed(specs: Sequence[Any], context: Sequence[Any], results: str | Path,
     names = {s.name for s in specs}
     wanted = {c.requires["claim"].rpartition("-")[0] for s in specs for c in s.claims
               if c.requires and isinstance(c.requires["claim"], str)} - names
-    return [r for s in context if s.name in wanted
-            for r in judge_spec(s, results, seeds_of(s), rule=rule)]
+    return [r for s in context if s.name in wanted for r in judge_spec(s, results, seeds_of(s), rule=rule)]
 
 
 def save(records: Sequence[Mapping[str, Any]], results: str | Path) -> Path:
-    """Write ``records`` to ``<results>/claims.json``, keeping the records of notebooks not among them, each
-    notebook's records where they were (a page re-judged alone leaves the file's order as it was)."""
+    """Write ``records`` to ``<results>/claims.json``, keeping others' records, each notebook in its place."""
     path = Path(results) / CLAIMS_FILE
     ours: dict[str, list[Mapping[str, Any]]] = {}
     for r in records:
@@ -275,8 +241,7 @@ def save(records: Sequence[Mapping[str, Any]], results: str | Path) -> Path:
 
 def load(results: str | Path, notebook: str | None = None, seeds: Sequence[int] | None = None
          ) -> list[dict[str, Any]] | None:
-    """The records in ``<results>/claims.json`` (of one ``notebook``), or None when there is no such file, or when
-    ``seeds`` is given and a judged record was judged on other seeds."""
+    """The records in ``<results>/claims.json`` (of ``notebook``); None if none or judged on other seeds."""
     path = Path(results) / CLAIMS_FILE
     if not path.exists():
         return None
@@ -288,11 +253,7 @@ def load(results: str | Path, notebook: str | None = None, seeds: Sequence[int] 
 
 def next_round(specs: Sequence[Any], results: str | Path, rule: SeedRule | None = None, *,
                context: Sequence[Any] = ()) -> dict[str, int]:
-    """Between rounds of the sequential rule: ``{run name: seeds it needs}`` for every run that a claim still
-    inconclusive at its current look compares, and that has fewer seeds than that claim's next look (its seeds +
-    ``batch``, at most ``cap``). Empty: every claim is decided, idle, or at the cap — the rounds are over. ``rule``
-    overrides each spec's (:func:`rlkit.lab.claims.seed_rule`); ``context`` as :func:`judge_all`'s. Pure: reads the
-    run files, writes nothing."""
+    """``{run name: seeds it needs}`` for the runs of inconclusive claims below their next look and cap."""
     needed: dict[str, int] = {}
     judged: list[dict[str, Any]] = _presumed(specs, context, results, rule=rule)
     for spec in specs:
@@ -304,8 +265,7 @@ def next_round(specs: Sequence[Any], results: str | Path, rule: SeedRule | None 
         for c, record in zip(spec.claims, records):
             if not c.judged or record["verdict"] != INCONCLUSIVE:
                 continue
-            n = len(record["seeds"])
-            if n >= r.cap:
+            if (n := len(record["seeds"])) >= r.cap:
                 continue
             target = min(r.look(n) + r.batch, r.cap)
             for name in compared_runs(c, spec):
@@ -315,7 +275,6 @@ def next_round(specs: Sequence[Any], results: str | Path, rule: SeedRule | None 
 
 
 def rule_finished(specs: Sequence[Any], records: Sequence[Mapping[str, Any]]) -> bool:
-    """Whether the sequential rule has ended on these judged ``records``: no inconclusive claim below its spec's
-    cap (what :func:`next_round` asks for, read from the records instead of judging the runs again)."""
+    """Whether the sequential rule has ended on ``records``: no inconclusive claim below its spec's cap."""
     caps = {s.notebook: seed_rule(s).cap for s in specs if s.method}
     return not any(r["verdict"] == INCONCLUSIVE and len(r["seeds"]) < caps.get(r["notebook"], 0) for r in records)

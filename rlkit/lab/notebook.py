@@ -1,16 +1,12 @@
-"""What the method notebooks share: rlkit's own source on the page, the run-and-compare section, and small helpers.
-
-Notebooks never copy library code: :func:`show_source` displays it with :mod:`inspect`, so the page always shows
-the code that ran. By default it shows the math first: a function's argument checks (``if …: raise``,
-``warnings.warn``, ``check_shapes(…)``) fold into one comment that says where they are, the decorator that enters it
-into the registry moves to the line above the code, and every line stays one click away in a dropdown.
-"""
+"""What the method notebooks share: rlkit's own source on the page (:func:`show_source`: the math first,
+argument checks and registration folded, every line a click away), the run-and-compare section, helpers."""
 
 from __future__ import annotations
 
 import ast
 import inspect
 import textwrap
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
@@ -30,14 +26,12 @@ from rlkit.lab.reproduce import ensure_run, get_spec
 pd.set_option("display.max_colwidth", None)  # a page's tables print every value whole: no "0.26..." in a cell
 
 REGISTRATION = "register"
-"""A decorator whose name starts with this enters the function into :mod:`rlkit.registry`: plumbing, which
-:func:`source_view` moves from the code to the line above it."""
+"""A decorator whose name starts with this registers the function: plumbing, moved above the code."""
 
 
 @dataclass(frozen=True)
 class SourceView:
-    """One object's source as a page shows it: ``shown`` (the math: registration decorators and argument checks
-    folded), ``full`` (every line), and ``notes`` saying what was folded and where it lives."""
+    """One object's source as a page shows it: ``shown`` (folded), ``full``, ``notes`` on what was folded."""
 
     name: str
     where: str
@@ -64,8 +58,7 @@ def source_view(obj: Any, *, checks: bool = False) -> SourceView:
 
 
 def fold_registration(source: str) -> tuple[str, list[str]]:
-    """``source`` (dedented) without the decorators that register it (:data:`REGISTRATION`), and those
-    decorators as written."""
+    """``source`` without its registering decorators (:data:`REGISTRATION`), and those decorators."""
     tree = ast.parse(source)
     node = tree.body[0] if tree.body else None
     if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -78,16 +71,11 @@ def fold_registration(source: str) -> tuple[str, list[str]]:
 
 
 FOLD_LINES = 24
-"""A listing longer than this many lines is shown in a dropdown (:func:`show_source`): a page keeps the short
-functions where an equation becomes code visible, and a whole listing one click away."""
+"""A listing longer than this many lines is shown in a dropdown (:func:`show_source`)."""
 
 
 def show_source(*objects: Any, checks: bool = False, fold: bool | None = None) -> None:
-    """Display the source of functions, classes or modules, highlighted, each under its qualified name: the math
-    (:func:`source_view`: registration and argument checks folded), then, where anything was folded, every line in
-    a second dropdown. ``fold`` True puts the listing itself in a dropdown under its one-line header, False shows it;
-    None (the default) folds a listing longer than :data:`FOLD_LINES` (the lines where the equations live can stay
-    visible beside it: :func:`show_lines`). ``checks=True`` shows every line at once."""
+    """Display the source of objects (:func:`source_view`), folded past :data:`FOLD_LINES` (``fold`` None)."""
     from IPython.display import HTML, Code, Markdown, display
 
     for obj in objects:
@@ -106,8 +94,7 @@ def show_source(*objects: Any, checks: bool = False, fold: bool | None = None) -
 
 
 def source_lines(obj: Any, *needles: str) -> str:
-    """The lines of ``obj``'s source (as :func:`source_view` shows it) that contain any of ``needles``, each with its
-    line number in its file, ``…`` where lines were skipped: the few lines where the equations live."""
+    """The lines of ``obj``'s source with any of ``needles``, numbered, ``…`` where lines are skipped."""
     view = source_view(obj)
     first = inspect.getsourcelines(obj)[1]
     full = view.full.splitlines()
@@ -125,8 +112,7 @@ def source_lines(obj: Any, *needles: str) -> str:
 
 
 def show_lines(obj: Any, *needles: str) -> None:
-    """Display :func:`source_lines` under the function's name and file: the equation-to-line excerpt a page keeps
-    visible above its folded listings (:func:`show_source`)."""
+    """Display :func:`source_lines` under the function's name and file."""
     from IPython.display import Code, Markdown, display
 
     view = source_view(obj)
@@ -152,9 +138,7 @@ def _is_check(stmt: ast.stmt) -> bool:
 
 
 def _check_runs(body: list[ast.stmt], lines: list[str]) -> list[tuple[int, int, int]]:
-    """The line spans ``(first, last, indent)`` of ``body``'s runs of consecutive argument checks and,
-    recursively, of the blocks it contains; a block made of checks only is left alone (folding it would leave an
-    empty block), but for an ``else:`` that only raises, which folds with its ``else:`` line."""
+    """Spans ``(first, last, indent)`` of ``body``'s runs of argument checks, recursively."""
     runs: list[tuple[int, int, int]] = []
     if not all(_is_check(s) for s in body):
         previous = None
@@ -181,8 +165,7 @@ def _check_runs(body: list[ast.stmt], lines: list[str]) -> list[tuple[int, int, 
 
 
 def fold_checks(source: str, *, first_line: int = 1, filename: str = "") -> tuple[str, int]:
-    """``source`` of one function (dedented) with each run of consecutive argument checks replaced by a comment
-    naming their lines; returns ``(source, lines folded)``. Other objects come back unchanged."""
+    """``(source, lines folded)``: each run of argument checks replaced by a comment naming its lines."""
     code = textwrap.dedent(source)
     tree = ast.parse(code)
     func = tree.body[0] if tree.body else None
@@ -203,17 +186,14 @@ TAIL_WINDOW = 10
 
 
 def tail(runs, metric: str, window: int = TAIL_WINDOW) -> float:
-    """Mean of the last ``window`` logged values of ``metric`` in a run — or, for a list of runs (seeds), the mean of
-    theirs (the claims' rule for the end of a run)."""
+    """Mean of the last ``window`` values of ``metric`` in a run, or the mean of that over a list of runs."""
     if hasattr(runs, "frame"):  # one run
         return float(runs.frame[metric].dropna().iloc[-window:].mean())
     return sum(tail(r, metric, window) for r in runs) / len(runs)
 
 
 def final_state(run: Run) -> dict[str, Any]:
-    """A tiny run's final checkpoint (model, optimizer, SPO's tracker...), on the CPU, with a clear error
-    where it is absent (published results keep metrics and evaluations only, not checkpoints: tens of MB each) and
-    :class:`~rlkit.errors.DamagedFile` naming it where it is damaged."""
+    """A tiny run's final checkpoint, on the CPU; a clear error where absent (published runs have none)."""
     path = run.path / "checkpoint.pt"
     if not path.exists():
         raise FileNotFoundError(
@@ -229,10 +209,7 @@ def results_dir(results: str | Path | None) -> Path:
 
 
 def seeds_of(name: str, seeds: int | None, results: str | Path | None, start: int) -> list[int]:
-    """The seeds a page takes of run group ``name`` (``<results>/<name>/seed<k>``): its first ``seeds`` for an
-    integer (as ``rlkit reproduce --seeds N``); None: every seed present, as the sequential rule's rounds left them
-    (:func:`rlkit.lab.runs.available_seeds`), and at least its first ``start`` (the spec's seeds, trained if
-    missing). They begin at the folder's first seed (:func:`rlkit.lab.runs.first_seed`)."""
+    """The seeds a page takes of group ``name``: its first ``seeds``, or (None) all present, ≥ ``start``."""
     root = results_dir(results)
     first = first_seed(root)
     if seeds is not None:
@@ -255,9 +232,7 @@ def spec_seed_counts(name: str, seeds: int | None, results: str | Path | None) -
 
 def spec_runs(name: str, *, scale: str, seeds: int | None, results: str | Path | None, device: str = "cpu",
               progress: bool = True, regime: str = "standard", variant: str | None = None) -> list[Run]:
-    """The seeds (:func:`seeds_of`: 0..``seeds``−1, or with None every seed the reproduction trained) of a
-    reproduction's run — its method in ``regime``, or one of its ``variant`` runs
-    (``reproductions/specs/<name>.yaml``) — trained, resumed or reused (:func:`rlkit.lab.reproduce.ensure_run`)."""
+    """The seeds (:func:`seeds_of`) of a spec's method in ``regime`` or ``variant``, trained or reused."""
     spec = get_spec(name)
     if spec.method is None:
         raise ValueError(f"spec {name!r} trains no method")
@@ -270,26 +245,11 @@ def spec_runs(name: str, *, scale: str, seeds: int | None, results: str | Path |
                        progress=progress) for k in seeds_of(group, seeds, results, spec.seeds)]
 
 
-def compare_runs(
-    method: str,
-    metrics: Sequence[str],
-    *,
-    scale: str,
-    seeds: int | None,
-    results: str | Path | None,
-    device: str = "cpu",
-    progress: bool = True,
-    baseline: str | None = "grpo",
-    regime: str = "standard",
-    variants: Sequence[str] = (),
-    titles: Sequence[str] | None = None,
-    x: str = "step",
-    figure: str = "curves.png",
-):
-    """Train (or reuse) the seeds of ``method`` and of its ``baseline`` in ``regime`` (and of the spec's
-    ``variants``) — 0..``seeds``−1, or with None every seed each group has (:func:`spec_runs`) — draw ``metrics``
-    (mean over seeds, min–max band), save the figure under ``<results>/<method>/figures/`` and return
-    ``(runs, fig)``."""
+def compare_runs(method: str, metrics: Sequence[str], *, scale: str, seeds: int | None,
+                 results: str | Path | None, device: str = "cpu", progress: bool = True,
+                 baseline: str | None = "grpo", regime: str = "standard", variants: Sequence[str] = (),
+                 titles: Sequence[str] | None = None, x: str = "step", figure: str = "curves.png"):
+    """Train or reuse ``method``, ``baseline``, ``variants``; draw, save ``metrics``; ``(runs, fig)``."""
     kw = dict(scale=scale, seeds=seeds, results=results, device=device, progress=progress)
     runs = spec_runs(baseline, regime=regime, **kw) if baseline and baseline != method else []
     runs += spec_runs(method, regime=regime, **kw)
@@ -301,13 +261,8 @@ def compare_runs(
 
 
 def run_settings(name: str, scale: str, seeds: int | None, results: str | Path | None = None) -> dict[str, Any]:
-    """The settings a page's text quotes about the runs of spec ``name`` (a method page's name is its method's; a
-    topic page's, its method's runs) at ``scale`` with ``seeds`` seeds, by glue name:
-    taken from the config the runs use (:func:`rlkit.tiny.config.build_config`, standard and stress regimes) and
-    this module's :data:`TAIL_WINDOW` — a page never types them. ``seeds`` None: the seeds the spec's run groups
-    have in ``results`` (:func:`spec_seed_counts`), e.g. ``"3–12"`` where the sequential rule added seeds."""
+    """The settings a page quotes about spec ``name``'s runs, by glue name, from their configs."""
     from rlkit.tiny.config import build_config
-    from rlkit.tiny.task import max_response_tokens
 
     method = get_spec(name).method or name
     std, stress = build_config(method, scale), build_config(method, scale, regime="stress")
@@ -318,22 +273,17 @@ def run_settings(name: str, scale: str, seeds: int | None, results: str | Path |
             "eval_size": std.eval_size, "final_eval_size": f"{std.final_eval_size:,}",
             "seeds": seeds if seeds is not None else seeds_text(counts),
             "seeds_dof": seeds - 1 if seeds is not None else seeds_text([n - 1 for n in counts]),
-            "tail_window": TAIL_WINDOW, "stress_staleness": stress.staleness,
-            "budget": std.max_new,
+            "tail_window": TAIL_WINDOW, "stress_staleness": stress.staleness, "budget": std.max_new,
             "spo_prompts": spo.prompts_per_step, "spo_group": spo.group_size, "scale": scale,
             "dapo_buffer": build_config("dapo", scale).dapo.overlong_buffer, **preset_settings()}
 
 
 def preset_settings() -> dict[str, str]:
-    """The full-scale presets' settings a page quotes (:data:`rlkit.verl.launch.presets.PRESETS`), by glue name:
-    ``preset_<method>_prompts``/``_n``/``_updates`` (DAPO-Math prompts per step, responses per prompt, updates per
-    batch) and DAPO's response budget, ``preset_dapo_max_length`` + ``preset_dapo_overlong_buffer`` tokens."""
+    """The full-scale presets' settings (:data:`rlkit.verl.launch.presets.PRESETS`) a page quotes."""
     from rlkit.verl.launch.presets import PRESETS
 
-    out = {}
-    for method, preset in PRESETS.items():
-        out |= {f"preset_{method}_prompts": f"{preset.dapo_prompts:,}", f"preset_{method}_n": f"{preset.n:,}",
-                f"preset_{method}_updates": f"{preset.updates:,}"}
+    out = {f"preset_{m}_{k}": f"{v:,}" for m, p in PRESETS.items()
+           for k, v in (("prompts", p.dapo_prompts), ("n", p.n), ("updates", p.updates))}
     dapo = {**PRESETS["dapo"].keys, **PRESETS["dapo"].dapo}
     buffer = dapo["+reward.reward_kwargs.overlong_buffer_cfg.len"]
     return out | {"preset_dapo_overlong_buffer": f"{buffer:,}",
@@ -341,8 +291,7 @@ def preset_settings() -> dict[str, str]:
 
 
 def glue_settings(name: str, scale: str, seeds: int | None, results: str | Path | None = None) -> None:
-    """Glue :func:`run_settings` under their names for the page's ``{glue:text}`` roles. Nothing is shown: it
-    returns None, so a cell that ends with it prints no settings dump above the page's method."""
+    """Glue :func:`run_settings` under their names for the page's ``{glue:text}`` roles; shows nothing."""
     from myst_nb import glue
 
     for key, value in run_settings(name, scale, seeds, results).items():
@@ -350,10 +299,7 @@ def glue_settings(name: str, scale: str, seeds: int | None, results: str | Path 
 
 
 def regime_settings(method: str, scale: str, regime: str = "stress") -> str:
-    """The sentences that explain ``regime``'s settings (a rung of the off-policy ladder), with the values
-    ``method``'s runs at ``scale`` use (:data:`rlkit.tiny.config.REGIMES` under the scale's sizes), beside the
-    standard run's: a page quotes the config, never a typed number. A setting the rung leaves as the standard run's
-    is not named."""
+    """Sentences explaining ``regime``'s settings beside the standard run's, from the configs."""
     from rlkit.tiny.config import build_config
 
     std, cfg = build_config(method, scale), build_config(method, scale, regime=regime)
@@ -383,23 +329,15 @@ def regime_settings(method: str, scale: str, regime: str = "stress") -> str:
 
 RULES_LINK = ("every rule — intervals, margins, the seed rule — in one paragraph, on "
               "<a href='07_comparison.html#verdict-rules'>the comparison page</a>")
-"""The last line of the legend under every claims table: the rules are stated once in the book (the comparison
-page), not repeated under each table."""
+"""The last line of the legend under every claims table: the rules are stated once, on the comparison page."""
 
 
 def claim_records(name: str, *, seed: int | None = None, seeds: int | None = None,
                   results: str | Path | None = None) -> tuple[list[dict[str, Any]], str | None]:
-    """The verdict records of spec ``name``'s claims a page shows, and a note when they are not the saved ones.
-
-    ``seeds`` None (and no ``seed``): the records of ``claims.json`` beside the runs as the reproduction saved them —
-    each judged on its own seeds at its look's level by the sequential rule — never judged again; without them,
-    judged now by the sequential rule (:func:`rlkit.lab.judge.judge_spec` with no seeds). One ``seed``, or seeds
-    0..``seeds``−1: the saved records when they were judged on exactly those seeds, else judged now on them (a
-    fixed design), with a note saying that the saved records differ."""
+    """The records of spec ``name``'s claims a page shows (``claims.json``'s, or judged now), and a note."""
     spec = get_spec(name)
     root = results_dir(results)
-    chosen = [seed] if seed is not None else None if seeds is None else \
-        seed_numbers(seeds, first_seed(root))
+    chosen = [seed] if seed is not None else None if seeds is None else seed_numbers(seeds, first_seed(root))
     saved = judge.load(root, spec.notebook) or []
     if saved and (chosen is None or judge.load(root, spec.notebook, chosen)):
         return saved, None
@@ -414,8 +352,7 @@ def claim_records(name: str, *, seed: int | None = None, seeds: int | None = Non
 
 
 def _required_records(spec, root: Path, chosen: Sequence[int] | None) -> list[dict[str, Any]]:
-    """The records of the other specs' claims that ``spec``'s claims require (``requires: {claim: "<spec>-<k>"}``),
-    judged on the same seeds."""
+    """The records of the other specs' claims that ``spec``'s claims require, judged on the same seeds."""
     others = {c.requires["claim"].rpartition("-")[0] for c in spec.claims
               if c.requires and isinstance(c.requires["claim"], str)}
     return [r for name in sorted(others) for r in judge.judge_spec(get_spec(name), root, chosen)]
@@ -428,12 +365,7 @@ def note_html(note: str | None) -> str:
 
 def claims_table(name: str, *, seed: int | None = None, seeds: int | None = None,
                  results: str | Path | None = None):
-    """The spec's claims (the rules: :data:`rlkit.lab.report.RULES`) as HTML: a "What we found" box with the verdicts'
-    counts and the collapses (each claim's finding is in its row, not repeated above it), the narrow table (claim and finding, estimate, coloured verdict; details folded) and the verdict
-    legend beside it (:func:`rlkit.lab.book_pages.verdict_legend_html`: the words it uses, the interval, the margin,
-    the seeds, and a link to the rules, stated once on the comparison page: :data:`RULES_LINK`). The records:
-    :func:`claim_records` (with ``seeds`` None, those the reproduction saved in ``claims.json``; judged now only where
-    there are none, or on other explicit seeds — then said above the table)."""
+    """The spec's claims as HTML: the "What we found" box, the table and the verdict legend."""
     records, note = claim_records(name, seed=seed, seeds=seeds, results=results)
     from IPython.display import HTML
 
@@ -442,14 +374,9 @@ def claims_table(name: str, *, seed: int | None = None, seeds: int | None = None
                 + report.found_box(records, limit=0) + report.html(records) + verdict_legend_html(records, RULES_LINK))
 
 
-# ------------------------------------------------------------------------------------------------ words after results
-
-
 @dataclass(frozen=True)
 class Ending:
-    """How one run group (a method or variant, over its seeds) ended on held-out accuracy: the mean over seeds at
-    the start (``val/acc`` at step 0) and the end (``val/acc_final``, or the last ``val/acc``), how many seeds ended
-    below their own start, and the seeds :func:`rlkit.lab.claims.collapse_facts` calls collapsed."""
+    """How one run group ended on held-out accuracy over its seeds (:func:`endings`)."""
 
     label: str
     seeds: int
@@ -463,17 +390,12 @@ class Ending:
 
     @property
     def fell(self) -> bool:
-        """Ended below its start in most seeds: a page must name it (:func:`endings_sentences`)."""
+        """Ended below its start in most seeds."""
         return self.below * 2 > self.seeds
-
-    @property
-    def survives(self) -> bool:
-        """Ended at or above its start in most seeds."""
-        return not self.fell
 
 
 def endings(runs: Sequence[Run]) -> list[Ending]:
-    """Each run group's :class:`Ending`, in the order the runs come; groups that logged no ``val/acc`` are left out."""
+    """Each run group's :class:`Ending`, in the order the runs come, but groups that logged no ``val/acc``."""
     out = []
     for label, group in plots.by_method(runs).items():
         ends = []
@@ -499,11 +421,7 @@ def _acc(x: float) -> str:
 
 
 def endings_sentences(runs: Sequence[Run]) -> list[str]:
-    """Up to four sentences on how ``runs`` ended, computed from them (never typed): held-out accuracy from start
-    to end per run group over its seeds; which group ends highest, or that they end level when each group's mean
-    lies in the highest group's band over seeds and its mean in theirs (the figures' bands); every group that
-    ended below its start in most seeds, named as such ("collapses" where :func:`rlkit.lab.claims.collapse_facts`
-    says so); and every group that ended below its start in some of its seeds, with how many."""
+    """Up to four sentences on how ``runs`` ended, computed from them (never typed)."""
     ends = endings(runs)
     if not ends:
         return []
@@ -524,11 +442,9 @@ def endings_sentences(runs: Sequence[Run]) -> list[str]:
             out.append(f"`{best.label}` ends highest, ahead of {gaps}.")
     fell = [e for e in ends if e.fell]
     if fell:
-        words = []
-        for e in fell:
-            what = "collapses" if e.collapsed * 2 > e.seeds else "ends below its start"
-            words.append(f"`{e.label}` {what} ({e.below} of {e.seeds} seeds end below their start)")
-        out.append("Not every run survives: " + "; ".join(words) + ".")
+        out.append("Not every run survives: " + "; ".join(
+            f"`{e.label}` {'collapses' if e.collapsed * 2 > e.seeds else 'ends below its start'} "
+            f"({e.below} of {e.seeds} seeds end below their start)" for e in fell) + ".")
     some = [e for e in ends if e.below and not e.fell]
     if some:
         out.append("In some seeds held-out accuracy ends below the start: " + "; ".join(
@@ -539,11 +455,10 @@ def endings_sentences(runs: Sequence[Run]) -> list[str]:
 
 
 def survivors_sentence(runs: Sequence[Run]) -> str:
-    """Which run groups survive (end at or above their start in most seeds) and which do not, in one sentence, each
-    with its held-out accuracy from start to end over seeds (and how many seeds ended below their start)."""
+    """Which run groups survive (end at or above their start in most seeds) and which do not: one sentence."""
     ends = endings(runs)
     alive = [f"`{e.label}` ({_acc(e.start)} → {_acc(e.end)}" + (f", {e.below} of {e.seeds} seeds below" if e.below
-                                                                   else "") + ")" for e in ends if e.survives]
+                                                                   else "") + ")" for e in ends if not e.fell]
     gone = [f"`{e.label}` ({_acc(e.start)} → {_acc(e.end)}, {e.below} of {e.seeds} seeds below their start"
             f"{', collapsed' if e.collapsed * 2 > e.seeds else ''})" for e in ends if e.fell]
     if not gone:
@@ -556,22 +471,17 @@ def survivors_sentence(runs: Sequence[Run]) -> str:
 
 
 def records_sentences(records: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Sentences from verdict records: how many claims hold, fail or are undecided, and each run the records call
-    collapsed (their ``collapsed`` field), with its facts."""
+    """Sentences from verdict records: how many claims have each verdict, and each run they call collapsed."""
     if not records:
         return []
-    counts: dict[str, int] = {}
+    counts = Counter(r["verdict"] for r in records)
+    told: dict[str, Mapping[str, Any]] = {}
     for r in records:
-        counts[r["verdict"]] = counts.get(r["verdict"], 0) + 1
-    out = [f"Of {len(records)} claim{'s' * (len(records) > 1)}: "
-           + ", ".join(f"{n} “{v}”" for v, n in counts.items()) + "."]
-    told: set[str] = set()
-    for r in records:
-        c = r.get("collapsed")
-        if c and c["run"] not in told:
-            told.add(c["run"])
-            out.append(findings.collapse_sentence(c))
-    return out
+        if r.get("collapsed"):
+            told.setdefault(r["collapsed"]["run"], r["collapsed"])
+    return [f"Of {len(records)} claim{'s' * (len(records) > 1)}: "
+            + ", ".join(f"{n} “{v}”" for v, n in counts.items()) + "."] + [
+        findings.collapse_sentence(c) for c in told.values()]
 
 
 def say_html(sentences: Sequence[str]) -> str:
@@ -584,24 +494,21 @@ def say_html(sentences: Sequence[str]) -> str:
 
 def words(runs: Sequence[Run] = (), records: Sequence[Mapping[str, Any]] | None = None, *,
           survivors: bool = False, extra: Sequence[str] = ()) -> list[str]:
-    """The sentences :func:`say` shows: from ``runs`` (:func:`endings_sentences`, or with ``survivors``
-    :func:`survivors_sentence`), from verdict ``records`` (:func:`records_sentences`), then ``extra``."""
+    """The sentences :func:`say` shows: from ``runs``, from verdict ``records``, then ``extra``."""
     sentences = [survivors_sentence(runs)] if survivors and runs else endings_sentences(runs) if runs else []
     return sentences + records_sentences(records or []) + list(extra)
 
 
 def say(runs: Sequence[Run] = (), records: Sequence[Mapping[str, Any]] | None = None, *, survivors: bool = False,
         extra: Sequence[str] = ()) -> None:
-    """Display the words that follow a result (:func:`words`), generated from the runs and the verdict records so
-    that they stay true when the runs are redone. Returns None: the cell shows the words once."""
+    """Display the words that follow a result (:func:`words`), generated from the runs and records."""
     from IPython.display import HTML, display
 
     display(HTML(say_html(words(runs, records, survivors=survivors, extra=extra))))
 
 
 def anatomy_table() -> str:
-    """The overview's table of the four parts every method shares, one row per method page's spec in notebook order
-    (its ``anatomy``; topic pages have none), as Markdown."""
+    """The overview's Markdown table of the four parts every method shares, one row per method page's spec."""
     from rlkit.lab.reproduce import ANATOMY, load_specs
 
     rows = ["| method | " + " | ".join(ANATOMY.values()) + " |", "|---" * (len(ANATOMY) + 1) + "|"]
@@ -615,26 +522,16 @@ def anatomy_table() -> str:
     return "\n".join(rows)
 
 
-
-# ------------------------------------------------------------------------------------------------ the worked example
-
 EXAMPLE_REWARDS = (1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0)
 """The overview's worked example: one group of eight answers to one prompt, three of them right."""
 EXAMPLE_RATIOS = (1.5, 0.7, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0)
-"""Each answer's one token's ratio π_θ/π_old after some updates: the first right answer's has risen to 1.5, the
-first wrong one's fallen to 0.7, the rest unmoved."""
+"""Each answer's one token's ratio π_θ/π_old after some updates."""
 EXAMPLE_FIRST_CALLS = (2.0, -1.0, 6.0, 3.0, -1.0, 10.0, 4.0, -1.0)
 """Where each answer first calls the calculator (−1: never), out of 12 tokens: what ASPO's bias reads."""
 
 
 def worked_example(methods: Sequence[str] | None = None) -> pd.DataFrame:
-    """One group of eight answers (:data:`EXAMPLE_REWARDS`, one token each, at :data:`EXAMPLE_RATIOS`) carried
-    through every registered method (default: :func:`rlkit.lab.plots.methods`, the book's order) by the registered
-    functions with the tiny engine's settings: the advantages of the right and wrong answers
-    (:func:`rlkit.registry.advantage`), the gradient weight of the token at ratio 1.5 (right) and 0.7 (wrong)
-    (:func:`rlkit.lab.stability.gradient_weight`: 1 is the plain policy gradient, 0 a token the loss drops) and the
-    group's loss (:func:`rlkit.registry.policy_loss`). SPO, which has no groups, sees eight prompts whose tracked
-    value is 0.5; methods that read entropy see 1 nat at every token."""
+    """:data:`EXAMPLE_REWARDS` through every method: advantages, gradient weights (at 1.5, 0.7), the loss."""
     import torch
 
     from rlkit import registry
@@ -666,17 +563,13 @@ def worked_example(methods: Sequence[str] | None = None) -> pd.DataFrame:
     return pd.DataFrame.from_dict(rows, orient="index").rename_axis("method")
 
 
-# ------------------------------------------------------------------------------------------------ the comparison page
-
 def judged(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """The records with an interval: the claims the runs decided or left inconclusive (not the untestable, the
-    dropped, or those whose mechanism stayed idle)."""
+    """The records with an interval: the claims the runs decided or left inconclusive."""
     return [r for r in records if r.get("interval") is not None and None not in r["interval"]]
 
 
 def verdict_counts(records: Sequence[Mapping[str, Any]]) -> str:
-    """One sentence counting ``records`` by verdict, in the verdict words' order (:data:`rlkit.lab.claims.VERDICTS`):
-    the count every other place that counts the claims should agree with (it is computed from the same records)."""
+    """One sentence counting ``records`` by verdict, in the order of :data:`rlkit.lab.claims.VERDICTS`."""
     words = list(claims.VERDICTS) + sorted({r["verdict"] for r in records} - set(claims.VERDICTS))
     counts = {v: sum(r["verdict"] == v for r in records) for v in words}
     words = "; ".join(f"{n} {v}" for v, n in counts.items() if n)
@@ -684,8 +577,7 @@ def verdict_counts(records: Sequence[Mapping[str, Any]]) -> str:
 
 
 def claims_summary_html(records: Sequence[Mapping[str, Any]]) -> str:
-    """Every claim in one line each — its method, its statement, its verdict (coloured as the claims tables) —
-    under :func:`verdict_counts`: the comparison page's first screen, the whole answer before the curves."""
+    """Every claim in one line each (method, statement, coloured verdict) under :func:`verdict_counts`."""
     rows = "".join(
         f"<tr><td>{escape(str(r['id']).rsplit('-', 1)[0])}</td><td>{escape(r['statement'])}</td>"
         f"<td style='background-color:{report.COLOURS.get(r['verdict'], 'white')}'>{escape(r['verdict'])}</td></tr>"
@@ -695,14 +587,11 @@ def claims_summary_html(records: Sequence[Mapping[str, Any]]) -> str:
 
 
 NON_INFERIORITY = ("not lower", "within ±margin")
-"""Words of a record's rule that make it a claim of no loss (non-inferiority, equality) rather than of a gain."""
+"""Words of a record's rule that make it a claim of no loss (non-inferiority, equality), not of a gain."""
 
 
 def forest_panels(records: Sequence[Mapping[str, Any]], width: int = 44):
-    """The forest plot in two panels: the claims of a gain (superiority: it holds right of +1 margin) and those of no
-    loss (non-inferiority and equality: it holds while the interval stays right of −1, or inside ±1), each claim's
-    estimate and interval in units of its margin, signed so that the claimed direction points right, and labelled
-    by its whole statement (wrapped at ``width`` characters). Returns the figure."""
+    """The forest plot, claims of a gain and of no loss apart, in units of each claim's margin."""
     import textwrap
 
     import matplotlib.pyplot as plt
@@ -741,9 +630,7 @@ def forest_panels(records: Sequence[Mapping[str, Any]], width: int = 44):
 
 
 def accuracy_multiples(runs: Sequence[Run], metric: str = "val/acc", baseline: str = "grpo", ncols: int = 4):
-    """Held-out accuracy as small multiples: one panel per method (the book's order), its runs' mean over seeds with
-    the seeds' band in its colour, the ``baseline`` method's mean in grey behind every other panel, on one y-scale.
-    Returns the figure."""
+    """Held-out accuracy, one panel per method, the ``baseline``'s mean in grey behind the others."""
     groups = plots.by_method(runs)
     names = [m for m in plots.methods() if m in groups] + [m for m in groups if m not in plots.methods()]
     fig, axes, _ = plots.panels(len(names), ncols=ncols, height=2.1, sharex=True, sharey=True)

@@ -1,20 +1,6 @@
-"""Where the reproduction app finds its project: the one place its paths are resolved.
-
-The *project* is the folder that holds ``reproductions/specs/`` (the experiment specs) and ``notebooks/`` (the
-MyST notebooks they execute) — a checkout of rlkit. It is, in this order:
-
-1. ``$RLKIT_PROJECT`` when set (and nothing else: a wrong value is an error, not a reason to look elsewhere);
-2. the current directory or the nearest folder above it that is one;
-3. the checkout this package was imported from (an editable install or ``PYTHONPATH``).
-
-A wheel installed into a virtual environment has no project of its own (the specs, notebooks and results are not
-package data): run from a checkout, or point ``RLKIT_PROJECT`` at one. Without a project the app refuses with
-:class:`ProjectNotFound`, one line saying what is missing, where it looked and what to do. The library (the tiny
-engine, the methods, ``rlkit train``) needs none of this.
-
-Everything is resolved when asked, not at import: ``rlkit reproduce --help`` works anywhere, and a test that sets
-``RLKIT_PROJECT`` or changes directory is seen at once.
-"""
+"""Where the reproduction app finds its project (``reproductions/specs/`` and ``notebooks/``):
+``$RLKIT_PROJECT``, else the nearest folder at or above the current one, else the checkout rlkit was imported
+from; resolved when asked, never at import (:class:`ProjectNotFound` without one)."""
 
 from __future__ import annotations
 
@@ -50,8 +36,7 @@ def _candidates() -> list[Path]:
 
 
 def find_project() -> Path | None:
-    """The project root (see the module's order), or None where there is none; ``$RLKIT_PROJECT`` naming a folder
-    that is not one is an error (:class:`ProjectNotFound`)."""
+    """The project root (the module's order), or None; ``$RLKIT_PROJECT`` naming no project is an error."""
     named = os.environ.get(ENV)
     if named:
         root = Path(named).expanduser().resolve()
@@ -100,8 +85,7 @@ def notebooks_dir() -> Path:
 
 
 def results_shown(results: Path | str | None = None) -> str:
-    """The results folder as a page names it: relative to the project when inside it (as ``rlkit reproduce``
-    passes it), else by its own name — never the executing machine's absolute path."""
+    """The results folder as a page names it: relative to the project when inside it, else by its own name."""
     folder = Path(results or results_dir()).resolve()
     root = project_root().resolve()
     return str(folder.relative_to(root)) if folder.is_relative_to(root) else folder.name

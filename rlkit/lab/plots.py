@@ -1,9 +1,5 @@
-"""Learning curves and comparison figures from any run directory — tiny engine or verl — and their captions.
-
-:func:`rlkit.lab.runs.load_runs` reads any number of run directories; :func:`curves` draws chosen metrics
-against steps, generated tokens or wall time, one line per method (the mean over its seeds, with a band from the
-lowest to the highest seed when there are several); :func:`describe` is the caption every figure carries: scale,
-model, data and seeds, so a figure can never pass for a paper's.
+"""Learning curves and comparison figures from any run directory, tiny engine or verl, and their captions
+(:func:`describe`: scale, model, data, seeds, so a figure can never pass for a paper's).
 
     rlkit plot reproductions/results/grpo/seed0 reproductions/results/aspo/seed0 --metric val/acc --out acc.png
 """
@@ -24,9 +20,7 @@ from rlkit.lab.runs import SHARES, X_AXES, Run
 
 PALETTE = ("#7f7f7f", "#0072B2", "#009E73", "#D55E00", "#CC79A7", "#E69F00", "#56B4E9", "#9A8200", "#000000",
            "#882255", "#8c564b", "#44AA99", "#332288", "#117733", "#AA4499", "#661100", "#6699CC")
-"""The methods' colours in every figure of the book, by their place in :func:`methods`: grey for the first
-(the book's first page, its baseline), then Okabe and Ito's colour-blind-safe hues (their yellow darkened to read
-on white), then others."""
+"""The methods' colours by their place in :func:`methods`: grey, then Okabe and Ito's hues, then others."""
 
 
 @functools.lru_cache(maxsize=None)
@@ -43,9 +37,7 @@ def _pages(specs: Path) -> dict[str, str]:
 
 
 def methods() -> list[str]:
-    """Every registered method (:func:`rlkit.registry.list_methods`) in the book's order: those with a page
-    in the order of their pages (reproductions/specs), then the others by name (all by name outside a
-    checkout). A method registered later (a plugin) appears on the pages without a change here."""
+    """Every registered method in the book's order: those with a page in page order, then the rest by name."""
     from rlkit.registry import list_methods
 
     try:
@@ -56,8 +48,7 @@ def methods() -> list[str]:
 
 
 def method_color(method: str) -> str:
-    """``method``'s colour: :data:`PALETTE`'s by its place in :func:`methods`; a name the registry does not
-    know (a run folder's) gets one no method has, chosen from the name (the same every time)."""
+    """``method``'s colour in :data:`PALETTE`; an unknown name gets a free one, chosen from the name."""
     order = methods()
     if method in order:
         return PALETTE[order.index(method) % len(PALETTE)]
@@ -74,10 +65,7 @@ def by_method(runs: Sequence[Run]) -> dict[str, list[Run]]:
 
 
 def seed_band(runs: Sequence[Run], metric: str, x: str = "step") -> pd.DataFrame:
-    """``metric`` over seeds on a shared x grid: columns ``mean``, ``low``, ``high`` (min and max over seeds), ``n``.
-
-    Steps are shared by seeds; for tokens and minutes each seed is interpolated onto the union of their x values
-    inside the range they all cover."""
+    """``metric`` over seeds on a shared x grid: columns ``mean``, ``low``, ``high``, ``n``."""
     series = [r.series(metric, x) for r in runs]
     if x == "step":
         table = pd.concat(series, axis=1)
@@ -92,8 +80,7 @@ def seed_band(runs: Sequence[Run], metric: str, x: str = "step") -> pd.DataFrame
 
 
 def describe(runs: Sequence[Run]) -> str:
-    """The caption of a figure: scale, model, data and seeds of the runs drawn (from their config.json; how many
-    each run group has where they differ, as the sequential seed rule leaves them)."""
+    """The caption of a figure: scale, model, data and seeds of the runs drawn (from their config.json)."""
     configs = [r.config for r in runs if r.config]
     seeds = sorted({r.seed for r in runs if r.seed is not None})
     seed_text = f"seeds {', '.join(map(str, seeds))}" if seeds else "seeds unknown"
@@ -122,13 +109,11 @@ def describe(runs: Sequence[Run]) -> str:
     return f"scale {'/'.join(scales)} · {model} · {data} · {batch} · {seed_text} · rlkit tiny engine, not the papers' runs"
 
 
-BOOK_RC = {
-    "figure.dpi": 100, "savefig.dpi": 110, "font.size": 11, "axes.titlesize": 12, "axes.labelsize": 11,
-    "xtick.labelsize": 10, "ytick.labelsize": 10, "legend.fontsize": 10, "figure.titlesize": 12,
-}
+BOOK_RC = {"figure.dpi": 100, "savefig.dpi": 110, "font.size": 11, "axes.titlesize": 12, "axes.labelsize": 11,
+           "xtick.labelsize": 10, "ytick.labelsize": 10, "legend.fontsize": 10, "figure.titlesize": 12}
 """Matplotlib settings of the book's figures: no text below 10 pt."""
 PAGE_WIDTH = 9.0
-"""Inches: the widest figure (900 px at 100 dpi), shown at about 3/4 of its size in the book's 690-px text column."""
+"""Inches: the widest figure (900 px at 100 dpi), shown at about 3/4 size in the book's text column."""
 
 
 def book_style() -> None:
@@ -139,8 +124,7 @@ def book_style() -> None:
 
 
 def panels(n: int, *, ncols: int = 2, width: float = PAGE_WIDTH, height: float = 3.4, **kwargs):
-    """A figure of ``n`` panels, at most ``ncols`` per row, ``width`` inches wide; returns ``(fig, axes, spare)``:
-    the ``n`` axes in reading order and the hidden axes that fill the last row (a place for the legend)."""
+    """A figure of ``n`` panels, ``ncols`` a row: ``(fig, axes, spare)``, ``spare`` the unused axes."""
     import matplotlib.pyplot as plt
 
     ncols = max(1, min(ncols, n))
@@ -153,8 +137,7 @@ def panels(n: int, *, ncols: int = 2, width: float = PAGE_WIDTH, height: float =
 
 
 def legend_outside(fig, axes: Sequence[Any], spare: Sequence[Any] = (), **kwargs):
-    """One legend for all ``axes`` (each label once), outside the data: in the first ``spare`` axes when there is
-    one, otherwise above the panels. Call it after ``tight_layout``."""
+    """One legend for all ``axes`` (each label once): in the first ``spare`` axes, else above the panels."""
     handles: dict[str, Any] = {}
     for ax in axes:
         for handle, label in zip(*ax.get_legend_handles_labels()):
@@ -168,8 +151,7 @@ def legend_outside(fig, axes: Sequence[Any], spare: Sequence[Any] = (), **kwargs
 
 
 def add_caption(fig, text: str, fontsize: float = 10):
-    """``text`` in grey under everything drawn so far (legends below the axes included), wrapped to the figure's
-    width; ``bbox_inches="tight"`` keeps it in the image. Call it last."""
+    """``text`` in grey under everything drawn so far, wrapped to the figure's width. Call it last."""
     import textwrap
 
     bottom = fig.get_tightbbox(fig.canvas.get_renderer()).y0 / fig.get_figheight()  # inches → figure fraction
@@ -178,23 +160,10 @@ def add_caption(fig, text: str, fontsize: float = 10):
                     va="top")
 
 
-def curves(
-    runs: Sequence[Run],
-    metrics: Sequence[str],
-    *,
-    x: str | Sequence[str] = "step",
-    titles: Sequence[str] | None = None,
-    caption: bool = True,
-    ncols: int = 2,
-    width: float = PAGE_WIDTH,
-    height: float = 3.2,
-    colors: Mapping[str, str] | None = None,
-):
-    """One panel per metric (at most ``ncols`` per row), one line per method (mean over seeds, min–max band),
-    one legend outside the data and the runs' caption (:func:`describe`) underneath; returns the Figure.
-
-    ``x`` is one axis for every panel or one per metric (see :data:`rlkit.lab.runs.X_AXES`). ``colors``: ``{group
-    label: colour}`` for a page whose groups are runs of one method (a topic page), in place of the method's colour."""
+def curves(runs: Sequence[Run], metrics: Sequence[str], *, x: str | Sequence[str] = "step",
+           titles: Sequence[str] | None = None, caption: bool = True, ncols: int = 2,
+           width: float = PAGE_WIDTH, height: float = 3.2, colors: Mapping[str, str] | None = None):
+    """One panel per metric, one line per run group (mean, min–max band over seeds), legend and caption."""
     if not runs:
         raise ValueError("no runs to plot")
     metrics = list(metrics)
@@ -237,9 +206,7 @@ MIN_SPAN = 0.02
 
 
 def steady_axis(ax, metric: str) -> None:
-    """Fixed y-limits where auto-scaling would mislead: a share spans [0, 1]; any other panel spans at least
-    :data:`MIN_SPAN` of its magnitude around its data (0.1988–0.2000 is drawn flat, not as a trend); no offset
-    notation on the tick labels."""
+    """Fixed y-limits where auto-scaling would mislead: [0, 1] for a share, else at least :data:`MIN_SPAN`."""
     if metric in SHARES:
         ax.set_ylim(0.0, 1.0)
     else:
@@ -259,8 +226,7 @@ VARIANT_STYLES = [("--", "o"), (":", "s"), ("-.", "^"), ((0, (5, 1, 1, 1, 1, 1))
 
 
 def line_styles(groups: dict[str, list[Run]]) -> dict[str, tuple]:
-    """``{label: (linestyle, marker)}``: a method solid with circles; its variants (one colour, the method's)
-    told apart by dash pattern and marker, in order of appearance (:data:`VARIANT_STYLES`, cycled)."""
+    """``{label: (linestyle, marker)}``: a method solid, circles; its variants :data:`VARIANT_STYLES`."""
     seen: dict[str, int] = {}
     styles = {}
     for label, group in groups.items():
@@ -274,9 +240,7 @@ def line_styles(groups: dict[str, list[Run]]) -> dict[str, tuple]:
 
 
 def final_dots(groups: dict[str, list[Run]], metric: str = "val/acc_final", *, xlabel: str | None = None):
-    """An ablation as a dot plot: one row per run label, each seed's last ``metric`` a dot and the seeds' mean a
-    bar, in the label's method colour — the end points side by side, where curves of variants in one colour
-    overlap. Returns the figure."""
+    """An ablation as a dot plot: a row per label, each seed's last ``metric`` a dot, their mean a bar."""
     import matplotlib.pyplot as plt
 
     labels = list(groups)
@@ -296,8 +260,7 @@ def final_dots(groups: dict[str, list[Run]], metric: str = "val/acc_final", *, x
 
 
 def image_path(path: str | Path) -> Path:
-    """The file :func:`save` writes for ``path``: ``.png`` appended when it has no suffix. A ``ValueError`` names
-    what cannot be written: a suffix matplotlib has no format for, a directory, a parent that is a file."""
+    """The file :func:`save` writes for ``path`` (``.png`` if none); ``ValueError`` if unwritable."""
     from matplotlib.backend_bases import FigureCanvasBase
 
     path = Path(path)
@@ -316,8 +279,7 @@ def image_path(path: str | Path) -> Path:
 
 
 def save(fig, path: str | Path, dpi: int = 110) -> Path:
-    """Write ``fig`` to :func:`image_path` of ``path`` (PNG unless its suffix names another format), creating its
-    directory; the path written."""
+    """Write ``fig`` to :func:`image_path` of ``path``, creating its directory; returns the path written."""
     path = image_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi, bbox_inches="tight")

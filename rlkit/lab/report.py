@@ -1,13 +1,9 @@
-"""The claims on the pages: the rules and a glossary of the verdicts in words, the claims table (a DataFrame,
-and HTML with each claim's details folded), the "What we found" box, and the forest plot of every judged claim
-in units of its margin.
-"""
+"""The claims on the pages: the rules and glossary in words, the claims table and the "What we found" box."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from html import escape
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -16,8 +12,6 @@ from rlkit.lab.claims import (
     AS_GOOD, BETTER, DIFFERS, DROPPED, IDLE, INCONCLUSIVE, NO_EFFECT, OPPOSITE, SMALLER, UNTESTABLE, fmt,
 )
 from rlkit.lab.findings import summary
-from rlkit.lab.judge import judge_spec
-from rlkit.lab.plots import PAGE_WIDTH, add_caption
 from rlkit.lab.stats import NOT_COVERED
 
 RULES = (
@@ -36,8 +30,7 @@ RULES = (
     "than the effect the paper reports. Equal: holds — as good as — when the interval lies within ±margin. A "
     "claim's verdict is the one of the first look that decides it, on that look's seeds. A claim whose mechanism stayed idle (its activity metric below the gate) is not "
     "exercised; a run that collapsed is said so. Not covered at 90% (simulated): " + NOT_COVERED + ".")
-"""The claim rules in one paragraph, for the reader (the comparison page's verdict rules; the rules themselves:
-:mod:`rlkit.lab.claims`, their statistics: :mod:`rlkit.lab.stats`)."""
+"""The claim rules in one paragraph, for the reader (the comparison page's verdict rules)."""
 GLOSSARY = {
     BETTER: "the interval of the difference (CI) lies wholly beyond the margin, in the claimed direction: the "
             "effect is shown",
@@ -63,13 +56,11 @@ GLOSSARY = {
                  "last 10 steps: told as a finding",
     "not lower": "non-inferiority: holds when the interval's lower end stays above −margin",
 }
-"""The verdict words and the statistics behind them, in a sentence each (shown once, under the comparison page's
-verdict rules)."""
+"""The verdict words and the statistics behind them, a sentence each (under the comparison page's rules)."""
 
 
 def glossary_html() -> str:
-    """:data:`GLOSSARY` as a definition list (HTML), shown once in the book, under the verdict rules (the comparison
-    page's ``verdict-rules`` section); every claims table links there (:data:`rlkit.lab.notebook.RULES_LINK`)."""
+    """:data:`GLOSSARY` as an HTML definition list, shown once, under the comparison page's verdict rules."""
     items = "".join(f"<dt>{escape(k)}</dt><dd>{escape(v)}</dd>" for k, v in GLOSSARY.items())
     return f"<dl class='rlkit-glossary'>{items}</dl>"
 
@@ -79,8 +70,7 @@ COLOURS = {BETTER: "#c4e8c4", AS_GOOD: "#dcecf7", NO_EFFECT: "#f6d5d5", SMALLER:
 
 
 def table(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
-    """Records as the page's table: claim · metric (better) · estimate [CI] · margin (source) · activity ·
-    verdict · finding."""
+    """Records as the page's table: claim, metric, estimate [CI], margin, activity, verdict, finding."""
     rows = []
     for r in records:
         judged = r["interval"] is not None
@@ -99,24 +89,8 @@ def table(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
                                        "verdict", "finding"])
 
 
-def style(frame: pd.DataFrame):
-    """A claims table with its verdict column coloured."""
-    def colour(v: str) -> str:
-        return f"background-color: {COLOURS.get(str(v), 'white')}"
-
-    return frame.style.hide(axis="index").map(colour, subset=["verdict"])
-
-
-def judge_claims(spec, results: str | Path, seeds: Sequence[int] | None = None) -> pd.DataFrame:
-    """The claims table of ``spec`` (:func:`table` of :func:`rlkit.lab.judge.judge_spec`)."""
-    return table(judge_spec(spec, results, seeds))
-
-
 def html(records: Sequence[Mapping[str, Any]], *, method_column: bool = False) -> str:
-    """The claims as a narrow HTML table — claim (with its finding), estimate [CI], verdict (coloured) — whose
-    details (the paper's numbers, metric, margin and its source, the mechanism's activity) fold into a dropdown
-    under each verdict (the column with room to spare: a row is as tall as its claim and finding), so the table
-    fits a laptop's text column."""
+    """The claims as a narrow HTML table, each claim's details folded under its verdict."""
     rows = []
     for r, t in zip(records, table(records).to_dict("records")):
         details = "".join(f"<li><b>{k}</b>: {escape(str(t[k]))}</li>" for k in ("paper", "metric", "margin",
@@ -138,8 +112,7 @@ def _level(r: Mapping[str, Any]) -> str:
 
 
 def estimate_cell(r: Mapping[str, Any], difference: str) -> str:
-    """The estimate column of :func:`html`: the metric's own value (the run's mean over seeds, and the baseline's or
-    the threshold it is held against), then the difference and its interval, which the verdict reads."""
+    """The estimate column of :func:`html`: the metric's own value, then the difference and its interval."""
     values = r.get("values") or {}
     if not difference or values.get("run") is None or "minus the first" in (r.get("rule") or ""):
         return escape(difference)  # a rise is itself a difference, from the run's own start
@@ -152,79 +125,12 @@ def estimate_cell(r: Mapping[str, Any], difference: str) -> str:
 
 
 def found_box(records: Sequence[Mapping[str, Any]], limit: int = 4) -> str:
-    """:func:`rlkit.lab.findings.summary` (the counts and ``limit`` findings) as the page's "What we found" box
-    (HTML, styled as the book's tip boxes)."""
+    """:func:`rlkit.lab.findings.summary` as the page's "What we found" box (HTML, a tip box)."""
     items = "".join(f"<li>{escape(s)}</li>" for s in summary(records, limit))
     return (f"<div class='admonition tip'><p class='admonition-title'>What we found</p><ul>{items}</ul></div>")
 
 
 MARKERS = {BETTER: "#009E73", AS_GOOD: "#0072B2", NO_EFFECT: "#D55E00", SMALLER: "#56B4E9", OPPOSITE: "#CC79A7", DIFFERS: "#E69F00",
            INCONCLUSIVE: "#000000", IDLE: "#999999"}
-"""Marker colours of the forest plot by verdict, one colour each (Okabe–Ito and black: distinguishable with the
-common colour-vision deficiencies); each verdict has its own marker shape too (:data:`SHAPES`)."""
+"""The forest plot's marker colours by verdict (Okabe–Ito and black); their shapes: :data:`SHAPES`."""
 SHAPES = {BETTER: "o", AS_GOOD: "P", NO_EFFECT: "s", SMALLER: "D", OPPOSITE: "v", DIFFERS: "^", INCONCLUSIVE: "X", IDLE: "."}
-
-
-def forest(records: Sequence[Mapping[str, Any]]):
-    """Each judged claim's estimate and interval (at its look's level) in units of its margin, signed so that the claimed direction
-    points right (a claim that something is lower is flipped): the band [−1, 1] is "smaller than the margin", a
-    claim that is higher/lower/a rise holds right of +1, a non-inferiority claim holds when its interval stays right
-    of −1, an equality claim when it stays inside the band. Claims with a margin of 0 have no unit and are listed
-    in the caption. Returns the figure."""
-    import matplotlib.pyplot as plt
-
-    shown = [r for r in records if r["interval"] is not None and None not in r["interval"] and r["margin"]]
-    unitless = [short_name(r) for r in records if r["interval"] is not None and not r["margin"]]
-    fig, ax = plt.subplots(figsize=(PAGE_WIDTH, 0.32 * len(shown) + 1.6))
-    ax.axvspan(-1, 1, color="#dddddd", alpha=0.6, lw=0, label="within the margin")
-    ax.axvline(0, color="#777777", lw=0.8)
-    for y, r in enumerate(reversed(shown)):
-        sign = -1.0 if r["direction"] == "lower" else 1.0
-        lo, hi = sorted(sign * v / r["margin"] for v in r["interval"])
-        colour = MARKERS.get(r["verdict"], "#999999")
-        ax.plot([lo, hi], [y, y], color=colour, lw=2)
-        ax.plot(sign * r["estimate"] / r["margin"], y, SHAPES.get(r["verdict"], "o"), color=colour, ms=6)
-    ax.set_yticks(range(len(shown)), list(reversed(short_names(shown))), fontsize=9)
-    ax.set_ylim(-0.8, len(shown) - 0.2)
-    ax.set_xlabel("difference in the claimed direction, in units of the claim's margin (its CI)")
-    handles = [plt.Line2D([], [], color=c, marker=SHAPES[v], lw=2, label=v) for v, c in MARKERS.items()
-               if any(r["verdict"] == v for r in shown)]
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3, frameon=False)
-    fig.tight_layout()
-    left = f" Left out (margin 0, no unit): {', '.join(unitless)}." if unitless else ""
-    add_caption(fig, f"{len(shown)} judged claims. Grey band: smaller than the margin.{left}")
-    return fig
-
-
-def short_name(r: Mapping[str, Any], width: int = 38) -> str:
-    """A claim's label in the forest plot: its method and the first words of its statement (at most ``width``
-    characters), e.g. ``aspo: the first tool call moves earlier…``."""
-    return f"{str(r['id']).rsplit('-', 1)[0]}: {_first_words(str(r['statement']).split(), width)}"
-
-
-def _first_words(words: Sequence[str], width: int) -> str:
-    out = ""
-    for w in words:
-        if len(out) + len(w) + 1 > width:
-            return f"{out}…"
-        out = f"{out} {w}".strip()
-    return out
-
-
-def short_names(records: Sequence[Mapping[str, Any]], width: int = 38) -> list[str]:
-    """:func:`short_name` of each record, made distinct: claims whose first words are the same (one entropy
-    claim with the paper's and with the released code's sign) keep fewer of them and add the words where their
-    statements part, e.g. ``hapo: HAPO keeps higher entropy… (the paper's h̃ sign)``."""
-    names = [short_name(r, width) for r in records]
-    for name in set(names):
-        same = [i for i, n in enumerate(names) if n == name]
-        if len(same) < 2:
-            continue
-        split = [str(records[i]["statement"]).split() for i in same]
-        k = next((j for j in range(min(map(len, split))) if len({tuple(s[j:j + 1]) for s in split}) > 1),
-                 min(map(len, split)))
-        for i, words in zip(same, split):
-            head = _first_words(words[:k], width * 2 // 3)
-            names[i] = f"{str(records[i]['id']).rsplit('-', 1)[0]}: {head.rstrip('…')}… " \
-                       f"{_first_words(words[max(k - 1, 0):], width * 2 // 3)}"
-    return names

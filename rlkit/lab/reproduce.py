@@ -1,17 +1,7 @@
-"""Reproductions: experiment specs executed with papermill, the runs they make, and the paper claims they test.
+"""Reproductions: specs executed with papermill, the runs they make, and the paper claims they test.
 
-A spec (``reproductions/specs/<name>.yaml``) names a notebook, the method it runs, its seeds, scale and extra
-parameters, and the papers' claims with how each is judged from the run files. :func:`reproduce` converts each
-notebook (jupytext MyST → ipynb) and executes it with papermill, once per seed for a method's notebook, into
-``<results>/<name>/seed<k>/`` — the executed notebook beside the run's ``metrics.jsonl``, ``config.json``,
-``env.json`` and figures; once for the overview and the comparison, into ``<results>/<name>/``. A failing notebook
-stops everything with its cell and error.
-
-Inside a notebook, :func:`ensure_run` trains a method (or reuses a finished run, or resumes a killed one), and
-:func:`rlkit.lab.judge.judge_spec` turns a spec's claims into records of verdicts computed from the metrics files —
-never typed in (the rules, the null-calibrated margins and the verdicts: :mod:`rlkit.lab.claims`). The specs,
-notebooks and results are the project's (:mod:`rlkit.lab.paths`): a checkout, or ``$RLKIT_PROJECT``.
-"""
+A spec (``reproductions/specs/<name>.yaml``) names a notebook, its method, seeds, scale and claims;
+:func:`reproduce` trains the runs, then executes each notebook into ``<results>/<name>/``."""
 
 from __future__ import annotations
 
@@ -20,7 +10,7 @@ import os
 import time
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,38 +33,30 @@ class Spec:
 
     name: str
     notebook: str
-    """Path of the MyST notebook, relative to the project root (:func:`rlkit.lab.paths.project_root`)."""
+    """Path of the MyST notebook, relative to the project root."""
     title: str = ""
     method: str | None = None
-    """The method the notebook trains (None: overview / comparison, which read the method reproductions' runs)."""
+    """The method the notebook trains (None: overview / comparison, which read the others' runs)."""
     topic: bool = False
-    """The page is about a topic, not about its ``method``: it trains runs of the method (its regimes, its
-    variants: e.g. the method with a mismatched sampler) and judges claims on them, but the method has its own page. A
-    topic page stays out of the methods' lists (:attr:`method_page`) and is listed among the topics."""
+    """The page is about a topic: it trains and judges runs of ``method``, which has its own page."""
     paper: str = ""
     """Citation key in book/references.bib."""
     scale: str = "cpu"
     seeds: int = 3
-    """Seeds of every run to start with, from :data:`rlkit.lab.runs.FIRST_SEED` (the SFT start is shared: seeds vary
-    RL sampling and prompt order)."""
+    """Seeds of every run to start with, from :data:`rlkit.lab.runs.FIRST_SEED`."""
     regimes: list[str] = field(default_factory=lambda: ["standard"])
-    """The regimes the method is run in (``standard``, the off-policy ladder's rungs, ``stress``:
-    :data:`rlkit.tiny.config.REGIMES`)."""
+    """The regimes the method is run in (:data:`rlkit.tiny.config.REGIMES`)."""
     variants: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Further runs of the method: directory name → config overrides, e.g. ``<method>-ablation: {<method>.<field>:
-    <value>}`` (in each of :attr:`variant_regimes`)."""
+    """Further runs of the method: directory name → config overrides (in each of :attr:`variant_regimes`)."""
     variant_regimes: list[str] = field(default_factory=lambda: ["standard"])
-    """The regimes every variant runs in (``<variant>`` in the standard regime, ``<variant>-<regime>`` in the
-    others)."""
+    """The regimes every variant runs in (``<variant>-<regime>`` outside the standard one)."""
     parameters: dict[str, Any] = field(default_factory=dict)
     """Extra papermill parameters."""
     claims: list[Claim] = field(default_factory=list)
     seed_rule: dict[str, int] = field(default_factory=dict)
-    """The sequential seed rule's ``batch`` and ``cap`` (``seeds`` is its start): :class:`rlkit.lab.stats.SeedRule`,
-    whose defaults (+3 a round, up to 12) apply to what is not given."""
+    """The sequential seed rule's ``batch`` and ``cap`` (:class:`rlkit.lab.stats.SeedRule`)."""
     anatomy: dict[str, str] = field(default_factory=dict)
-    """A method's row of the overview's anatomy table (:data:`ANATOMY`; Markdown, "as GRPO" where it changes
-    nothing; ``label`` optional, default the title's name in bold)."""
+    """A method's row of the overview's table (:data:`ANATOMY`, Markdown; "as GRPO" where alike)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.seeds, int) or self.seeds < 1:
@@ -99,8 +81,7 @@ class Spec:
 
     @property
     def method_page(self) -> bool:
-        """Whether the page is its method's own (it trains a method and is no :attr:`topic` page): the book's lists
-        of the methods, the overview's anatomy table and the papers page are these specs'."""
+        """Whether the page is its method's own (a method, no :attr:`topic`): the book lists these."""
         return bool(self.method) and not self.topic
 
     @classmethod
@@ -127,9 +108,7 @@ class Spec:
         return spec
 
     def runs(self, seeds: int | None = None, results: str | Path | None = None) -> list[PlannedRun]:
-        """Every run this reproduction trains: the method in each regime, and each variant, for every seed —
-        consecutive from the first seed of the publication in ``results`` (:func:`rlkit.lab.runs.first_seed`: a
-        folder that holds one is reused, not added to), from :data:`rlkit.lab.runs.FIRST_SEED` without."""
+        """Every run this reproduction trains, each seed from the first of the publication in ``results``."""
         if not self.method:
             return []
         named = [(run_name(self.method, r), r, {}) for r in self.regimes]
@@ -140,8 +119,7 @@ class Spec:
                 for name, regime, overrides in named for k in seed_numbers(seeds or self.seeds, first)]
 
     def check(self) -> None:
-        """Fail now, not on the page, if a run's overrides do not build, a claim reads a metric no run logs, or a
-        judged claim names no activity metric of its mechanism."""
+        """Fail now, not on the page, if a run's overrides do not build or a claim reads no logged metric."""
         from rlkit.tiny.rl import LOGGED_WHEN_STALE, logged_metrics
 
         planned = {p.name: p for p in self.runs(1)}
@@ -158,8 +136,7 @@ class Spec:
                                  f"({', '.join(configs) or 'none'})")
             compared = [] if claim.expect in ("rise", "at_least") or claim.baseline_metric else \
                 [claim.baseline, *claim.without]
-            # what each run logs: its method's metrics in its regime, with its own overrides (a variant's mismatched
-            # sampler logs the mismatch); a baseline from another spec, with none
+            # what each run logs: its method's metrics in its regime, with its own overrides (if of this spec)
             needs = [(m, name, cfg.method, claim.regime) for m in claim.metrics()]
             needs += [(claim.metric, n, n.split("-")[0], claim.baseline_regime or claim.regime) for n in compared]
             for metric, run, method, regime in needs:
@@ -191,8 +168,7 @@ class PlannedRun:
 
 
 def load_specs(specs_dir: str | Path | None = None) -> list[Spec]:
-    """Every spec in ``specs_dir`` (default: the project's), in notebook order (00_overview first, 07_comparison
-    last)."""
+    """Every spec in ``specs_dir`` (default: the project's), in notebook order."""
     specs_dir = Path(specs_dir) if specs_dir else paths.specs_dir()
     specs = [Spec.load(p) for p in sorted(specs_dir.glob("*.yaml"))]
     if not specs:
@@ -207,41 +183,22 @@ def get_spec(name: str, specs_dir: str | Path | None = None) -> Spec:
     return specs[name]
 
 
-# ------------------------------------------------------------------------------------------------ runs
-
-
 def run_complete(run_dir: Path) -> bool:
-    """True when ``run_dir`` holds a finished tiny run (its metrics reach the configured last step; a damaged
-    one is not: resuming it names the damage)."""
+    """True when ``run_dir`` holds a finished tiny run (a damaged one is not)."""
     return finished(Path(run_dir))
 
 
-def ensure_run(
-    method: str,
-    *,
-    scale: str = "cpu",
-    seed: int = 0,
-    results: str | Path | None = None,
-    device: str = "cpu",
-    overrides: dict[str, Any] | None = None,
-    name: str | None = None,
-    regime: str = "standard",
-    progress: bool = True,
-) -> Run:
-    """The tiny-engine run of ``method`` in ``regime`` at ``<results>/<name>/seed<seed>`` (default results: the
-    project's, :func:`rlkit.lab.paths.results_dir`; default name: the method,
-    ``<method>-stress`` in the stress regime): reused when finished with the same config, resumed when killed
-    part-way, trained otherwise. A finished run with another config is an error (delete it, or pass another
-    ``name``)."""
+def ensure_run(method: str, *, scale: str = "cpu", seed: int = 0, results: str | Path | None = None,
+               device: str = "cpu", overrides: dict[str, Any] | None = None, name: str | None = None,
+               regime: str = "standard", progress: bool = True) -> Run:
+    """The run of ``method`` at ``<results>/<name>/seed<seed>``: reused (same config), resumed, or trained."""
     from rlkit.tiny.rl import differing_settings, train
 
     cfg = build_config(method, scale, {"seed": seed, **(overrides or {})}, regime=regime)
     run_dir = Path(results or paths.results_dir()) / (name or run_name(method, regime)) / f"seed{seed}"
     if run_complete(run_dir):
         saved = json.loads((run_dir / "config.json").read_text())
-        wanted = json.loads(json.dumps(_asdict(cfg), default=list))
-        # the rule a resumed run is held to: a method registered since the run (its section on one side only) is
-        # not a difference, any other setting is
+        wanted = json.loads(json.dumps(asdict(cfg), default=list))
         if changed := differing_settings(saved, wanted):
             raise ValueError(f"{run_dir} holds a finished run with another config ({', '.join(changed)} differ); "
                              "delete it or choose another name")
@@ -250,29 +207,9 @@ def ensure_run(
     return load_run(run_dir)
 
 
-def _asdict(cfg) -> dict:
-    from dataclasses import asdict
-
-    return asdict(cfg)
-
-
-# ------------------------------------------------------------------------------------------------ execution
-
-
-def notebook_node(path: str | Path):
-    """A MyST-markdown notebook as an nbformat node (jupytext), ready for papermill."""
-    import jupytext
-
-    return jupytext.read(Path(path), fmt="md:myst")  # explicit: a header without format_version still reads as MyST
-
-
 def execute(spec: Spec, out_dir: Path, parameters: dict[str, Any], *, progress: bool = True) -> Path:
-    """Execute ``spec``'s notebook with ``parameters`` into ``out_dir/<stem>.ipynb``; raise on the first failing cell
-    with the cell's source and the error (:class:`NotebookFailed`).
-
-    The notebook is executed into a temporary file that replaces the published one only on success: a failed
-    execution leaves the notebook an earlier one published as it was and is kept as ``<stem>.failed.ipynb``
-    (:func:`failed_path`, named in the error); an interrupted one leaves nothing."""
+    """Execute ``spec``'s notebook into ``out_dir/<stem>.ipynb`` (a failed one: ``<stem>.failed.ipynb``)."""
+    import jupytext
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
@@ -282,15 +219,15 @@ def execute(spec: Spec, out_dir: Path, parameters: dict[str, Any], *, progress: 
     if not (root / spec.notebook).exists():
         raise FileNotFoundError(f"spec {spec.name!r}: notebook {spec.notebook} does not exist in {root}")
     stem = Path(spec.notebook).stem
-    output, failed = out_dir / f"{stem}.ipynb", failed_path(out_dir / f"{stem}.ipynb")
+    output, failed = out_dir / f"{stem}.ipynb", out_dir / f"{stem}.failed.ipynb"
     with os_errors():
         out_dir.mkdir(parents=True, exist_ok=True)
         running = out_dir / f".{stem}.running.ipynb"
         try:
-            papermill.execute_notebook(
-                notebook_node(root / spec.notebook), str(running), parameters=parameters, cwd=str(root),
-                kernel_name="python3", progress_bar=progress, request_save_on_cell_execute=True,
-            )
+            papermill.execute_notebook(  # explicit fmt: a header without format_version still reads as MyST
+                jupytext.read(root / spec.notebook, fmt="md:myst"), str(running), parameters=parameters,
+                cwd=str(root), kernel_name="python3", progress_bar=progress,
+                request_save_on_cell_execute=True)
         except PapermillExecutionError as e:
             running.replace(failed)
             raise NotebookFailed(spec.notebook, failed, e.exec_count, e.source, e.ename, e.evalue) from None
@@ -304,9 +241,7 @@ def execute(spec: Spec, out_dir: Path, parameters: dict[str, Any], *, progress: 
 
 
 def without_machine_paths(notebook: Path, results: Path) -> None:
-    """Rewrite the executed ``notebook`` (of the results folder ``results``) so that it names no folder of the
-    machine that executed it: the results folder papermill recorded as its parameter, and the project root, become
-    what the project calls them (:func:`rlkit.lab.paths.results_shown`; paths inside the project, relative)."""
+    """Rewrite the executed ``notebook`` so that it names no folder of the machine that ran it."""
     text = notebook.read_text(encoding="utf-8")
     recorded = json.loads(text).get("metadata", {}).get("papermill", {}).get("parameters", {}).get("results")
     for absolute, shown in ((recorded, paths.results_shown(results)), (str(paths.project_root().resolve()), ".")):
@@ -315,15 +250,8 @@ def without_machine_paths(notebook: Path, results: Path) -> None:
     notebook.write_text(text, encoding="utf-8")
 
 
-def failed_path(notebook: Path) -> Path:
-    """Where :func:`execute` keeps a failed execution of ``notebook`` (``<stem>.ipynb`` → ``<stem>.failed.ipynb``):
-    beside the published notebook, never over it."""
-    return notebook.with_name(f"{notebook.stem}.failed.ipynb")
-
-
 class NotebookFailed(RuntimeError):
-    """A notebook cell raised: which notebook, which cell, what error, and where the failed execution is kept
-    (:func:`failed_path`)."""
+    """A notebook cell raised: which notebook, cell and error, and where the failed execution is kept."""
 
     def __init__(self, notebook: str, output: Path, cell: int, source: str, ename: str, evalue: str):
         self.notebook, self.output, self.cell, self.source, self.ename, self.evalue = (
@@ -334,8 +262,7 @@ class NotebookFailed(RuntimeError):
 
 
 def default_workers() -> int:
-    """The CPUs this process may use (its affinity: what a container, ``taskset`` or a batch system allots, not the
-    machine's count): :func:`train_runs` trains that many runs side by side by default."""
+    """The CPUs this process may use (its affinity, not the machine's count): runs side by side by default."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # no affinity on this OS (macOS)
@@ -343,11 +270,7 @@ def default_workers() -> int:
 
 
 def usable_workers(workers: int | None) -> int | None:
-    """``workers`` (None: the default, :func:`default_workers`), at most the CPUs this process may use: more
-    is cut to them with a warning (runs side by side on one CPU share it, and each takes a process); below 1
-    is refused."""
-    import warnings
-
+    """``workers`` at most the CPUs this process may use (more is cut, with a warning); below 1 is refused."""
     if workers is None:
         return None
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
@@ -360,23 +283,10 @@ def usable_workers(workers: int | None) -> int | None:
     return min(workers, cpus)
 
 
-def train_runs(
-    runs: Sequence[PlannedRun],
-    *,
-    scale: str,
-    results: str | Path | None = None,
-    device: str = "cpu",
-    workers: int | None = None,
-    ray_address: str | None = None,
-    ray_shared: bool = False,
-    progress: bool = True,
-) -> dict[str, float]:
-    """Train every planned run not finished yet (reusing finished ones, resuming killed ones), each on one CPU
-    thread: ``workers`` side by side in processes of this machine (default: :func:`default_workers`), or with
-    ``ray_address`` as one-CPU tasks of that Ray cluster, their files back in ``results`` (``ray_shared``: written
-    there by the tasks; :mod:`rlkit.lab.cluster`). Returns minutes per run trained. The shared SFT start is trained
-    first, once (on a cluster, each node loads or trains its own). The bar counts runs done and estimates the time
-    left from each run's cost (:class:`TimeLeft`). A failing run stops everything with its name and error."""
+def train_runs(runs: Sequence[PlannedRun], *, scale: str, results: str | Path | None = None,
+               device: str = "cpu", workers: int | None = None, ray_address: str | None = None,
+               ray_shared: bool = False, progress: bool = True) -> dict[str, float]:
+    """Train the planned runs not finished, one CPU thread each, side by side or on a Ray cluster."""
     import contextlib
 
     from tqdm.auto import tqdm
@@ -431,9 +341,7 @@ def train_runs(
 
 def _in_processes(todo: Sequence[PlannedRun], scale: str, results: str, device: str, workers: int,
                   tick: float = 5.0):
-    """Train ``todo`` in ``workers`` processes of this machine (spawned: each imports torch afresh, one thread);
-    yield ``(run, minutes)`` as each ends and None every ``tick`` seconds without one. The first failure cancels the
-    rest and raises naming the run."""
+    """Train ``todo`` in ``workers`` processes; yield ``(run, minutes)`` as each ends, None each ``tick``."""
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
     from concurrent.futures.process import BrokenProcessPool
@@ -466,9 +374,7 @@ def _in_processes(todo: Sequence[PlannedRun], scale: str, results: str, device: 
 
 
 def _ended_by_ctrl_c(processes, wait: float = 5.0) -> bool:
-    """Whether one of the pool's worker ``processes`` ended with :func:`_quiet_interrupt`'s exit code (130). The
-    pool's own thread may reap a worker at the same moment, and the loser of that race reads no code for an instant:
-    ask again, up to ``wait`` seconds while some code is unknown."""
+    """Whether a worker ended with :func:`_quiet_interrupt`'s code 130 (asked for up to ``wait`` s)."""
     deadline = time.monotonic() + wait
     while True:
         codes = [w.exitcode for w in processes]
@@ -478,17 +384,14 @@ def _ended_by_ctrl_c(processes, wait: float = 5.0) -> bool:
 
 
 def _quiet_interrupt() -> None:
-    """A worker's Ctrl-C (a terminal sends it to every process of its group): end at once, without a traceback of
-    its own — the launcher says it in one line, and the run resumes from its last checkpoint, as after a kill."""
+    """A worker's Ctrl-C: end at once, without a traceback (the run resumes from its last checkpoint)."""
     import signal
 
     signal.signal(signal.SIGINT, lambda *_: os._exit(130))
 
 
 class TimeLeft:
-    """The time left of runs taken in order, ``slots`` at a time, each as soon as a slot frees (as the workers and a
-    Ray cluster take them): every run's cost from :func:`_work`, in seconds at the rate the ended runs took per unit
-    of cost (before any has ended: one second a unit, :func:`_work`'s own calibration)."""
+    """The time left of runs taken in order, ``slots`` at a time, at the rate the ended runs took per cost."""
 
     def __init__(self, costs: Sequence[float], slots: int, now: float | None = None):
         self.costs = list(costs)
@@ -509,8 +412,7 @@ class TimeLeft:
             self.started[waiting] = now
 
     def seconds(self, now: float | None = None) -> float:
-        """Seconds until the last run ends: the running ones' remaining time, then each waiting one on the slot
-        that frees first."""
+        """Seconds until the last run ends: the running ones' rest, then the waiting ones on free slots."""
         import heapq
 
         now = time.monotonic() if now is None else now
@@ -524,8 +426,7 @@ class TimeLeft:
         return max(free) if len(self.done) < len(self.costs) else 0.0
 
     def text(self, now: float | None = None) -> str:
-        """``~12:34 left`` (mm:ss, or h:mm:ss); ``time left: ?`` while no run has ended and one has outlasted its
-        uncalibrated estimate (another CPU, another scale: nothing measured yet to say how long they take)."""
+        """``~12:34 left``; ``time left: ?`` while no run has ended and one outlasted its estimate."""
         from tqdm import tqdm
 
         now = time.monotonic() if now is None else now
@@ -535,14 +436,12 @@ class TimeLeft:
 
 
 def _work(cfg) -> float:
-    """A run's relative cost, about its seconds on one core of the 2-core Intel it was measured on at cpu scale (a
-    step samples in ~0.5 s and a pass over its batch takes ~1.5 s with 2 mini-batches, ~3.5 s with 16)."""
+    """A run's relative cost: about its seconds on one core at cpu scale (0.5 s a step's sampling)."""
     return cfg.steps * (0.5 + cfg.ppo_epochs * (1.2 + 0.15 * cfg.mini_batches))
 
 
 def _train_one(p: PlannedRun, scale: str, results: str, device: str) -> float:
-    """One planned run in a worker process, local or a Ray task (one torch thread: runs side by side share the
-    cores without contention, and compute alike wherever they run)."""
+    """One planned run in a worker process, local or a Ray task, on one torch thread."""
     import torch
 
     torch.set_num_threads(1)
@@ -562,27 +461,11 @@ def _where(workers: int | None, ray_address: str | None) -> str:
     return f"{workers} at a time, one CPU thread each"
 
 
-def reproduce(
-    *,
-    only: Sequence[str] | None = None,
-    scale: str | None = None,
-    seeds: int | None = None,
-    results: str | Path | None = None,
-    device: str = "cpu",
-    specs_dir: str | Path | None = None,
-    workers: int | None = None,
-    ray_address: str | None = None,
-    ray_shared: bool = False,
-    progress: bool = True,
-    rounds: int | None = None,
-) -> dict[str, Any]:
-    """Train every run the specs (``only``: these names) need at ``scale`` (default: each spec's) with ``seeds``
-    seeds, ``workers`` side by side (default: the CPUs this process may use) or on the Ray cluster at
-    ``ray_address`` (:func:`train_runs`), then execute each spec's notebook once on them, and set
-    the runs beside the published ones (:func:`rlkit.lab.reproduced.report`, unless ``results`` is the published
-    folder); returns ``{"notebooks": [paths], "minutes": {what: m}, "reproduced": the report or None}``. A failing
-    notebook raises :class:`NotebookFailed`. ``rounds``: at most that many rounds of the sequential seed rule
-    (:func:`seed_rounds`) this time; the claims are judged on the seeds the runs reached, each at its last look."""
+def reproduce(*, only: Sequence[str] | None = None, scale: str | None = None, seeds: int | None = None,
+              results: str | Path | None = None, device: str = "cpu", specs_dir: str | Path | None = None,
+              workers: int | None = None, ray_address: str | None = None, ray_shared: bool = False,
+              progress: bool = True, rounds: int | None = None) -> dict[str, Any]:
+    """Train the specs' runs and seed rounds, judge the claims, execute the notebooks, compare."""
     if seeds is not None and (not isinstance(seeds, int) or seeds < 1):
         raise ValueError(f"seeds must be an integer ≥ 1, got {seeds!r}")
     specs = load_specs(specs_dir)  # no project: ProjectNotFound, before anything is trained
@@ -613,14 +496,12 @@ def reproduce(
         train_runs(planned, scale=s, results=results, device=device, workers=workers, ray_address=ray_address,
                    ray_shared=ray_shared, progress=progress)
         minutes[f"runs at {s} scale"] = (time.perf_counter() - t0) / 60
-    # --- the sequential seed rule (issue 32): more seeds where a claim is undecided; a fixed number with --seeds N,
-    # or at another scale than the specs' own (a smoke run checks the plumbing: its verdicts are not the paper's)
+    # the sequential seed rule (issue 32), but with --seeds N or at another scale than the specs' own
     sequential = seeds is None and all((scale or s.scale) == s.scale for s in specs)
     if sequential:
         minutes.update(seed_rounds(specs, results, scale=scale, specs_dir=specs_dir, progress=progress,
                                    device=device, workers=workers, ray_address=ray_address, ray_shared=ray_shared,
                                    max_rounds=rounds))
-    # ---
     judged = judge.judge_all(specs, results, seeds, sequential=sequential,  # before the pages that render them
                              context=load_specs(specs_dir))
     if judged:
@@ -631,8 +512,7 @@ def reproduce(
                   flush=True)
     done: list[Path] = []
     for i, spec in enumerate(specs, 1):
-        # seeds: as judged — None, every seed the rounds left (the pages show claims.json's records as saved), or
-        # a fixed number: --seeds N, or each spec's own at another scale
+        # seeds as judged: None (every seed the rounds left), --seeds N, or each spec's own at another scale
         params = {"scale": scale or spec.scale, "results": str(shown), "device": device, "progress": False,
                   "seeds": None if sequential else seeds or spec.seeds, **spec.parameters}
         print(f"[{i}/{len(specs)}] {spec.name}: {spec.notebook} at {params['scale']} scale", flush=True)
@@ -651,10 +531,7 @@ def reproduce(
 def seed_rounds(specs: Sequence[Spec], results: Path, *, scale: str | None = None,
                 specs_dir: str | Path | None = None, progress: bool = True, max_rounds: int | None = None,
                 **train: Any) -> dict[str, float]:
-    """The rounds of the sequential seed rule: while :func:`rlkit.lab.judge.next_round` names runs whose claims
-    are undecided below their cap, train those runs' next seeds (:func:`train_runs`, with ``train``'s options; a
-    baseline from another spec too) and look again — at most ``max_rounds`` rounds (None: until none is asked).
-    Returns minutes per round."""
+    """The sequential seed rule's rounds (:func:`rlkit.lab.judge.next_round`); returns minutes per round."""
     every = load_specs(specs_dir)
     templates = {p.name: (p, scale or spec.scale) for spec in every for p in spec.runs(1)}
     minutes: dict[str, float] = {}
@@ -677,17 +554,10 @@ def seed_rounds(specs: Sequence[Spec], results: Path, *, scale: str | None = Non
     return minutes
 
 
-# ------------------------------------------------------------------------------------------------ the shipped start
-
-
 def ship_start(scale: str = "cpu", *, specs_dir: str | Path | None = None, cache_dir: str | Path | None = None,
                progress: bool = True) -> dict[str, Any]:
-    """Maintainers: train the SFT start of ``scale`` on this machine (one thread; one already trained here and
-    cached in ``cache_dir``, default the SFT cache, is taken as it is) and ship it — the checkpoint into
-    :data:`rlkit.tiny.sft.SHIPPED_DIR` with its weights' SHA-256, accuracy and the machine that made it in
-    ``MANIFEST.json`` — with the offline pass of every run the specs plan from it whose method declares one
-    (:attr:`rlkit.registry.Method.offline_pass`; each seed's), so those runs too begin alike on every CPU.
-    Returns the manifest entry (``spo_offline``: the passes' files, under the key the manifest has always used)."""
+    """Maintainers: train and ship the SFT start of ``scale`` with the offline passes of the planned runs;
+    returns its manifest entry (``spo_offline``: the passes' files)."""
     import datetime
     import shutil
 
@@ -697,7 +567,8 @@ def ship_start(scale: str = "cpu", *, specs_dir: str | Path | None = None, cache
     from rlkit.tasks import arithmetic
     from rlkit.tiny.checkpoint import environment
     from rlkit.tiny.machine import fingerprint
-    from rlkit.tiny.rl import offline_scores, side_run
+    from rlkit.tiny.rl import side_run
+    from rlkit.tiny.sft import offline_scores
     from rlkit.tiny.sft import SHIPPED_DIR, load_checkpoint, shipped_manifest, warm_start
     from rlkit.tiny.task import build_tokenizer
 

@@ -1,32 +1,11 @@
 """Did I reproduce? This machine's runs set beside the published ones, run by run and claim by claim.
 
-``rlkit reproduce`` ends with this report (and writes it to ``<results>/reproduced.md`` and ``.json``); ``rlkit
-reproduced`` prints it for any two results folders. Per run and seed:
-
-- **bit-identical**: every logged number except timings (``timing_s/*``, ``perf/*``) and every per-problem result
-  equal the published run's. Expected when both machines have the same fingerprint (``rlkit env``): the same
-  float kernels from the same shipped SFT start.
-- **the same run, last bits of logged means apart**: every per-problem result equal, every logged number within
-  1e-12 (relative): the same trajectory, with means aggregated under other rounding (Python 3.12's ``sum`` of
-  floats is compensated, 3.11's is not).
-- **within the published spread**: the final held-out accuracy (``val/acc_final``) lies inside the published
-  seeds' range widened by the 95% binomial half-width of one evaluation (1.96·√(p(1−p)/n), n held-out problems,
-  p their mean), or inside the 99% prediction interval of one more seed from the seed spread of the run's regime,
-  pooled over the published runs of that regime (:func:`regime_band`; a 3-seed range is narrower than a regime's
-  spread, most of all off-policy): as far from the publication as its own seeds are from each other, plus
-  evaluation noise. Expected when the fingerprints differ: the runs part after a few steps and agree only
-  statistically.
-- **outside it**: further than that — a different result, worth a look (the fingerprints, ``env.json``, the
-  curves).
-- **damaged** / **not finished**: a run present (here or in the publication) that cannot be compared — a file
-  missing, cut off or not what it should hold, or metrics that end before the final evaluation — named with the
-  file and what is wrong (:func:`check_run`). **not run here** is only for runs absent here. ``rlkit reproduced``
-  exits 1 when any run is damaged or not finished.
-
-Per claim: the verdict judged from this machine's runs and from the published runs of the same seeds, by the same
-rules (:func:`rlkit.lab.report.judge_claims`); the ones that differ are listed, and so are the reproductions whose
-claims could not be judged because a run they read is damaged or not finished (never counted as agreement).
-"""
+``rlkit reproduce`` ends with this report (also in ``<results>/reproduced.md`` and ``.json``); ``rlkit
+reproduced`` prints it for any two results folders. Per run and seed: bit-identical, the same run (last bits
+of logged means apart, :data:`ROUNDING`), within the published spread (the seeds' range widened by the
+binomial half-width 1.96·√(p(1−p)/n), or the regime's prediction interval: :func:`regime_band`), outside it,
+damaged or not finished (:func:`check_run`; ``rlkit reproduced`` exits 1), or not run here. Per claim: the
+verdicts from both folders' runs on the same seeds."""
 
 from __future__ import annotations
 
@@ -50,8 +29,7 @@ IDENTICAL, SAME_RUN, WITHIN, OUTSIDE, MISSING, DAMAGED, UNFINISHED = (
 CANNOT_COMPARE = (DAMAGED, UNFINISHED)
 """The statuses of a run present that cannot be compared (:func:`check_run`): ``rlkit reproduced`` exits 1."""
 ROUNDING = 1e-12
-"""Relative difference of a logged mean that is float rounding of its aggregation, not another run (Python 3.12's
-``sum`` of floats is compensated, 3.11's is not: the same values average to a last bit apart)."""
+"""Relative difference of a logged mean that is float rounding of its aggregation (3.12's ``sum``, 3.11's)."""
 IGNORED_PREFIXES = ("timing_s/", "perf/")
 """Metrics that measure the machine, not the run: left out of the bit-identical comparison."""
 
@@ -65,8 +43,8 @@ def _metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def _records(run_dir: Path) -> list[dict[str, Any]]:
-    rows = _metrics(run_dir)
-    return [(r["step"], {k: v for k, v in r["data"].items() if not k.startswith(IGNORED_PREFIXES)}) for r in rows]
+    return [(r["step"], {k: v for k, v in r["data"].items() if not k.startswith(IGNORED_PREFIXES)})
+            for r in _metrics(run_dir)]
 
 
 def _per_problem(run_dir: Path) -> list[Any]:
@@ -80,8 +58,7 @@ def identical(mine: Path, published: Path) -> bool:
 
 
 def same_run(mine: Path, published: Path) -> bool:
-    """The same trajectory logged with other rounding: every per-problem result equal, every logged number within
-    :data:`ROUNDING` of the published one (relative), the same steps and keys."""
+    """The same trajectory logged with other rounding (:data:`ROUNDING`): same steps, keys, per problem."""
     if _per_problem(mine) != _per_problem(published):
         return False
     a, b = _records(mine), _records(published)
@@ -99,8 +76,7 @@ def same_run(mine: Path, published: Path) -> bool:
 
 
 def final_accuracy(run_dir: Path) -> tuple[float, int] | None:
-    """``val/acc_final`` of a finished run and the number of held-out problems it was measured on (None: the run
-    has not logged it); a damaged ``metrics.jsonl`` or ``config.json`` is :class:`~rlkit.errors.DamagedFile`."""
+    """``val/acc_final`` of a finished run and its number of held-out problems (None: not logged)."""
     rows = [r["data"] for r in _metrics(run_dir) if "val/acc_final" in r["data"]]
     if not rows:
         return None
@@ -111,10 +87,7 @@ def final_accuracy(run_dir: Path) -> tuple[float, int] | None:
 
 
 def check_run(run_dir: Path) -> tuple[str, str] | None:
-    """Why the run present in ``run_dir`` cannot be compared — ``(DAMAGED, which file and what is wrong)``: a
-    file a run must have missing, cut off or not what it should hold (:func:`rlkit.lab.runs.check_finished`);
-    ``(UNFINISHED, where its metrics end)``: whole files without the final evaluation — or None for a whole,
-    finished run."""
+    """Why the run in ``run_dir`` cannot be compared, ``(DAMAGED | UNFINISHED, what)``; None if finished."""
     try:
         if check_finished(run_dir) and final_accuracy(run_dir) is not None:
             return None
@@ -134,14 +107,11 @@ def spread_band(published: Sequence[float], n: int) -> tuple[float, float]:
 
 
 PREDICTION = 0.99
-"""The level of :func:`regime_band`'s prediction interval: with 75 runs compared, a 95% band would flag about 4 runs
-that are no different; 99% flags fewer than 1."""
+"""The level of :func:`regime_band`'s prediction interval: of 75 runs, 95% would flag about 4 alike."""
 
 
 def regime_spreads(runs: dict[str, dict[int, Path]]) -> dict[str, tuple[float, int]]:
-    """Per regime: the seed SD of the final held-out accuracy pooled over its runs (each run's own mean taken out)
-    and its degrees of freedom; a regime with fewer than two runs of two seeds has no pooled spread. Runs that
-    cannot be read are left out (the comparison names them)."""
+    """Per regime: the final accuracy's seed SD pooled over its runs, and its degrees of freedom."""
     pooled: dict[str, list[Any]] = {}
     for name, seeds in runs.items():
         values = []
@@ -163,8 +133,7 @@ def regime_spreads(runs: dict[str, dict[int, Path]]) -> dict[str, tuple[float, i
 
 def regime_band(low: float, high: float, published: Sequence[float], spread: tuple[float, int] | None
                 ) -> tuple[float, float]:
-    """The band [``low``, ``high``] widened to the :data:`PREDICTION` interval of one more seed around the published
-    seeds' mean, from the regime's pooled seed SD and degrees of freedom (``spread``: :func:`regime_spreads`)."""
+    """[``low``, ``high``] widened to the :data:`PREDICTION` interval of one more seed of the regime."""
     if not published or spread is None:
         return low, high
     from scipy import stats
@@ -176,8 +145,7 @@ def regime_band(low: float, high: float, published: Sequence[float], spread: tup
 
 
 def _runs(root: Path) -> dict[str, dict[int, Path]]:
-    """Run name → seed → directory, for every run present under ``root`` (a non-empty ``<name>/seed<k>/``),
-    finished or not, whole or damaged (:func:`check_run`)."""
+    """Run name → seed → directory, for every non-empty ``<name>/seed<k>/`` under ``root``."""
     out: dict[str, dict[int, Path]] = {}
     for run_dir in sorted(root.glob("*/seed*")):
         seed = run_dir.name.removeprefix("seed")
@@ -187,8 +155,7 @@ def _runs(root: Path) -> dict[str, dict[int, Path]]:
 
 
 def compare_runs(results: str | Path, published: str | Path) -> pd.DataFrame:
-    """One row per published run and seed: its final accuracy there and here, the band, the status, and for a run
-    that cannot be compared (here or there: :func:`check_run`) what is wrong with it."""
+    """One row per published run and seed: its final accuracy there and here, the band, the status."""
     mine, theirs = _runs(Path(results)), _runs(Path(published))
     spreads = regime_spreads(theirs)
     rows = []
@@ -216,17 +183,12 @@ def compare_runs(results: str | Path, published: str | Path) -> pd.DataFrame:
 
 def compare_claims(results: str | Path, published: str | Path, specs: Sequence[Any],
                    not_judged: list[dict[str, str]] | None = None) -> pd.DataFrame:
-    """Every judged claim's verdict from the published runs and from this machine's, over the seeds this machine ran
-    (of the spec's method), for the specs whose runs both folders hold. A spec whose runs cannot be compared (one
-    damaged or not finished, here or there: :func:`check_run`) is not judged: it is added to ``not_judged`` with
-    what is wrong, never counted as agreement."""
+    """Each judged claim's verdict here and in the publication, on the same seeds (else ``not_judged``)."""
     from rlkit.lab.claims import INCONCLUSIVE
     from rlkit.lab.judge import judge_spec
 
     mine, theirs = _runs(Path(results)), _runs(Path(published))
-    rows = []
-    judged_there: list[dict] = []
-    judged_here: list[dict] = []
+    rows, judged_there, judged_here = [], [], []
     for spec in specs:
         if not spec.claims or not spec.method:
             continue
@@ -273,8 +235,7 @@ def machine(root: str | Path) -> dict[str, Any]:
 
 
 def scales(root: str | Path) -> list[str]:
-    """The scales (``scale`` of config.json) of the runs under ``root``; damaged configs are left to
-    :func:`check_run`."""
+    """The scales (``scale`` of config.json) of the runs under ``root``; damaged configs are skipped."""
     found = set()
     for config in Path(root).glob("*/seed*/config.json"):
         try:
@@ -288,10 +249,7 @@ def scales(root: str | Path) -> list[str]:
 
 def report(results: str | Path, published: str | Path, specs: Sequence[Any] | None = None, *,
            out: str | Path | None = None) -> dict[str, Any]:
-    """Both comparisons and both machines, written to ``<out>/reproduced.json`` and ``reproduced.md`` (default
-    ``out``: ``results``); a folder that cannot be written is refused before anything is compared. ``problems``:
-    the runs that cannot be compared and the reproductions whose claims were not judged, each with what is wrong
-    (empty when every run present is whole)."""
+    """Both comparisons and machines, written to ``<out>/reproduced.json`` and ``reproduced.md``."""
     out_dir = writable_dir(out or results, RESULTS, "pass --out a folder you may write for the report "
                                                     "(reproduced.json, reproduced.md)")
     if specs is None:
@@ -316,16 +274,14 @@ def report(results: str | Path, published: str | Path, specs: Sequence[Any] | No
 
 
 def problems(report: dict[str, Any]) -> list[str]:
-    """What makes ``report`` no answer (``rlkit reproduced`` exits 1): each run that cannot be compared and each
-    reproduction whose claims were not judged, with what is wrong."""
+    """What makes ``report`` no answer (``rlkit reproduced`` exits 1): runs, reproductions not compared."""
     found = report.get("problems", {})
     return ([f"{r['run']} seed {r['seed']}: {r['status']}: {r['problem']}" for r in found.get("runs", [])]
             + [f"{c['spec']}: claims not judged: {c['problem']}" for c in found.get("claims", [])])
 
 
 def _other_scale(found: dict[str, list[str]]) -> list[str]:
-    """The report's warning (and a blank line) when this machine's runs are at another scale than the
-    published ones."""
+    """The report's warning (and a blank line) when the runs are at another scale than the published ones."""
     here, there = found.get("here") or [], found.get("published") or []
     if not here or not there or set(here) == set(there):
         return []
@@ -342,10 +298,7 @@ def to_markdown(out: dict[str, Any]) -> str:
     same_path = here["fingerprint"] == there["fingerprint"] and here["fingerprint"] != "?"
     same_start = here["sft_start"] == there["sft_start"] and here["sft_start"] != "?"
     lines = [
-        "# Did I reproduce?",
-        "",
-        "| | this machine | the publication |",
-        "|---|---|---|",
+        "# Did I reproduce?", "", "| | this machine | the publication |", "|---|---|---|",
         f"| CPU | {here['processor']} | {there['processor']} |",
         f"| fingerprint (`rlkit env`) | `{here['fingerprint']}` | `{there['fingerprint']}` |",
         f"| SFT start (SHA-256) | `{str(here['sft_start'])[:12]}` | `{str(there['sft_start'])[:12]}` |",

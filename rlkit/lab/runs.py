@@ -1,10 +1,4 @@
-"""The run files as the lab reads them: a run directory's metrics, config and environment; which seeds ended.
-
-A run directory holds ``metrics.jsonl`` (verl's ``file`` logger format, :mod:`rlkit.metrics`) and, for tiny
-runs, ``config.json``, ``env.json`` and the final evaluation's per-problem results (``eval.jsonl``).
-:func:`load_runs` reads any number of them into :class:`Run`; :func:`available_seeds` says which seeds of a
-run finished (a publication's seeds are consecutive from its first, :data:`FIRST_SEED` for the runs planned now).
-"""
+"""The run files as the lab reads them: a run directory's metrics, config, environment; which seeds ended."""
 
 from __future__ import annotations
 
@@ -23,16 +17,12 @@ from rlkit.errors import DamagedFile
 from rlkit.files import read_json
 from rlkit.metrics import metrics_frame, read_metrics
 
-X_AXES = {
-    "step": "RL step",
-    "tokens": "response tokens sampled (thousands)",
-    "minutes": "wall time of the RL stage (minutes)",
-}
+X_AXES = {"step": "RL step", "tokens": "response tokens sampled (thousands)",
+          "minutes": "wall time of the RL stage (minutes)"}
 """The x axes a run's series can be read against (:meth:`Run.series`), with their labels."""
 SHARES = ("val/acc", "val/acc_final", "sft/val_acc", "critic/score/mean", "policy/score/mean",
-          "critic/rewards/mean", "adv/zero_frac", "aspo/code_ratio", "aspo/correct_code_ratio")
-"""Metrics that are shares of responses or problems: their figures' panels span 0 to 1, whatever the runs
-reached, and the findings write their differences in points."""
+          "critic/rewards/mean", "adv/zero_frac", "tool/code_ratio", "tool/correct_code_ratio")
+"""Metrics that are shares of responses or problems: their panels span 0 to 1, differences are in points."""
 
 
 @dataclass
@@ -46,8 +36,7 @@ class Run:
 
     @property
     def method(self) -> str:
-        """The method (tiny runs: from config.json; otherwise the directory's name, or its parent's for
-        seed<k>)."""
+        """The method (config.json's; else the directory's name, its parent's for seed<k>)."""
         if "method" in self.config:
             return str(self.config["method"])
         name = self.path.name
@@ -55,8 +44,7 @@ class Run:
 
     @property
     def label(self) -> str:
-        """What legends call the run: its directory's name when that names a variant of the method
-        (``grpo-stress``, ``aspo-eq1``), else the method."""
+        """What legends call the run: its directory's name when it names a variant, else the method."""
         name = self.path.parent.name if self.path.name.startswith("seed") else self.path.name
         return name if name.startswith(self.method) else self.method
 
@@ -66,7 +54,7 @@ class Run:
 
     @property
     def minutes(self) -> float:
-        """Wall time of the RL stage: every step plus the method's own set-up (SPO's offline pass)."""
+        """Wall time of the RL stage: every step plus the method's own set-up (an offline pass)."""
         return float(self._cumulative("timing_s/step", "timing_s/init").iloc[-1]) / 60
 
     @property
@@ -102,9 +90,7 @@ class Run:
 
 
 def load_run(path: str | Path) -> Run:
-    """The run in directory ``path`` (or whose ``metrics.jsonl`` is ``path``); a damaged ``metrics.jsonl``,
-    ``config.json`` or ``env.json`` is :class:`~rlkit.errors.DamagedFile` naming it (a missing config or
-    environment is read as empty)."""
+    """The run in directory ``path`` (or of ``metrics.jsonl`` ``path``); damaged files raise DamagedFile."""
     path = Path(path)
     if path.is_file():
         path = path.parent
@@ -131,8 +117,7 @@ def load_runs(paths: Iterable[str | Path]) -> list[Run]:
 
 
 def final_correct(run: Run) -> np.ndarray | None:
-    """Per held-out problem, 1/0 at the last greedy evaluation (``eval.jsonl``: ``{"step": N, "data":
-    {"correct": [...]}}`` lines, written like the metrics), or None if the run did not save them."""
+    """Per held-out problem, 1/0 at the last greedy evaluation (``eval.jsonl``), or None if not saved."""
     path = Path(run.path) / "eval.jsonl"
     check_finished(run.path)  # a damaged one named, never read as a run that saved none
     records = read_metrics(path) if path.exists() else []
@@ -140,27 +125,22 @@ def final_correct(run: Run) -> np.ndarray | None:
 
 
 FIRST_SEED = 100
-"""The first seed of the runs a reproduction plans: 100, 101, … The publication of 2026-11-28 trained seeds 0–11;
-the next one is judged on seeds it never used (issue 46), so its rule and its engine could change before it."""
+"""The first seed of the runs a reproduction plans, unused by the publication of 2026-11-28 (issue 46)."""
 
 
 def seed_numbers(n: int, first: int = FIRST_SEED) -> list[int]:
-    """The first ``n`` seeds of a run group whose seeds begin at ``first``: ``first``, ``first`` + 1, …"""
+    """The first ``n`` seeds of a run group whose seeds begin at ``first``."""
     return list(range(first, first + n))
 
 
 def first_seed(results: str | Path) -> int:
-    """The first seed of the publication under ``results``: the lowest seed of any run group in it (``<group>/seed<k>/``
-    directories; a publication's seeds are consecutive from it in every group, so deleting one group's first run to
-    train it again keeps the folder's first seed), :data:`FIRST_SEED` when it has no run yet."""
+    """The lowest seed of the runs under ``results`` (``<group>/seed<k>/``), or :data:`FIRST_SEED` if none."""
     found = [int(p.name[4:]) for p in Path(results).glob("*/seed*") if p.name[4:].isdigit() and p.is_dir()]
     return min(found, default=FIRST_SEED)
 
 
 def available_seeds(results: str | Path, name: str, cap: int | None = None) -> list[int]:
-    """The seeds of run ``name`` under ``results`` that finished (:func:`finished`), consecutive from the
-    folder's :func:`first_seed` (at most ``cap``): a run a stopped reproduction left part-way is not judged, nor any after
-    it."""
+    """The finished seeds of run ``name`` under ``results``, consecutive from :func:`first_seed`."""
     first = first_seed(results)
     out: list[int] = []
     while finished(Path(results) / name / f"seed{first + len(out)}") and (cap is None or len(out) < cap):
@@ -169,21 +149,14 @@ def available_seeds(results: str | Path, name: str, cap: int | None = None) -> l
 
 
 def finished(run_dir: Path) -> bool:
-    """Whether ``run_dir`` holds a run whose metrics reach its last step (``steps`` of its config.json); one
-    whose files are damaged is refused naming the file (:func:`check_finished`)."""
+    """Whether ``run_dir`` holds a run whose metrics reach its last step; damaged files are refused, named."""
     config, metrics = run_dir / "config.json", run_dir / "metrics.jsonl"
     return config.exists() and metrics.exists() and check_finished(run_dir)
 
 
 def check_finished(run_dir: str | Path, *, checkpoint: bool | None = None) -> bool:
-    """Whether the run in ``run_dir`` finished (its metrics reach the last step of its config.json), every
-    file it has whole: a config, metrics, environment or per-problem results missing, cut off or not what they
-    should hold is :class:`~rlkit.errors.DamagedFile` naming the file. The one check of a run read back:
-    ``rlkit reproduced``, the reuse of a finished run, the claims.
-
-    A tiny-engine run (its config names ``final_eval_size``) has ``env.json`` and, once finished, its final
-    evaluation's per-problem results in ``eval.jsonl``. ``checkpoint``: True, ``checkpoint.pt`` must be there
-    and whole (a run whose final checkpoint is read); None, it is checked when there; False, not checked."""
+    """Whether the run in ``run_dir`` finished, every file it has whole (else
+    :class:`~rlkit.errors.DamagedFile`); ``checkpoint``: True must be whole, None checked if present."""
     run_dir = Path(run_dir)
     try:
         return _check(run_dir, checkpoint)
@@ -197,8 +170,7 @@ def _check(run_dir: Path, checkpoint: bool | None) -> bool:
     tiny = "final_eval_size" in config
     if tiny:
         whole_number(config, "final_eval_size", run_dir / "config.json")
-        read_json(run_dir / "env.json")
-    elif (run_dir / "env.json").exists():
+    if tiny or (run_dir / "env.json").exists():
         read_json(run_dir / "env.json")
     metrics = run_dir / "metrics.jsonl"
     if not metrics.exists():

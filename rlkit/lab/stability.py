@@ -1,19 +1,10 @@
 """The stability map: where each method breaks along the off-policy ladder, and why.
 
-**Where** (:func:`stability_frame`, :func:`stability_figure`): each method's final held-out accuracy, its
-``actor/ppo_kl`` and the share of its tokens whose gradient the clip cuts (``actor/pg_clipfrac``) on each rung —
-the mean over seeds with its t-interval (:func:`rlkit.lab.stats.t_interval`, 90%). **Why** (below): how hard each
-loss pushes a token whose ratio has left 1.
-
-A token's **gradient weight** is w(r) = −(1/Â)·∂ℓ/∂log π_θ for one token with ratio r = π_θ/π_old and advantage Â:
-the factor by which the loss scales the policy gradient ∇log π_θ of that token. The plain surrogate −Â·r gives
-w = r; PPO's clip gives 0 once the clip binds (r > 1 + ε_high with Â > 0, r < 1 − ε_low with Â < 0); a clipped
-*weight* (CISPO) keeps a constant w; a soft gate (SAPO) lets w rise, then fall. Against a stale behaviour policy
-ratios of 2–4 are common, and there a constant or rising w is no trust region.
-
-Every number is computed by the registered loss itself (:func:`rlkit.registry.policy_loss`) with the tiny engine's
-settings for the method, differentiated by autograd: the table is the code that trains, not a restatement of it.
-"""
+**Where** (:func:`stability_frame`): each method's final held-out accuracy, ``actor/ppo_kl`` and
+``actor/pg_clipfrac`` on each rung, the mean over seeds with its 90% t-interval. **Why**: a token's gradient
+weight w(r) = −(1/Â)·∂ℓ/∂log π_θ at ratio r = π_θ/π_old — w = r for the plain surrogate, 0 once PPO's clip
+binds, constant for a clipped weight (CISPO), rising then falling for a soft gate (SAPO) — computed by
+autograd from the registered loss itself (:func:`rlkit.registry.policy_loss`)."""
 
 from __future__ import annotations
 
@@ -32,8 +23,7 @@ from rlkit.lab.stats import t_interval
 from rlkit.tiny.config import REGIMES, build_config
 
 MAP_METRICS = {"val/acc_final": 1, "actor/ppo_kl": 10, "actor/pg_clipfrac": 10}
-"""What the map reads of each run, with the number of last logged values it averages (the final evaluation; the
-last 10 steps, the claims' window)."""
+"""What the map reads of each run, with the number of last logged values it averages."""
 
 RATIOS = (0.5, 0.8, 1.0, 1.2, 1.5, 2.0, 3.0, 4.0)
 """The ratios the table shows: inside any trust region (0.8–1.2) and as far as a stale sampler takes them."""
@@ -43,8 +33,7 @@ def gradient_weight(method: str, ratio: float, adv: float = 1.0) -> float:
     """w(r) of one token of ``method`` (module doc) with the tiny engine's settings, computed in float64."""
     logp = torch.tensor([[float(ratio)]], dtype=torch.float64).log().requires_grad_()
     old = torch.zeros_like(logp)
-    adv_t = torch.full_like(old, float(adv))
-    mask = torch.ones_like(old)
+    adv_t, mask = torch.full_like(old, float(adv)), torch.ones_like(old)
     configs = build_config(method, "cpu").method_configs
     entropy = torch.ones_like(old) if registry.get_method(method).needs_entropy(configs[method]) else None
     loss, _ = registry.policy_loss(method, logp, old, adv_t, mask, configs, entropy=entropy)
@@ -60,9 +49,7 @@ def weight_table(methods: Sequence[str], ratios: Sequence[float] = RATIOS, adv: 
 
 def stability_frame(results: str | Path, cells: Mapping[str, Mapping[str, str]],
                     metrics: Mapping[str, int] = MAP_METRICS) -> pd.DataFrame:
-    """One row per (method, rung, metric): the mean over seeds and its 90% t-interval, and the number of seeds.
-    ``cells`` maps each method's label to ``{rung: run directory name}`` under ``results``; a cell without
-    finished runs is left out."""
+    """A row per (method, rung, metric) of the ``cells`` with runs: mean, 90% t-interval, seeds."""
     rows = []
     for label, rungs in cells.items():
         for rung, name in rungs.items():
@@ -79,8 +66,7 @@ def stability_frame(results: str | Path, cells: Mapping[str, Mapping[str, str]],
 
 
 def stability_figure(frame: pd.DataFrame, rungs: Sequence[str], colors: Mapping[str, str] | None = None):
-    """The map: one panel per metric of ``frame`` (:func:`stability_frame`), the rungs left to right in ``rungs``'
-    order, a line per method with its seeds' interval as error bars. Returns the figure."""
+    """The map: a panel per metric, the rungs left to right, a line per method with error bars."""
     import matplotlib.pyplot as plt
 
     from rlkit.lab.plots import PAGE_WIDTH
@@ -105,15 +91,11 @@ def stability_figure(frame: pd.DataFrame, rungs: Sequence[str], colors: Mapping[
 
 
 # ------------------------------------------------------------------------------------------------ on the pages
-# Which of the map's cells have runs, the map as a table and a figure, and what it shows in words. Its rows and
-# columns come from the specs (the runs they plan), never typed here.
+# The map's cells, as a table, a figure and in words; its rows and columns come from the specs, not typed.
 
 
 def map_rows(specs: Sequence[Any] | None = None) -> dict[str, str]:
-    """The map's rows, ``{label: run group}``: every method and variant the specs run on ``stress`` and on another
-    rung of the ladder besides the standard one (each group's runs on a rung are ``<group>`` on-policy,
-    ``<group>-<rung>`` otherwise: :func:`rlkit.lab.claims.run_name`), labelled by its page's name (the spec's title
-    before its colon; a variant adds its suffix: ``GRPO+decoupled``), in the specs' order."""
+    """The map's rows, ``{label: run group}``: the methods and variants the specs run on the ladder."""
     from rlkit.lab.reproduce import load_specs
 
     rows: dict[str, str] = {}
@@ -129,8 +111,7 @@ def map_rows(specs: Sequence[Any] | None = None) -> dict[str, str]:
 
 
 def map_rungs(specs: Sequence[Any] | None = None) -> tuple[str, ...]:
-    """The map's columns: the rungs its rows run on (:func:`map_rows`), in the ladder's order
-    (:data:`rlkit.tiny.config.REGIMES`, on-policy first)."""
+    """The map's columns: the rungs its rows run on, in :data:`rlkit.tiny.config.REGIMES`' order."""
     from rlkit.lab.reproduce import load_specs
 
     ran: set[str] = set()
@@ -150,10 +131,7 @@ MAP_LABELS = {"val/acc_final": "held-out accuracy", "actor/ppo_kl": "KL within a
 
 def ladder_cells(results: str | Path, groups: Mapping[str, str] | None = None, rungs: Sequence[str] | None = None
                  ) -> tuple[dict[str, dict[str, str]], list[tuple[str, str]]]:
-    """``(cells, missing)``: ``cells`` maps each label of ``groups`` (default :func:`map_rows`) to ``{rung: run
-    directory}`` for the rungs with at least one finished seed under ``results`` — what
-    :func:`stability_frame` reads (``rungs``: default :func:`map_rungs`); ``missing`` lists ``(label, rung)`` of
-    the others, in order. Nothing is trained: a cell without runs is left out, and :func:`missing_line` says so."""
+    """``(cells, missing)``: each label's ``{rung: run directory}`` with finished seeds, and the rest."""
     groups = map_rows() if groups is None else groups
     rungs = map_rungs() if rungs is None else rungs
     cells: dict[str, dict[str, str]] = {}
@@ -169,8 +147,7 @@ def ladder_cells(results: str | Path, groups: Mapping[str, str] | None = None, r
 
 
 def missing_line(missing: Sequence[tuple[str, str]], cells: int | None = None) -> str:
-    """One line naming the map's cells without runs (:func:`ladder_cells`), each label with its rungs; ``cells``,
-    the map's size: when every one is missing, the line says so instead of listing them. Empty when none is."""
+    """One line naming the map's cells without runs (all, if all ``cells`` are missing); empty if none."""
     if not missing:
         return ""
     if cells is not None and len(missing) >= cells:
@@ -182,14 +159,10 @@ def missing_line(missing: Sequence[tuple[str, str]], cells: int | None = None) -
     return f"Left out of the map, no finished runs in these results: {named}."
 
 
-def _half(row) -> float:
-    """Half the width of a map row's interval, NaN where it is unbounded (a single seed)."""
-    lo, hi = float(row["lo"]), float(row["hi"])
-    return (hi - lo) / 2 if np.isfinite(lo) and np.isfinite(hi) else float("nan")
-
-
 def _cell(row, metric: str) -> str:
-    mean, half = float(row["mean"]), _half(row)
+    """A map row as a table cell: its mean ± half its interval (the mean alone where it is unbounded)."""
+    mean, lo, hi = float(row["mean"]), float(row["lo"]), float(row["hi"])
+    half = (hi - lo) / 2 if np.isfinite(lo) and np.isfinite(hi) else float("nan")
     fmt = (lambda x: f"{100 * x:.2g}%") if metric == "actor/pg_clipfrac" else (
         (lambda x: f"{x:.3f}") if metric == "val/acc_final" else (lambda x: f"{x:.2g}"))
     return fmt(mean) if not np.isfinite(half) else f"{fmt(mean)} ± {fmt(half)}"
@@ -197,9 +170,7 @@ def _cell(row, metric: str) -> str:
 
 def ladder_table(frame: pd.DataFrame, rungs: Sequence[str] = tuple(REGIMES),
                  metrics: Sequence[str] | None = None) -> pd.DataFrame:
-    """The map (:func:`stability_frame`) as a table: a row per method and metric (``metrics``,
-    default every one the frame has, in :data:`MAP_LABELS`' order), a column per rung that has a run, each cell the
-    mean over seeds ± half its 90% interval (the mean alone for one seed), "—" where the method has no run."""
+    """The map as a table, each cell the mean over seeds ± half its 90% interval, "—" without a run."""
     shown = [m for m in MAP_LABELS if m in set(frame["metric"]) and (metrics is None or m in metrics)]
     present = [r for r in rungs if r in set(frame["rung"])]
     rows = {}
@@ -217,9 +188,7 @@ def ladder_table(frame: pd.DataFrame, rungs: Sequence[str] = tuple(REGIMES),
 
 def ladder_figure(frame: pd.DataFrame, rungs: Sequence[str] = tuple(REGIMES),
                   groups: Mapping[str, str] | None = None):
-    """:func:`stability_figure` of ``frame`` with each label in its run group's colour
-    (:func:`rlkit.lab.plots.method_color`) and a single seed's unbounded interval drawn as no bar; None when
-    ``frame`` is empty."""
+    """:func:`stability_figure` of ``frame`` in the run groups' colours; None when it is empty."""
     from rlkit.lab.plots import method_color
 
     if frame.empty:
@@ -233,9 +202,7 @@ def ladder_figure(frame: pd.DataFrame, rungs: Sequence[str] = tuple(REGIMES),
 
 
 def ladder_words(frame: pd.DataFrame, rungs: Sequence[str] = tuple(REGIMES)) -> list[str]:
-    """What the map shows, a sentence per method with a standard run: the first rung where its final held-out
-    accuracy falls below its on-policy accuracy — that rung's interval wholly below the standard one's — and its
-    value on the last rung it ran; or that no rung it ran does."""
+    """A sentence per method: the first rung whose accuracy interval lies wholly below the standard one's."""
     acc = frame[frame["metric"] == "val/acc_final"]
     out = []
     for label in dict.fromkeys(acc["method"]):
@@ -260,8 +227,7 @@ def ladder_words(frame: pd.DataFrame, rungs: Sequence[str] = tuple(REGIMES)) -> 
 
 
 def weight_rows(methods: Sequence[str], ratios: Sequence[float] | None = None) -> pd.DataFrame:
-    """Each method's gradient weight w(r) (:func:`weight_table`, from its registered loss) for a positive and a
-    negative advantage: a row per (method, sign of A), a column per ratio, rounded to 2 decimals."""
+    """Each method's w(r) for a positive and a negative advantage, rounded to 2 decimals."""
     ratios = RATIOS if ratios is None else ratios
     parts = {sign: weight_table(methods, ratios, adv) for sign, adv in (("A > 0", 1.0), ("A < 0", -1.0))}
     rows = {(m, sign): parts[sign].loc[m] for m in methods for sign in parts}

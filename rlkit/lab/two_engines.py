@@ -1,24 +1,9 @@
 """The same run in two engines: a tiny-engine run beside its verl twin (``rlkit launch --tiny-scale``).
 
-Both engines log verl's metric names where verl has one; where they differ (held-out accuracy, HAPO's sampled
-temperature, SPO's ρ) :data:`QUANTITIES` and :data:`OWN` name each engine's metric. :func:`figure` draws every
-quantity for one method, both engines in one panel; :func:`agreement` tabulates them with the rule the book states:
-
-- held-out accuracy (greedy, the same held-out problems): the two engines *agree* when the difference of their
-  last evaluations lies within twice its binomial standard error, ``2·sqrt(p₁(1−p₁)/n + p₂(1−p₂)/n)``;
-- every per-step quantity: the means over the last ``window`` steps agree when their difference lies within
-  twice its standard error, ``2·sqrt(s₁²/k₁ + s₂²/k₂)`` from the step-to-step spread of each engine (steps treated
-  as independent draws, which consecutive steps are not: a lenient rule, stated as such).
-
-One seed per engine: an agreement or a difference here is an anecdote, not an estimate. :func:`differences` says
-what each quantity that differs is made of: tokens a step, the tiny engine's other seeds, a metric verl aggregates
-otherwise.
-
-Which methods have a twin is read from the folder of twins (:func:`twins`, the published ones in
-:func:`published_twins_dir`), never typed: the *Two engines* page glues :func:`twins_words` and the *Full-scale
-runs* page's generated block (:mod:`rlkit.lab.book_pages`) renders them, so a method registered later is named
-among those without a twin until its twin is made.
-"""
+:data:`QUANTITIES` and :data:`OWN` name each engine's metric for what both measure. :func:`agreement`: the
+engines agree when the last held-out accuracies differ by at most ``2·sqrt(p₁(1−p₁)/n+p₂(1−p₂)/n)``, and a
+per-step quantity's means over the last ``window`` steps within ``2·sqrt(s₁²/k₁+s₂²/k₂)`` (steps as
+independent draws: lenient). One seed per engine: an anecdote, not an estimate."""
 
 from __future__ import annotations
 
@@ -41,8 +26,7 @@ def published_twins_dir() -> Path:
 
 
 def twins(verl_root: Path | str | None = None) -> tuple[list[str], list[str]]:
-    """``(with a twin, without one)``: every registered method (:func:`rlkit.lab.plots.methods`, in the figures'
-    order) split by whether ``verl_root/<method>/metrics.jsonl`` exists (default: :func:`published_twins_dir`)."""
+    """``(with a twin, without one)``: methods with ``verl_root/<method>/metrics.jsonl``, and the rest."""
     root = Path(verl_root) if verl_root is not None else published_twins_dir()
     have = [m for m in methods() if (root / m / "metrics.jsonl").exists()]
     return have, [m for m in methods() if m not in have]
@@ -54,9 +38,7 @@ def word_list(names: Sequence[str]) -> str:
 
 
 def twins_words(verl_root: Path | str | None = None) -> dict[str, str]:
-    """The pages' words for :func:`twins`, by glue name: ``twin_methods`` ("grpo, gspo and aspo", or "none")
-    and ``no_twin_methods`` ("dapo and cispo have none yet", or "every registered method has one"), the
-    methods by their registered names (``--method``)."""
+    """The pages' words for :func:`twins`, by glue name: ``twin_methods`` and ``no_twin_methods``."""
     have, missing = twins(verl_root)
     none = (f"{word_list(missing)} {'has' if len(missing) == 1 else 'have'} none yet" if missing
             else "every registered method has one")
@@ -83,23 +65,22 @@ QUANTITIES: tuple[Quantity, ...] = (
     Quantity("clipped tokens (%)", ("actor/pg_clipfrac",), ("actor/pg_clipfrac",), True),
     Quantity("response length (tokens)", ("response_length/mean",), ("response_length/mean",)),
     # verl counts messages: the prompt, then a model turn and a tool answer per call, then the final model turn
-    Quantity("calculator calls per response", ("aspo/code_rounds/mean",), ("num_turns/mean",),
+    Quantity("calculator calls per response", ("tool/code_rounds/mean",), ("num_turns/mean",),
              verl_affine=(0.5, -1.0)),
 )
 """What every method's page compares."""
 
 OWN: dict[str, Quantity] = {
     "gspo": Quantity("clipped sequences (%)", ("actor/pg_clipfrac_seq",), ("actor/pg_clipfrac_seq",), True),
-    "aspo": Quantity("first call at token (mean)", ("aspo/first_code_pos/mean",),
-                     ("aspo/first_code_pos/mean", "actor/aspo/first_code_pos/mean")),
+    "aspo": Quantity("first call at token (mean)", ("tool/first_code_pos/mean",),
+                     ("tool/first_code_pos/mean", "actor/tool/first_code_pos/mean")),
     "aepo": Quantity("clipped tokens keeping a gradient (%)", ("aepo/clipfrac_grad_kept",),
                      ("actor/aepo/clipfrac_grad_kept", "aepo/clipfrac_grad_kept"), True),
     "spo": Quantity("forgetting factor ρ (mean)", ("spo/rho/mean",), ("spo/rho_clipped", "spo/rho/mean")),
     "hapo": Quantity("sampling temperature (mean)", ("hapo/temperature/mean",),
                      ("hapo/sampler/temperature_mean", "hapo/temperature/mean")),
 }
-"""Each method's own metric: what its mechanism does (ASPO's first-call position, SPO's ρ, HAPO's temperature).
-A registered method it does not name (GRPO, the baseline; a method added later) is compared on :data:`QUANTITIES`."""
+"""Each method's own metric: what its mechanism does; another method is compared on :data:`QUANTITIES`."""
 
 ENGINES = ("tiny engine", "verl")
 
@@ -132,8 +113,7 @@ def pair(tiny: Run, verl: Run, quantity: Quantity) -> tuple[pd.Series, pd.Series
 
 
 def figure(tiny: Run, verl: Run, method: str, *, caption: str | None = None):
-    """One panel per quantity (three per row, the book's page width), the tiny engine's curve beside verl's; one
-    legend outside the data (in the last row's empty slot, or above the panels)."""
+    """One panel per quantity, three a row, the tiny engine's curve beside verl's; one legend outside."""
     qs = quantities(method)
     fig, axes, spare = panels(len(qs), ncols=3, height=2.7)
     color = method_color(method)
@@ -156,15 +136,8 @@ def figure(tiny: Run, verl: Run, method: str, *, caption: str | None = None):
     return fig
 
 
-def _verdict(diff: float, bound: float) -> str:
-    if not math.isfinite(diff) or not math.isfinite(bound):
-        return "—"
-    return "agree" if abs(diff) <= bound else "differ"
-
-
 def agreement(tiny: Run, verl: Run, method: str, *, window: int = 5, eval_size: int | None = None) -> pd.DataFrame:
-    """Each quantity in both engines with the verdict of the module's rule (``eval_size``: held-out problems,
-    default the tiny run's ``eval_size``)."""
+    """Each quantity in both engines with the module rule's verdict (``eval_size``: held-out problems)."""
     n = eval_size or int(tiny.config.get("eval_size", 0)) or None
     rows = []
     for q in quantities(method):
@@ -185,14 +158,13 @@ def agreement(tiny: Run, verl: Run, method: str, *, window: int = 5, eval_size: 
                 if len(tw) > 1 and len(vw) > 1 else math.nan
             what = f"mean of steps {int(tw.index[0])}–{int(tw.index[-1])}"
         rows.append({"quantity": q.label, "compared": what, "tiny engine": a, "verl": b, "difference": b - a,
-                     "±2 s.e.": bound, "verdict": _verdict(b - a, bound)})
+                     "±2 s.e.": bound, "verdict": "—" if not (math.isfinite(b - a) and math.isfinite(bound))
+                     else "agree" if abs(b - a) <= bound else "differ"})
     return pd.DataFrame(rows).set_index("quantity")
 
 
 def words(table: pd.DataFrame, method: str) -> str:
-    """What one method's figure shows, from its :func:`agreement` table: how many quantities agree under the rule,
-    the held-out accuracies at the last evaluation, and each one that differs with both values — the sentence after
-    the method's figure on the Two engines page."""
+    """What one method's figure shows, from its :func:`agreement` table, in one or two sentences."""
     judged = table[table["verdict"].isin(["agree", "differ"])]
     agree = int((judged["verdict"] == "agree").sum())
     acc = table.loc[QUANTITIES[0].label]
@@ -209,8 +181,7 @@ def words(table: pd.DataFrame, method: str) -> str:
 
 
 def _value(run: Run, quantity: Quantity, last_step: int | None, window: int) -> float:
-    """``quantity`` in one tiny-engine run as :func:`agreement` reads it: the last evaluation for held-out accuracy,
-    else the mean of the last ``window`` steps up to ``last_step``."""
+    """``quantity`` in a tiny run as :func:`agreement` reads it (last evaluation or ``window`` steps)."""
     s = series(run, quantity.tiny, percent=quantity.percent, last_step=last_step)
     if not len(s):
         return math.nan
@@ -218,8 +189,7 @@ def _value(run: Run, quantity: Quantity, last_step: int | None, window: int) -> 
 
 
 def _verl_setting(verl: Run, path: str):
-    """A setting of the verl twin's composed config (``config.json``'s ``verl`` block) by its dotted path, a plain
-    ``${other.path}`` interpolation followed; None when absent."""
+    """A setting of the verl twin's config by its dotted path (``${other.path}`` followed); None if absent."""
     node = verl.config.get("verl", {})
     for key in path.split("."):
         node = node.get(key) if isinstance(node, dict) else None
@@ -229,8 +199,7 @@ def _verl_setting(verl: Run, path: str):
 
 
 def _tokens_per_step(run: Run, verl: bool, last_step: int | None, window: int) -> float:
-    """Response tokens a step over the last ``window`` steps: mean response length × responses per step (the tiny
-    run's prompts × group size, verl's ``data.train_batch_size`` × ``rollout.n``)."""
+    """Response tokens a step over the last ``window`` steps: mean response length × responses per step."""
     length = series(run, ("response_length/mean",), last_step=last_step).iloc[-window:].mean()
     if verl:
         n = (_verl_setting(run, "data.train_batch_size") or math.nan) * (
@@ -242,16 +211,7 @@ def _tokens_per_step(run: Run, verl: bool, last_step: int | None, window: int) -
 
 def differences(table: pd.DataFrame, method: str, tiny: Run, verl: Run, tiny_seeds: Sequence[Run], *,
                 window: int = 5) -> list[str]:
-    """One sentence per quantity :func:`agreement` finds to differ, saying what the difference is made of:
-
-    - a share of tokens (the clipped tokens) as the number of tokens a step it stands for in each engine;
-    - the entropy: whether verl's ``actor/entropy`` is a per-token mean at all — verl aggregates it by the actor's
-      ``loss_agg_mode``, and under ``seq-mean-token-sum-norm`` it is each response's summed entropy over the
-      ``loss_scale_factor``, averaged over responses; the per-token entropy it implies is bounded with verl's own
-      response length;
-    - where verl's value (or that bound) falls among the tiny engine's own seeds of the method (``tiny_seeds``, read
-      as :func:`agreement` reads ``tiny``): inside their range, the difference is what another seed gives; outside
-      it, how often one more seed would land there too (:func:`_outside`)."""
+    """One sentence per quantity that differs, saying what the difference is made of."""
     differ = table[table["verdict"] == "differ"]
     by_label = {q.label: q for q in quantities(method)}
     last = int(verl.frame.index.max()) if len(verl.frame) else None
@@ -296,9 +256,7 @@ def differences(table: pd.DataFrame, method: str, tiny: Run, verl: Run, tiny_see
 
 
 def _outside(n: int) -> str:
-    """What a value outside the range of ``n`` seeds says: of n + 1 exchangeable values (the seeds and one more run
-    of the same engine), the new one is the lowest or the highest with probability 2/(n + 1); only at 5% or less is
-    landing outside read as a difference between the engines."""
+    """What a value outside ``n`` seeds' range says: one more seed lands there with probability 2/(n + 1)."""
     if n < 2:
         return (": one seed has no range, and one run per engine cannot tell an engine difference from another "
                 "seed")

@@ -51,9 +51,11 @@ from typing import ClassVar
 
 import torch
 
-from rlkit.core.masked import check_shapes, masked_mean, masked_share
-from rlkit.core.ppo import clipped_surrogate, log_ratio, reduce_policy_loss
-from rlkit.registry import DualClipKnobs, GroupKnobs, Method, knob, register_method, register_policy_loss
+from rlkit.core.ops import (
+    check_shapes, clipped_surrogate, log_ratio, masked_mean, masked_share, reduce_policy_loss,
+)
+from rlkit.registry import Method, register_method, register_policy_loss
+from rlkit.settings import DualClipKnobs, GroupKnobs, knob
 
 Tensor = torch.Tensor
 

@@ -39,15 +39,12 @@ from typing import Any, ClassVar
 
 import torch
 
-from rlkit.core.groups import group_index, group_sum
-from rlkit.core.masked import advantage_shift, check_shapes, masked_mean
+from rlkit.core.ops import advantage_shift, check_shapes, group_index, group_sum, masked_mean
 from rlkit.core.tool_use import flags as _flags, per_sample as _per_sample
-from rlkit.core.tool_use import tool_metrics as aspo_metrics  # noqa: F401  (every run's tool metrics: ASPO's names)
+from rlkit.core.tool_use import tool_metrics as aspo_metrics  # noqa: F401  (every run's tool/* metrics, ASPO §4.5's)
 from rlkit.hooks import Hooks, StepBatch
-from rlkit.registry import (
-    TINY_ENGINE_CLIP, AdvantageInputs, DualClipKnobs, GroupKnobs, Method, VerlKey, estimate, knob, register_advantage,
-    register_method,
-)
+from rlkit.registry import AdvantageInputs, Method, VerlKey, estimate, register_advantage, register_method
+from rlkit.settings import TINY_ENGINE_CLIP, DualClipKnobs, GroupKnobs, knob
 
 Tensor = torch.Tensor
 

@@ -33,7 +33,7 @@ advantage is non-zero — the tokens that keep a gradient (of weight r̂·Â) al
 PPO's clip would have dropped those of them clipped in their advantage's direction.
 
 Deviation from verl: ``behav_logp`` switches on AReaL's decoupled form as for every rlkit loss
-(:func:`rlkit.core.ppo.behaviour_weights`), where verl takes its rollout-correction weights instead.
+(:func:`rlkit.core.ops.behaviour_weights`), where verl takes its rollout-correction weights instead.
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ from dataclasses import dataclass
 
 import torch
 
-from rlkit.core.masked import check_shapes, masked_share
-from rlkit.core.ppo import log_ratio, reduce_policy_loss
-from rlkit.registry import ClipKnobs, GroupKnobs, Method, register_method, register_policy_loss
+from rlkit.core.ops import check_shapes, log_ratio, masked_share, reduce_policy_loss
+from rlkit.registry import Method, register_method, register_policy_loss
+from rlkit.settings import ClipKnobs, GroupKnobs
 
 Tensor = torch.Tensor
 

@@ -45,7 +45,8 @@ from typing import Any
 import torch
 
 from rlkit.hooks import Hooks
-from rlkit.registry import DualClipKnobs, GroupKnobs, Method, knob, register_method
+from rlkit.registry import Method, register_method
+from rlkit.settings import DualClipKnobs, GroupKnobs, knob
 
 Tensor = torch.Tensor
 

@@ -18,7 +18,7 @@ carries two normalisations that the policy gradient does not have, and each bias
 Dr. GRPO removes both (Fig. 1, left; §3.2): the advantage is Â_{i,t} = R(q, o_i) − mean_j R(q, o_j) (estimator
 ``dr_grpo``), and the token losses of a response are summed and divided by one constant for the whole run —
 the paper's code divides by the generation budget (MAX_TOKENS) instead of by |o_i| — which is verl's
-``seq-mean-token-sum-norm`` aggregation (:mod:`rlkit.core.aggregation`) with ``loss_scale_factor`` the constant.
+``seq-mean-token-sum-norm`` aggregation (:mod:`rlkit.core.ops`) with ``loss_scale_factor`` the constant.
 The loss is otherwise GRPO's PPO clip (:func:`rlkit.methods.grpo.ppo_clip_loss`, registered as ``ppo``): this module
 registers only the estimator and the method, whose ``Config`` sets the loss's aggregation.
 
@@ -42,12 +42,10 @@ from typing import Any
 
 import torch
 
-from rlkit.core.groups import group_advantage, group_index, group_mean_std
-from rlkit.core.masked import masked_count
+from rlkit.core.ops import group_advantage, group_index, group_mean_std, masked_count
 from rlkit.hooks import Hooks, StepBatch
-from rlkit.registry import (
-    TINY_ENGINE_CLIP, AdvantageInputs, DualClipKnobs, GroupKnobs, Method, knob, register_advantage, register_method,
-)
+from rlkit.registry import AdvantageInputs, Method, register_advantage, register_method
+from rlkit.settings import TINY_ENGINE_CLIP, DualClipKnobs, GroupKnobs, knob
 
 Tensor = torch.Tensor
 

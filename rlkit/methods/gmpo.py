@@ -51,7 +51,7 @@ Paper and verl against rlkit:
   ``token-mean`` by their lengths).
 - verl leaves the log-ratio unclamped (its ±20 clamp is commented out); rlkit clamps it to ±20 as for every loss,
   which changes nothing unless a ratio passes e^{±20}.
-- Per-token weights — AReaL's decoupled ``behav_logp`` (:func:`rlkit.core.ppo.behaviour_weights`) and, in verl
+- Per-token weights — AReaL's decoupled ``behav_logp`` (:func:`rlkit.core.ops.behaviour_weights`) and, in verl
   runs, verl's rollout-correction weights — weight a response's term by their arithmetic mean over its tokens;
   verl's own ``geo_mean`` applies its rollout-correction weights as their geometric mean.
 
@@ -67,9 +67,11 @@ from dataclasses import dataclass
 
 import torch
 
-from rlkit.core.masked import check_shapes, masked_count, masked_mean, masked_share
-from rlkit.core.ppo import log_ratio, reduce_policy_loss
-from rlkit.registry import ClipKnobs, GroupKnobs, Method, register_method, register_policy_loss
+from rlkit.core.ops import (
+    check_shapes, log_ratio, masked_count, masked_mean, masked_share, reduce_policy_loss,
+)
+from rlkit.registry import Method, register_method, register_policy_loss
+from rlkit.settings import ClipKnobs, GroupKnobs
 
 Tensor = torch.Tensor
 
@@ -84,7 +86,7 @@ class Config(GroupKnobs, ClipKnobs):
     clip_high: float = 0.4
     """ε_high, in log space: clipped above at ε_high (0.4: the ratio at e^{0.4} = 1.492)."""
     agg: str = "seq-mean-token-mean"
-    """Loss aggregation: the objective's (1/G) Σ_i, one term per response (see :mod:`rlkit.core.aggregation`)."""
+    """Loss aggregation: the objective's (1/G) Σ_i, one term per response (see :mod:`rlkit.core.ops`)."""
 
 
 def clipped_log_ratio(log_r: Tensor, adv: Tensor, *, clip_low: float = 0.4,

@@ -4,7 +4,7 @@ Shao et al., *DeepSeekMath* (arXiv 2402.03300), §4.1, outcome supervision:
 
     Â_i = (r_i − mean_j r_j) / (std_j r_j + ε),   j over the G responses to the same prompt      (group advantage)
 
-broadcast to every response token, trained with the PPO clipped surrogate (:mod:`rlkit.core.ppo`).
+broadcast to every response token, trained with the PPO clipped surrogate (:mod:`rlkit.core.ops`).
 
 Conventions are verl's ``compute_grpo_outcome_advantage`` (0.9.1), so a run moves between rlkit and verl
 without changing a number:
@@ -23,13 +23,9 @@ from dataclasses import dataclass
 
 import torch
 
-from rlkit.core.groups import group_advantage
-from rlkit.core.masked import check_shapes
-from rlkit.core.ppo import clipped_surrogate, log_ratio, reduce_policy_loss
-from rlkit.registry import (
-    TINY_ENGINE_CLIP, AdvantageInputs, DualClipKnobs, GroupKnobs, Method, register_advantage, register_method,
-    register_policy_loss,
-)
+from rlkit.core.ops import check_shapes, clipped_surrogate, group_advantage, log_ratio, reduce_policy_loss
+from rlkit.registry import AdvantageInputs, Method, register_advantage, register_method, register_policy_loss
+from rlkit.settings import TINY_ENGINE_CLIP, DualClipKnobs, GroupKnobs
 
 Tensor = torch.Tensor
 
@@ -42,7 +38,7 @@ class Config(GroupKnobs, DualClipKnobs):
 
 
 grpo_advantage = group_advantage
-"""Group-relative advantage ``(B, T)`` (:func:`rlkit.core.groups.group_advantage`, where it lives because HAPO and
+"""Group-relative advantage ``(B, T)`` (:func:`rlkit.core.ops.group_advantage`, where it lives because HAPO and
 other methods reuse it): ``grpo_advantage(rewards, group_ids, mask, *, norm_by_std, eps)``."""
 
 
@@ -54,20 +50,10 @@ def grpo_estimator(inputs: AdvantageInputs, *, norm_by_std: bool = True, eps: fl
 
 
 @register_policy_loss("ppo", method="grpo")
-def ppo_clip_loss(
-    logp: Tensor,
-    old_logp: Tensor,
-    adv: Tensor,
-    mask: Tensor,
-    *,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    clip_c: float | None = None,
-    agg: str = "token-mean",
-    behav_logp: Tensor | None = None,
-    behav_imp_weight_cap: float | None = None,
-    loss_scale_factor: float | None = None,
-) -> tuple[Tensor, dict[str, float]]:
+def ppo_clip_loss(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, *, clip_low: float = 0.2,
+                  clip_high: float = 0.2, clip_c: float | None = None, agg: str = "token-mean",
+                  behav_logp: Tensor | None = None, behav_imp_weight_cap: float | None = None,
+                  loss_scale_factor: float | None = None) -> tuple[Tensor, dict[str, float]]:
     """PPO clipped surrogate on token ratios r_t = π_θ/π_old (GRPO's loss; verl's ``vanilla``):
 
         ℓ_t = max(−Â_t·r_t, −Â_t·clip(r_t, 1 − ε_low, 1 + ε_high))      (PPO, arXiv 1707.06347, Eq. 7, as a loss)
@@ -75,7 +61,7 @@ def ppo_clip_loss(
     the clipped term of GRPO's objective (DeepSeekMath §4.1, without its KL term), then verl's dual clip
     min(ℓ_t, −Â_t·c) where Â_t < 0 when ``clip_c`` is set, aggregated by ``agg``.
 
-    ``behav_logp`` switches on AReaL's decoupled form (:func:`rlkit.core.ppo.behaviour_weights`).
+    ``behav_logp`` switches on AReaL's decoupled form (:func:`rlkit.core.ops.behaviour_weights`).
     Returns ``(loss, metrics)`` with verl's metric names.
     """
     check_shapes(mask, logp=logp, old_logp=old_logp, adv=adv, behav_logp=behav_logp)

@@ -23,9 +23,11 @@ from typing import ClassVar
 
 import torch
 
-from rlkit.core.masked import check_shapes, masked_count, masked_mean
-from rlkit.core.ppo import clipped_surrogate, log_ratio, reduce_policy_loss
-from rlkit.registry import ClipKnobs, GroupKnobs, Method, register_method, register_policy_loss
+from rlkit.core.ops import (
+    check_shapes, clipped_surrogate, log_ratio, masked_count, masked_mean, reduce_policy_loss,
+)
+from rlkit.registry import Method, register_method, register_policy_loss
+from rlkit.settings import ClipKnobs, GroupKnobs
 
 Tensor = torch.Tensor
 
@@ -35,7 +37,7 @@ LOG_SEQ_RATIO_MAX = 10.0  # verl's clamp on log s_{i,t}
 
 @dataclass
 class Config(GroupKnobs, ClipKnobs):
-    """GSPO hyperparameters (paper v2 §5.1): GRPO's group advantage (:class:`rlkit.registry.GroupKnobs`), its own
+    """GSPO hyperparameters (paper v2 §5.1): GRPO's group advantage (:class:`rlkit.settings.GroupKnobs`), its own
     clip on s_i."""
 
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"variant": VARIANTS}
@@ -60,20 +62,10 @@ def sequence_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
 
 
 @register_policy_loss("gspo", method="gspo")
-def gspo_loss(
-    logp: Tensor,
-    old_logp: Tensor,
-    adv: Tensor,
-    mask: Tensor,
-    *,
-    clip_low: float = 3e-4,
-    clip_high: float = 4e-4,
-    agg: str = "seq-mean-token-mean",
-    variant: str = "sequence",
-    behav_logp: Tensor | None = None,
-    behav_imp_weight_cap: float | None = None,
-    loss_scale_factor: float | None = None,
-) -> tuple[Tensor, dict[str, float]]:
+def gspo_loss(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, *, clip_low: float = 3e-4,
+              clip_high: float = 4e-4, agg: str = "seq-mean-token-mean", variant: str = "sequence",
+              behav_logp: Tensor | None = None, behav_imp_weight_cap: float | None = None,
+              loss_scale_factor: float | None = None) -> tuple[Tensor, dict[str, float]]:
     """GSPO clipped objective on the sequence ratio s_i (Eq. 5) or GSPO-token's s_{i,t} (Eq. 13).
 
     ``adv`` is ``(B,)`` or ``(B, T)``. With the "sequence" variant the gradient of every token is

@@ -45,14 +45,16 @@ from typing import Any, ClassVar, NamedTuple
 import torch
 
 from rlkit.core.entropy import entropy_from_logits
-from rlkit.core.groups import group_inputs, group_mean_std, group_scalars, group_sum
-from rlkit.core.masked import advantage_shift, check_shapes, masked_mean, masked_share
-from rlkit.core.ppo import clipped_surrogate, log_ratio, reduce_policy_loss
+from rlkit.core.ops import (
+    advantage_shift, check_shapes, clipped_surrogate, group_inputs, group_mean_std, group_scalars, group_sum,
+    log_ratio, masked_mean, masked_share, reduce_policy_loss,
+)
 from rlkit.hooks import Hooks, StepBatch
 from rlkit.registry import (
-    AdvantageInputs, DualClipKnobs, GroupKnobs, Method, VerlKey, estimate, knob, kwargs_for, register_advantage,
-    register_method, register_policy_loss,
+    AdvantageInputs, Method, VerlKey, estimate, kwargs_for, register_advantage, register_method,
+    register_policy_loss,
 )
+from rlkit.settings import DualClipKnobs, GroupKnobs, knob
 
 Tensor = torch.Tensor
 

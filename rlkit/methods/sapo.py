@@ -40,7 +40,7 @@ Paper and verl against rlkit:
 - verl reads τ from ``actor_rollout_ref.actor.tau_pos`` / ``tau_neg``; rlkit's ``rlkit_sapo`` reads them from
   ``+algorithm.sapo.tau_pos`` / ``tau_neg`` as every rlkit method's own knobs (verl's two keys are ignored there).
 - ``behav_logp`` switches on AReaL's decoupled form as for every rlkit loss
-  (:func:`rlkit.core.ppo.behaviour_weights`), where verl takes its rollout-correction weights instead.
+  (:func:`rlkit.core.ops.behaviour_weights`), where verl takes its rollout-correction weights instead.
 
 Metrics beyond verl's: ``sapo/gate_slope/mean``, the mean over valid tokens of f'(r) — the share of the unclipped
 policy gradient the gate leaves, 1 on-policy; ``sapo/halved_frac``, the share of valid tokens whose gradient the
@@ -53,9 +53,9 @@ from dataclasses import dataclass
 
 import torch
 
-from rlkit.core.masked import check_shapes, masked_mean, masked_share
-from rlkit.core.ppo import log_ratio, reduce_policy_loss
-from rlkit.registry import GroupKnobs, LossKnobs, Method, knob, register_method, register_policy_loss
+from rlkit.core.ops import check_shapes, log_ratio, masked_mean, masked_share, reduce_policy_loss
+from rlkit.registry import Method, register_method, register_policy_loss
+from rlkit.settings import GroupKnobs, LossKnobs, knob
 
 Tensor = torch.Tensor
 
@@ -70,7 +70,7 @@ class Config(GroupKnobs, LossKnobs):
     tau_neg: float = knob(1.05, gt=0)
     """τ_neg: the temperature for tokens with Â ≤ 0 (the paper's 1.05 > τ_pos: negative updates damped sooner)."""
     agg: str = "seq-mean-token-mean"
-    """Loss aggregation: Eq. 5's (1/G) Σ_i (1/|y_i|) Σ_t (see :mod:`rlkit.core.aggregation`)."""
+    """Loss aggregation: Eq. 5's (1/G) Σ_i (1/|y_i|) Σ_t (see :mod:`rlkit.core.ops`)."""
 
 
 def soft_gate(ratio: Tensor, adv: Tensor, *, tau_pos: float = 1.0, tau_neg: float = 1.05) -> tuple[Tensor, Tensor]:

@@ -46,13 +46,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from rlkit.core.groups import group_sum
-from rlkit.core.masked import check_shapes, masked_mean
+from rlkit.core.ops import check_shapes, group_sum, masked_mean
 from rlkit.hooks import Hooks, StepBatch, draw, side_generator
 from rlkit.registry import (
-    AdvantageInputs, DualClipKnobs, Method, OfflinePass, VerlKey, knob, kwargs_for, register_advantage,
-    register_method,
+    AdvantageInputs, Method, OfflinePass, VerlKey, kwargs_for, register_advantage, register_method,
 )
+from rlkit.settings import DualClipKnobs, knob
 
 Tensor = torch.Tensor
 

@@ -1,25 +1,15 @@
 """The inside half of :mod:`rlkit.tasks.sandbox`: confine this process, then exec Python on the untrusted script.
 
-Run as ``python -I _sandbox_child.py CONFIG_JSON`` by the sandbox, never imported. Standard library only, and it
-runs before any untrusted code, so everything it sets up is in place when that code starts. Steps, each
-recorded in the report written to the status pipe (``cfg["status_fd"]``):
+Run as ``python -I _sandbox_child.py CONFIG_JSON``, never imported; standard library only. Steps, each recorded
+in the report written to the status pipe (``cfg["status_fd"]``); any failure before step 7 ends the process:
 
-1. namespaces — ``unshare`` new network, PID, IPC and UTS namespaces (root: directly, plus a mount namespace;
-   other users: inside a new user namespace). Then fork: the child is PID 1 of the new PID namespace, and
-   when it exits the kernel kills every process left in it. The parent only waits and passes the child's
-   exit status on.
-2. root only, in the mount namespace: a directory that keeps the Python installation from other users
-   (``/root``, mode 700, when Python lives in ``/root/.pyenv``) is covered by a tmpfs holding only the
-   needed subdirectory, so the sandbox uid of step 6 can run Python and sees nothing else there.
-3. ``no_new_privs`` — set-uid binaries (``su``, ``sudo``) cannot raise privileges; Landlock requires it.
-4. Landlock (Linux ≥ 5.13) — writes allowed only beneath the work dir and to ``/dev/null``; with ABI ≥ 4 TCP
-   bind/connect denied; with ABI ≥ 6 no signals to processes outside the sandbox.
-5. rlimits — CPU seconds, address space, file size, open files, no core files, process count.
-6. root only: switch to a fresh unprivileged uid/gid (``cfg["uid_base"]`` + the PID of this launcher, unique
-   among live processes): RLIMIT_NPROC then binds (root is exempt from it) and the hard limits are final.
+1. namespaces: network, PID, IPC, UTS (root: plus mount; others: in a user namespace); fork, the child PID 1.
+2. root only: a directory closing Python off from other users is covered by a tmpfs with only what it needs.
+3. ``no_new_privs``: set-uid binaries cannot raise privileges (Landlock requires it).
+4. Landlock (Linux ≥ 5.13): writes only in the work dir and ``/dev/null``; ABI 4: no TCP; ABI 6: no signals out.
+5. rlimits: CPU seconds, address space, file size, open files, no core files, process count.
+6. root only: a fresh uid/gid (``cfg["uid_base"]`` + this launcher's PID), so RLIMIT_NPROC binds.
 7. ``execv`` Python on the script under an audit hook that refuses ``connect``/``bind``/``sendto``.
-
-Any failure before step 7 ends the process without running the script.
 """
 
 import ctypes
@@ -44,8 +34,7 @@ FS_REFER, FS_TRUNCATE = 1 << 13, 1 << 14  # ABI 2, ABI 3
 NET_BIND_TCP, NET_CONNECT_TCP = 1 << 0, 1 << 1  # ABI 4
 SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL = 1 << 0, 1 << 1  # ABI 6
 
-# The untrusted script runs under this. It refuses network calls in Python, for where no namespace or
-# Landlock stops them; ctypes can still reach libc directly, so this is the last and weakest layer.
+# The untrusted script runs under this: the last and weakest network barrier (ctypes can still reach libc).
 RUNNER = """
 import runpy, sys
 _DENY = {"socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg"}
@@ -148,9 +137,8 @@ def set_limits(cfg):
     """Module doc, step 5. Soft = hard: at the CPU limit the kernel sends SIGKILL, which no handler can catch
     (PID 1 of a namespace would ignore the SIGXCPU of a lower soft limit anyway)."""
     for res, value in ((resource.RLIMIT_CPU, cfg["cpu_seconds"]), (resource.RLIMIT_AS, cfg["memory_bytes"]),
-                       (resource.RLIMIT_FSIZE, cfg["file_bytes"]),
-                       (resource.RLIMIT_NOFILE, cfg["open_files"]), (resource.RLIMIT_CORE, 0),
-                       (resource.RLIMIT_NPROC, cfg["nproc"])):
+                       (resource.RLIMIT_FSIZE, cfg["file_bytes"]), (resource.RLIMIT_NOFILE, cfg["open_files"]),
+                       (resource.RLIMIT_CORE, 0), (resource.RLIMIT_NPROC, cfg["nproc"])):
         resource.setrlimit(res, (value, value))
 
 

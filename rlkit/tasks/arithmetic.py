@@ -1,34 +1,11 @@
 """Procedural GSM8K-style word problems for the tiny engine, with plain and calculator-tool solutions.
 
-A problem is a short story about one running quantity: a start (``Ava has $48.``, or a product such as
-``A bus goes 40 km an hour for 3 hours.``), then events that change it (earn, spend, buy k at $a each, share
-among k friends, …), then a question. Every computation is one *operation*, written as one step of the
-solution; a problem has ``min_ops``–``max_ops`` of them (at most :data:`MAX_OPS`). Ten templates (shopping,
-sharing, rates, ages, savings, baking, garden, bus, library, farm) with names, pronouns and items drawn by
-seeded choice. Numbers in the question are at most ``max_number``, every intermediate value and the answer
-is a whole number from 1 to ``max_value`` (an ages problem stays under 100), and division is always exact:
-an event is only drawn where numbers that fit exist, and its numbers are drawn among those.
-
-Solutions, for ``Sam has 48 cards. He loses 18. He shares them equally among 2 friends. …``:
-
-- plain: ``48-18=30. 30/2=15. #### 15`` — the model does the arithmetic;
-- tool: ``<code>48-18</code><output>30</output><code>30/2</code><output>15</output> #### 15`` — each step is a
-  calculator call; the text between ``<output>`` tags is :func:`rlkit.tasks.calculator.run_tool` of the call,
-  which during a rollout the environment writes, not the model.
-
-The prompt is the question and a newline (:func:`prompt`), the same for SFT, sampling and evaluation. The
-reward is :func:`rlkit.tasks.gsm8k.score` — the one answer rule of rlkit: the strict ``#### n`` by default.
-
-Splits: a problem's identity is its normalised question (lower case, single spaces). A hash of it puts every
-question in exactly one bucket, ``test`` (:data:`TEST_FRACTION` of questions) or ``train``, and a split only
-keeps problems of its bucket, so train and test can never share a question, whatever the seeds and knobs.
-:func:`make_split` returns distinct problems; :func:`make_pool` is a fixed list of training problems for
-methods whose prompts come back (SPO). Every text uses only the characters of :data:`ALPHABET` (calculator
-error strings included), so a character tokenizer can be built from it.
-
-Sizes: a question never exceeds :data:`MAX_QUESTION_CHARS` characters (longer draws are redrawn) and
-:meth:`TaskConfig.max_solution_chars` bounds a solution. With the default knobs (1–3 operations, numbers
-≤ 99, values ≤ 999) prompt plus tool solution average about 172 characters (at most 327).
+A problem is a short story about one running quantity from one of ten templates, each computation one solution
+step (at most :data:`MAX_OPS`), every value a whole number from 1 to ``max_value``, division exact. Solutions: plain
+``48-18=30. 30/2=15. #### 15``, tool ``<code>48-18</code><output>30</output>… #### 15`` (outputs written by the
+environment) and mixed; the reward is rlkit's one answer rule (:func:`rlkit.tasks.gsm8k.score`). A hash of the
+normalised question puts it in ``test`` (:data:`TEST_FRACTION`) or ``train`` for good; :func:`make_pool` is a fixed
+list of training problems for methods whose prompts come back (SPO). Every text uses only :data:`ALPHABET`.
 """
 
 from __future__ import annotations
@@ -49,10 +26,8 @@ SEPARATOR = "\n"
 """What :func:`prompt` puts after the question."""
 FORMS = ("tool", "plain", "mixed")
 MIXED_TOOL_SHARE = 0.3
-"""In the mixed form, the share of steps written as calculator calls (the rest are computed in plain text). Away
-from ½ on purpose: at ½ a greedy SFT model's choice between calling and computing is a coin flip that the last bits
-of its weights decide, and its accuracy swung 8.5–27.8% with the seed or the CPU (reproductions/LOG.md); at 0.3
-greedy decoding computes plainly, and calling the calculator is what RL has to learn."""
+"""In the mixed form, the share of steps written as calculator calls: at ½ a greedy SFT model's choice was a coin
+flip its weights' last bits decided (accuracy 8.5–27.8% by seed or CPU, reproductions/LOG.md)."""
 PLAN_SHARE = 0.5
 """In the mixed form, the share of solutions that open with a plan in words (``Plan: subtract, divide.``)."""
 _OP_WORDS = {"+": "add", "-": "subtract", "*": "multiply", "/": "divide"}
@@ -68,16 +43,11 @@ MAX_QUESTION_CHARS = 200
 class TaskConfig:
     """Difficulty knobs of the generator (the ``**knobs`` of :func:`make_split` and :func:`make_pool`)."""
 
-    min_ops: int = 1
-    """Fewest operations (solution steps) per problem."""
-    max_ops: int = 3
-    """Most operations per problem, at most 4 (1–3 learned fast on the 2-core CPU; see NOTES)."""
-    max_number: int = 99
-    """Largest number written in a question (multipliers and divisors are 2–9 and also at most this)."""
-    max_value: int = 999
-    """Largest intermediate value and answer (ages problems: at most 99)."""
-    templates: tuple[str, ...] | None = None
-    """Template names to draw from (see ``TEMPLATES``); None means all."""
+    min_ops: int = 1  # Fewest operations (solution steps) per problem.
+    max_ops: int = 3  # Most operations per problem, at most 4.
+    max_number: int = 99  # Largest number written in a question (multipliers and divisors: 2–9, at most this).
+    max_value: int = 999  # Largest intermediate value and answer (ages problems: at most 99).
+    templates: tuple[str, ...] | None = None  # Template names to draw from (see ``TEMPLATES``); None means all.
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_ops <= self.max_ops <= MAX_OPS:
@@ -93,10 +63,7 @@ class TaskConfig:
             object.__setattr__(self, "templates", tuple(self.templates))
 
     def max_solution_chars(self, form: str = "tool") -> int:
-        """An upper bound on a solution's length in ``form`` (add ``MAX_QUESTION_CHARS + 1`` for the prompt):
-        a step's expression has at most ``dv + 1 + dn`` characters and its value ``dv`` (dv, dn: digits of
-        ``max_value`` and ``max_number``); the tool form wraps each step in 30 characters of tags; the mixed
-        form may open with a plan of ``"Plan: "`` and a word of at most 8 letters, ", " or "." per step."""
+        """An upper bound on a solution's length in ``form`` (a step: expression, value, tags; a plan: 10 a step)."""
         if form not in FORMS:
             raise ValueError(f"unknown solution form {form!r}; valid: {', '.join(FORMS)}")
         dv, dn = len(str(self.max_value)), len(str(self.max_number))
@@ -164,21 +131,16 @@ class Problem:
 # ---------------------------------------------------------------------------------------------- templates
 # An event's text may use {N} (the main name), {P}/{p} (its pronoun), {M} (a new person), {prev} (the last
 # person named), {item}/{items}, {a} (an amount) and {k} (a multiplier or divisor, 2–9).
-
-
 @dataclass(frozen=True)
 class _Event:
     kind: str
     """start | add | sub | mul | div | add_group (v + k·a) | sub_group (v − k·a); a start with group=True
     is the product k·a."""
     text: str
-    question: str | None = None
-    """Set for an event that can only come last: it asks its own question."""
+    question: str | None = None  # Set for an event that can only come last: it asks its own question.
     ks: tuple[int, ...] = tuple(range(2, 10))
-    rate: bool = False
-    """A product written ``a*k`` (a per hour for k hours) rather than ``k*a`` (k bags of a)."""
-    group: bool = False
-    """A start that is already a product (one step)."""
+    rate: bool = False  # A product written ``a*k`` (a per hour for k hours) rather than ``k*a`` (k bags of a).
+    group: bool = False  # A start that is already a product (one step).
     new_person: bool = False
 
     @property
@@ -205,136 +167,80 @@ _ev = _Event
 
 
 _TEMPLATES = (
-    _Template(
-        "shopping",
-        _ev("start", "{N} has ${a}."),
-        (
-            _ev("add", "{P} earns ${a}."),
-            _ev("sub", "{P} spends ${a} on a {item}."),
-            _ev("sub_group", "{P} buys {k} {items} for ${a} each."),
-            _ev("add_group", "{P} sells {k} {items} for ${a} each."),
-            _ev("div", "{P} splits it equally among {k} kids.",
-                question="How many dollars does each kid get?"),
-        ),
-        "How much does {N} have now?",
-        _GOODS,
-    ),
-    _Template(
-        "sharing",
-        _ev("start", "{N} has {a} {items}."),
-        (
-            _ev("add", "{P} finds {a} more."),
-            _ev("sub", "{P} loses {a}."),
-            _ev("add_group", "{P} gets {k} bags of {a}."),
-            _ev("sub_group", "{P} gives {k} friends {a} each."),
-            _ev("mul", "Then {p} has {k} times as many.", ks=(2, 3, 4, 5)),
-            _ev("div", "{P} shares them equally among {k} friends.",
-                question="How many does each friend get?"),
-        ),
-        "How many does {N} have now?",
+    _Template("shopping", _ev("start", "{N} has ${a}."), (
+        _ev("add", "{P} earns ${a}."),
+        _ev("sub", "{P} spends ${a} on a {item}."),
+        _ev("sub_group", "{P} buys {k} {items} for ${a} each."),
+        _ev("add_group", "{P} sells {k} {items} for ${a} each."),
+        _ev("div", "{P} splits it equally among {k} kids.", question="How many dollars does each kid get?"),
+    ), "How much does {N} have now?", _GOODS),
+    _Template("sharing", _ev("start", "{N} has {a} {items}."), (
+        _ev("add", "{P} finds {a} more."),
+        _ev("sub", "{P} loses {a}."),
+        _ev("add_group", "{P} gets {k} bags of {a}."),
+        _ev("sub_group", "{P} gives {k} friends {a} each."),
+        _ev("mul", "Then {p} has {k} times as many.", ks=(2, 3, 4, 5)),
+        _ev("div", "{P} shares them equally among {k} friends.", question="How many does each friend get?"),
+    ), "How many does {N} have now?",
         (("candy", "candies"), ("sticker", "stickers"), ("marble", "marbles"), ("card", "cards"),
-         ("shell", "shells"), ("bead", "beads")),
-    ),
-    _Template(
-        "rates",
-        _ev("start", "A {item} goes {a} km an hour for {k} hours.", group=True, rate=True),
-        (
-            _ev("add", "Then it goes {a} km more."),
-            _ev("sub", "Then it goes back {a} km."),
-            _ev("add_group", "Then it goes {a} km an hour for {k} more hours.", rate=True),
-        ),
-        "How many km is it from the start?",
-        (("car", "cars"), ("bus", "buses"), ("train", "trains"), ("boat", "boats"), ("bike", "bikes")),
-    ),
-    _Template(
-        "ages",
-        _ev("start", "{N} is {a} years old."),
-        (
-            _ev("add", "{M} is {a} years older than {prev}.", new_person=True),
-            _ev("sub", "{M} is {a} years younger than {prev}.", new_person=True),
-            _ev("mul", "{M} is {k} times as old as {prev}.", ks=(2, 3, 4), new_person=True),
-            _ev("div", "{M} is half as old as {prev}.", ks=(2,), new_person=True),
-            _ev("add", "", question="How old will {prev} be in {a} years?"),
-        ),
-        "How old is {prev}?",
-        cap=99,
-        names=MAX_OPS + 1,
-    ),
-    _Template(
-        "savings",
-        _ev("start", "{N} saves ${a} a week for {k} weeks.", group=True, rate=True),
-        (
-            _ev("add", "{P} gets ${a} as a gift."),
-            _ev("sub", "{P} spends ${a} on a {item}."),
-            _ev("sub_group", "{P} buys {k} {items} for ${a} each."),
-            _ev("div", "{P} puts it equally into {k} jars.", question="How many dollars go in each jar?"),
-        ),
-        "How much does {N} have now?",
-        _GOODS,
-    ),
-    _Template(
-        "baking",
-        _ev("start", "{N} bakes {k} trays of {a} {items}.", group=True),
-        (
-            _ev("add", "{P} bakes {a} more."),
-            _ev("sub", "{P} eats {a}."),
-            _ev("add_group", "{P} buys {k} packs of {a}."),
-            _ev("sub_group", "{P} gives {k} neighbors {a} each."),
-            _ev("div", "{P} packs them equally into {k} boxes.", question="How many {items} go in each box?"),
-        ),
-        "How many {items} does {N} have now?",
-        (("cookie", "cookies"), ("muffin", "muffins"), ("bun", "buns"), ("roll", "rolls"), ("tart", "tarts")),
-    ),
-    _Template(
-        "garden",
-        _ev("start", "{N}'s tree has {a} {items}."),
-        (
-            _ev("add", "Then {a} more grow."),
-            _ev("sub", "{P} picks {a}."),
-            _ev("sub_group", "{k} birds eat {a} each."),
-            _ev("div", "{N} picks them all and fills bags of {k}.", question="How many bags does {N} fill?"),
-        ),
-        "How many are on the tree now?",
-        (("apple", "apples"), ("pear", "pears"), ("plum", "plums"), ("lemon", "lemons"), ("fig", "figs")),
-    ),
-    _Template(
-        "bus",
-        _ev("start", "A {item} has {a} people."),
-        (
-            _ev("add", "At a stop, {a} get on."),
-            _ev("sub", "At a stop, {a} get off."),
-            _ev("add_group", "{k} groups of {a} get on."),
-            _ev("sub_group", "{k} groups of {a} get off."),
-            _ev("div", "They sit equally in {k} rows.", question="How many sit in each row?"),
-        ),
-        "How many people are on it now?",
-        (("bus", "buses"), ("train", "trains"), ("tram", "trams"), ("ferry", "ferries")),
-    ),
-    _Template(
-        "library",
-        _ev("start", "A library has {k} shelves of {a} {items}.", group=True),
-        (
-            _ev("add", "It gets {a} new {items}."),
-            _ev("sub", "It lends out {a} {items}."),
-            _ev("add_group", "It gets {k} boxes of {a} {items}."),
-            _ev("sub_group", "{k} classes borrow {a} {items} each."),
-            _ev("div", "They go equally onto {k} carts.", question="How many {items} go on each cart?"),
-        ),
-        "How many {items} are there now?",
-        (("book", "books"), ("comic", "comics"), ("map", "maps"), ("atlas", "atlases")),
-    ),
-    _Template(
-        "farm",
-        _ev("start", "A farm has {a} {items}."),
-        (
-            _ev("add", "It buys {a} more {items}."),
-            _ev("sub", "It sells {a} {items}."),
-            _ev("add_group", "{k} trucks bring {a} {items} each."),
-            _ev("mul", "Each {item} lays {k} eggs a week.", question="How many eggs is that a week?"),
-        ),
-        "How many {items} are there now?",
-        (("hen", "hens"), ("duck", "ducks"), ("goose", "geese"), ("quail", "quails")),
-    ),
+         ("shell", "shells"), ("bead", "beads"))),
+    _Template("rates", _ev("start", "A {item} goes {a} km an hour for {k} hours.", group=True, rate=True), (
+        _ev("add", "Then it goes {a} km more."),
+        _ev("sub", "Then it goes back {a} km."),
+        _ev("add_group", "Then it goes {a} km an hour for {k} more hours.", rate=True),
+    ), "How many km is it from the start?",
+        (("car", "cars"), ("bus", "buses"), ("train", "trains"), ("boat", "boats"), ("bike", "bikes"))),
+    _Template("ages", _ev("start", "{N} is {a} years old."), (
+        _ev("add", "{M} is {a} years older than {prev}.", new_person=True),
+        _ev("sub", "{M} is {a} years younger than {prev}.", new_person=True),
+        _ev("mul", "{M} is {k} times as old as {prev}.", ks=(2, 3, 4), new_person=True),
+        _ev("div", "{M} is half as old as {prev}.", ks=(2,), new_person=True),
+        _ev("add", "", question="How old will {prev} be in {a} years?"),
+    ), "How old is {prev}?", cap=99, names=MAX_OPS + 1),
+    _Template("savings", _ev("start", "{N} saves ${a} a week for {k} weeks.", group=True, rate=True), (
+        _ev("add", "{P} gets ${a} as a gift."),
+        _ev("sub", "{P} spends ${a} on a {item}."),
+        _ev("sub_group", "{P} buys {k} {items} for ${a} each."),
+        _ev("div", "{P} puts it equally into {k} jars.", question="How many dollars go in each jar?"),
+    ), "How much does {N} have now?", _GOODS),
+    _Template("baking", _ev("start", "{N} bakes {k} trays of {a} {items}.", group=True), (
+        _ev("add", "{P} bakes {a} more."),
+        _ev("sub", "{P} eats {a}."),
+        _ev("add_group", "{P} buys {k} packs of {a}."),
+        _ev("sub_group", "{P} gives {k} neighbors {a} each."),
+        _ev("div", "{P} packs them equally into {k} boxes.", question="How many {items} go in each box?"),
+    ), "How many {items} does {N} have now?",
+        (("cookie", "cookies"), ("muffin", "muffins"), ("bun", "buns"), ("roll", "rolls"), ("tart", "tarts"))),
+    _Template("garden", _ev("start", "{N}'s tree has {a} {items}."), (
+        _ev("add", "Then {a} more grow."),
+        _ev("sub", "{P} picks {a}."),
+        _ev("sub_group", "{k} birds eat {a} each."),
+        _ev("div", "{N} picks them all and fills bags of {k}.", question="How many bags does {N} fill?"),
+    ), "How many are on the tree now?",
+        (("apple", "apples"), ("pear", "pears"), ("plum", "plums"), ("lemon", "lemons"), ("fig", "figs"))),
+    _Template("bus", _ev("start", "A {item} has {a} people."), (
+        _ev("add", "At a stop, {a} get on."),
+        _ev("sub", "At a stop, {a} get off."),
+        _ev("add_group", "{k} groups of {a} get on."),
+        _ev("sub_group", "{k} groups of {a} get off."),
+        _ev("div", "They sit equally in {k} rows.", question="How many sit in each row?"),
+    ), "How many people are on it now?",
+        (("bus", "buses"), ("train", "trains"), ("tram", "trams"), ("ferry", "ferries"))),
+    _Template("library", _ev("start", "A library has {k} shelves of {a} {items}.", group=True), (
+        _ev("add", "It gets {a} new {items}."),
+        _ev("sub", "It lends out {a} {items}."),
+        _ev("add_group", "It gets {k} boxes of {a} {items}."),
+        _ev("sub_group", "{k} classes borrow {a} {items} each."),
+        _ev("div", "They go equally onto {k} carts.", question="How many {items} go on each cart?"),
+    ), "How many {items} are there now?",
+        (("book", "books"), ("comic", "comics"), ("map", "maps"), ("atlas", "atlases"))),
+    _Template("farm", _ev("start", "A farm has {a} {items}."), (
+        _ev("add", "It buys {a} more {items}."),
+        _ev("sub", "It sells {a} {items}."),
+        _ev("add_group", "{k} trucks bring {a} {items} each."),
+        _ev("mul", "Each {item} lays {k} eggs a week.", question="How many eggs is that a week?"),
+    ), "How many {items} are there now?",
+        (("hen", "hens"), ("duck", "ducks"), ("goose", "geese"), ("quail", "quails"))),
 )
 TEMPLATES = tuple(t.name for t in _TEMPLATES)
 _BY_NAME = {t.name: t for t in _TEMPLATES}
@@ -346,11 +252,8 @@ _PEOPLE = (("Ava", "she"), ("Ben", "he"), ("Cara", "she"), ("Dan", "he"), ("Emma
 
 
 # --------------------------------------------------------------------------------------------- generation
-
-
 def _draw(event: _Event, v: int, rng: random.Random, cfg: TaskConfig, cap: int) -> tuple | None:
-    """Numbers for ``event`` applied to the running value ``v``: ``(a, k, steps, new v)``, or None when no
-    numbers fit (the result would leave [1, cap], or no divisor divides ``v`` exactly)."""
+    """Numbers for ``event`` on the running value ``v``: ``(a, k, steps, new v)``, or None when none fit [1, cap]."""
     ks = [k for k in event.ks if k <= cfg.max_number]
     kind = event.kind
     if kind == "start":
@@ -411,10 +314,7 @@ def _build(template: _Template, n_ops: int, rng: random.Random, cfg: TaskConfig)
     n_person = 1
     while len(steps) < n_ops:
         left = n_ops - len(steps)
-        candidates = [
-            e for e in template.events
-            if e.n_steps <= left and (e.question is None or e.n_steps == left)
-        ]
+        candidates = [e for e in template.events if e.n_steps <= left and (e.question is None or e.n_steps == left)]
         rng.shuffle(candidates)
         for event in candidates:
             drawn = _draw(event, v, rng, cfg, cap)
@@ -454,8 +354,6 @@ def generate(rng: random.Random, config: TaskConfig | None = None) -> Problem:
 
 
 # ------------------------------------------------------------------------------------------------- splits
-
-
 def normalize_question(question: str) -> str:
     """A problem's identity: its question in lower case with single spaces."""
     return " ".join(question.lower().split())
@@ -488,8 +386,7 @@ def iter_split(split: str = "train", seed: int = 0, **knobs) -> Iterator[Problem
 
 
 MAX_PROBLEMS = 1_000_000
-"""The most problems one split or pool is made of (about 40 s of one core at that size): a larger count would
-run for hours, or exhaust the memory, before it ends."""
+"""The most problems one split or pool is made of (about 40 s of one core): more would run for hours."""
 
 
 def _distinct(stream: Iterator[Problem], n: int, what: str) -> list[Problem]:
@@ -507,9 +404,7 @@ def _distinct(stream: Iterator[Problem], n: int, what: str) -> list[Problem]:
         if key in seen:
             since_new += 1
             if since_new > budget:
-                raise ValueError(
-                    f"only {len(out)} distinct {what} problems exist with these knobs, {n} asked"
-                )
+                raise ValueError(f"only {len(out)} distinct {what} problems exist with these knobs, {n} asked")
             continue
         since_new = 0
         seen.add(key)
@@ -518,14 +413,12 @@ def _distinct(stream: Iterator[Problem], n: int, what: str) -> list[Problem]:
 
 
 def make_split(n: int, split: str = "train", seed: int = 0, **knobs) -> list[Problem]:
-    """``n`` distinct problems of ``split`` (``"train"`` or ``"test"``); ``knobs`` are :class:`TaskConfig`
-    fields. Deterministic in (split, seed, knobs); a larger ``n`` extends a smaller one."""
+    """``n`` distinct problems of ``split``, deterministic; a larger ``n`` extends a smaller one."""
     return _distinct(iter_split(split, seed, **knobs), n, split)
 
 
 def make_pool(n: int, seed: int = 0, **knobs) -> list[Problem]:
-    """A fixed list of ``n`` distinct training problems whose prompts come back (SPO's prompt pool); its own
-    stream, so it is not the head of ``make_split(n, "train", seed)``."""
+    """A fixed list of ``n`` distinct training problems (SPO's pool), not ``make_split``'s stream."""
     cfg = _config(knobs)
     rng = random.Random(f"pool:{seed}")
 
@@ -539,8 +432,6 @@ def make_pool(n: int, seed: int = 0, **knobs) -> list[Problem]:
 
 
 # ------------------------------------------------------------------------------------------ prompt, reward
-
-
 def prompt(problem: Problem | str) -> str:
     """The model's input: the question and :data:`SEPARATOR` (used identically by SFT, sampling and eval)."""
     question = problem.question if isinstance(problem, Problem) else problem
@@ -560,15 +451,8 @@ REWARD_RULES = ("answer", "digit")
 
 def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None,
                   rule: str = "answer", **kwargs) -> dict:
-    """verl custom reward function for these problems (``reward.custom_reward_function.path=pkg://`` this module,
-    ``name=compute_score``, ``reward_kwargs.rule``). Returns ``{"score": 1.0 | 0.0, "acc": bool}``.
-
-    - ``rule="answer"``: rlkit's one answer rule, the strict ``#### n`` (:func:`reward`, the tiny engine's reward).
-    - ``rule="digit"``: a *probe* for plumbing runs of an untrained model, not a task: 1.0 when the response
-      contains the answer's last digit anywhere. An untrained model of the character vocabulary (89 ids) writes
-      that digit in about half of its 64-token responses, so groups mix 0s and 1s and advantages are not zero,
-      and a policy that learns to write digits raises it; it says nothing about arithmetic.
-    """
+    """verl custom reward function: ``rule="answer"``, rlkit's one answer rule (:func:`reward`); ``"digit"``, a probe
+    for plumbing runs of an untrained model (the answer's last digit anywhere: groups mix 0s and 1s)."""
     if rule not in REWARD_RULES:
         raise ValueError(f"unknown reward rule {rule!r}; valid: {', '.join(REWARD_RULES)}")
     if rule == "digit":

@@ -1,23 +1,10 @@
-"""A safe calculator: the tool the tiny engine's policy calls with ``<code>48-18</code>``.
-
-During a rollout the environment reads the expression between ``<code>`` and ``</code>`` and writes
-:func:`run_tool`'s answer between ``<output>`` and ``</output>``. The policy writes whatever it likes, so the
-expression is untrusted: it is parsed with ``ast.parse(expr, mode="eval")`` and walked node by node — never
-``eval`` — and anything but arithmetic on numbers is refused.
-
-Accepted: decimal int and float literals (``12``, ``3.5``, ``.5``, leading zeros such as ``07``), binary
-``+ - * / // %``, unary ``-`` and ``+``, parentheses, spaces, and ``**`` with a whole exponent from 0 to
-:data:`MAX_EXPONENT` (squares and cubes turn up in word problems; ``2**99999`` is refused before it is
-computed). Refused: names, calls, attributes, comparisons, ``1e5``/``0x10``/``1_000`` literals (only the
-characters in :data:`ALLOWED_CHARS` pass), anything longer than :data:`MAX_CHARS` characters, any literal or
-intermediate result with magnitude above :data:`MAX_ABS`, and operator trees deeper than :data:`MAX_DEPTH`.
-
-Semantics are Python's, with one change: ``/`` of two ints that divide exactly gives an int (``30/2`` is
-``15``, not ``15.0``), so integer word problems stay integers. Otherwise ``/`` is true division; ``//`` and
-``%`` floor as in Python (``-7//2 == -4``, ``-7%2 == 1``). A float result is rounded to
-:data:`DECIMALS` decimal places (``0.1+0.2`` gives ``0.3``, ``1/3`` gives ``0.333333``); intermediate values
-are not rounded. :func:`run_tool` shows ints, and floats with an integral value, without ``.0`` and never in
-exponent notation.
+"""A safe calculator: the tool the tiny engine's policy calls with ``<code>48-18</code>``. The expression is
+untrusted: parsed with ``ast.parse(expr, mode="eval")`` and walked node by node, never ``eval``. Accepted: decimal
+int and float literals (leading zeros too), ``+ - * / // %``, unary ``-``/``+``, parentheses and ``**`` with a whole
+exponent up to :data:`MAX_EXPONENT`; refused: anything else (names, calls, ``1e5``: only :data:`ALLOWED_CHARS`
+pass), more than :data:`MAX_CHARS` characters, magnitudes above :data:`MAX_ABS`, trees deeper than
+:data:`MAX_DEPTH`. Python's semantics, except that ``/`` of two ints that divide exactly gives an int (``30/2`` is
+``15``); a float result is rounded to :data:`DECIMALS` places.
 """
 
 from __future__ import annotations
@@ -65,14 +52,8 @@ def _power(a: Number, b: Number) -> Number:
 
 
 _BINARY: dict[type, Callable[[Number, Number], Number]] = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
-    ast.Div: _true_div,
-    ast.FloorDiv: operator.floordiv,
-    ast.Mod: operator.mod,
-    ast.Pow: _power,
-}
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: _true_div,
+    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: _power}
 _UNARY: dict[type, Callable[[Number], Number]] = {ast.USub: operator.neg, ast.UAdd: operator.pos}
 
 
@@ -98,11 +79,7 @@ def _walk(node: ast.AST, depth: int) -> Number:
 
 
 def evaluate(expr: str) -> Number:
-    """The value of the arithmetic expression ``expr`` (see the module doc for what is accepted).
-
-    Returns an int for integer arithmetic (exact ``/`` included), else a float rounded to :data:`DECIMALS`
-    places. Raises :class:`CalculatorError` (a ``ValueError``) for anything refused or not computable.
-    """
+    """The value of ``expr`` (module doc); :class:`CalculatorError` (a ``ValueError``) for anything refused."""
     if not isinstance(expr, str):
         raise CalculatorError("expression must be text")
     expr = expr.strip()
@@ -121,8 +98,7 @@ def evaluate(expr: str) -> Number:
 
 
 def format_number(x: Number) -> str:
-    """``x`` as the calculator shows it: ints and integral floats without ``.0``, floats to at most
-    :data:`DECIMALS` places without trailing zeros, never in exponent notation, no ``-0``."""
+    """``x`` as the calculator shows it: no ``.0``, at most :data:`DECIMALS` places, no exponent, no ``-0``."""
     if isinstance(x, float):
         x = round(x, DECIMALS)
         if x.is_integer():
@@ -133,8 +109,7 @@ def format_number(x: Number) -> str:
 
 
 def run_tool(expr: str) -> str:
-    """What the environment writes between ``<output>`` and ``</output>``: the formatted value, or
-    ``"error: <reason>"``. Never raises, whatever ``expr`` is."""
+    """What the environment writes in ``<output>``: the value, or ``"error: <reason>"``; never raises."""
     try:
         return format_number(evaluate(expr))
     except CalculatorError as e:

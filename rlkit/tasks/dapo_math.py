@@ -1,29 +1,14 @@
-"""DAPO-Math-17k (Yu et al., *DAPO*, arXiv 2503.14476; Apache-2.0) for training, AIME 2024 for validation:
-load, prompt, score with math-verify.
+"""DAPO-Math-17k (Yu et al., *DAPO*, arXiv 2503.14476; Apache-2.0) for training, AIME 2024 for validation.
 
-Sources — HF ids, or local ``.parquet``/``.jsonl`` files in any of their schemas (:func:`problem_and_answer`):
+Sources (HF ids or local files): :data:`TRAIN_SOURCE`, the deduplicated English problems SPO trains on;
+:data:`ORIGINAL_SOURCE`, the release in verl's schema (DAPO's instruction removed here), and :data:`VAL_SOURCE`, both
+with repeats (:func:`rlkit.verl.launch.data.prepare_dapo` removes them).
 
-- :data:`TRAIN_SOURCE` ``open-r1/DAPO-Math-17k-Processed``, config ``en``: the deduplicated English
-  problems SPO trains on (method notes: SPO); columns ``prompt`` (the problem) and ``solution`` (the answer).
-- :data:`ORIGINAL_SOURCE` ``BytedTsinghua-SIA/DAPO-Math-17k``: the release in verl's row schema, each problem
-  wrapped in DAPO's "Answer:" instruction (removed here) and repeated about 100 times.
-- :data:`VAL_SOURCE` ``BytedTsinghua-SIA/AIME-2024``: the 30 AIME 2024 problems, each repeated 32 times.
-
-:func:`load` returns every row as found; :func:`rlkit.verl.launch.data.prepare_dapo` removes the repeats.
-
-Prompt (:func:`prompt`): the problem, then :data:`BOXED_INSTRUCTION` asking for the answer in ``\\boxed{}``.
-
-Score (:func:`score`): math-verify parses the ground truth as ``\\boxed{<truth>}`` and the response from its
-last ``\\boxed`` on (all of it when there is none; ``\\boxed{}`` first, then other LaTeX or plain expressions)
-and checks symbolic equivalence: 1.0 or 0.0.
-With ``format_rule=True``, SPO's rule (the SPO PR's ``compute_score``, seed 002) comes first: a response
-with other than exactly one ``</think>``, or with a code block after it (:func:`rlkit.tasks.tools.find_code_calls`),
-scores 0. :func:`compute_score` is the same as a verl custom reward function.
-
-Deviations: SPO's recipe scores with verl's ``math_dapo`` strict-box check (normalised string match); rlkit
-uses math-verify's symbolic check. The merged recipe code only counts ``</think>``; the "no code block after
-it" half is from the PR's description. math-verify's time limits use SIGALRM, which works only in the main
-thread: elsewhere (verl's reward workers score in threads) parsing runs without a time limit.
+:func:`score`: math-verify's symbolic equivalence of ``\\boxed{<truth>}`` and the response from its last
+``\\boxed`` on, 1.0 or 0.0; with ``format_rule``, SPO's rule first (exactly one ``</think>`` and no code block
+after it, else 0). Deviations: SPO's recipe matches verl's ``math_dapo`` normalised strings; its merged code only
+counts ``</think>`` (the code-block half is from the PR's description). math-verify's time limits need the main
+thread (SIGALRM): elsewhere (verl's reward workers) parsing runs without one.
 """
 
 from __future__ import annotations
@@ -52,13 +37,8 @@ TIMEOUT_S = 5
 
 
 def problem_and_answer(row: Mapping[str, Any]) -> tuple[str, str]:
-    """``(problem, answer)`` of a row in any supported schema (module doc); ValueError names the keys seen.
-
-    - ``prompt`` (str) + ``solution``: open-r1's processed set;
-    - ``problem``/``answer`` or ``Problem``/``Answer``: AIME-style tables;
-    - verl's schema — chat ``prompt`` + ``reward_model.ground_truth``: the problem is ``extra_info.question``
-      when present (rlkit's rows), else the last user message without DAPO's instruction.
-    """
+    """``(problem, answer)`` of a row: ``prompt`` + ``solution`` (open-r1), ``problem``/``answer`` (either case) or
+    verl's chat ``prompt`` + ``reward_model.ground_truth``; a ValueError names the keys seen."""
     if isinstance(row.get("prompt"), str) and "solution" in row:
         return row["prompt"].strip(), str(row["solution"]).strip()
     for p, a in (("problem", "answer"), ("Problem", "Answer")):
@@ -78,8 +58,7 @@ def problem_and_answer(row: Mapping[str, Any]) -> tuple[str, str]:
 
 
 def load(source: str | Path = TRAIN_SOURCE, split: str = "train", *, hf_config: str | None = None) -> list[dict]:
-    """Rows ``{"problem", "answer"}`` from a HF id (config ``hf_config``, default :data:`HF_CONFIGS`) or a
-    local file/directory (:func:`rlkit.tasks.gsm8k.read_records`); repeats are kept."""
+    """Rows ``{"problem", "answer"}`` (:func:`rlkit.tasks.gsm8k.read_records`), repeats kept."""
     hf_config = hf_config or HF_CONFIGS.get(str(source))
     out = []
     for i, row in enumerate(read_records(source, split, hf_config=hf_config)):
@@ -121,19 +100,13 @@ def _equivalent(response: str, ground_truth: str) -> bool:
 
 
 def score(response: str, ground_truth: str | int, *, format_rule: bool = False) -> float:
-    """1.0 if ``response``'s final answer is equivalent to ``ground_truth`` (and, with ``format_rule``, the
-    response keeps SPO's format), else 0.0."""
+    """1.0 if ``response``'s answer equals ``ground_truth`` (and, with ``format_rule``, keeps SPO's format)."""
     return compute_score("", response, str(ground_truth), format_rule=format_rule)["score"]
 
 
 def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None,
                   format_rule: bool = False, **kwargs: Any) -> dict[str, Any]:
-    """verl custom reward function (``reward.custom_reward_function.path=<this file>``, ``name=compute_score``;
-    SPO's rule via ``reward.custom_reward_function.reward_kwargs.format_rule=true``).
-
-    Returns ``{"score": 1.0 | 0.0, "acc": bool, "format_ok": bool}`` (``format_ok`` is reported either way,
-    enforced only with ``format_rule``); verl logs the extra keys.
-    """
+    """verl custom reward function: ``{"score", "acc", "format_ok"}``, SPO's rule enforced with ``format_rule``."""
     format_ok = format_error(solution_str) is None
     acc = (format_ok or not format_rule) and _equivalent(solution_str, str(ground_truth))
     return {"score": float(acc), "acc": acc, "format_ok": format_ok}

@@ -1,15 +1,7 @@
-"""GSM8K (Cobbe et al. 2021, arXiv 2110.14168; MIT): load, extract the final answer, score.
-
-The answer rule is shared by every grade-school task in rlkit (the tiny engine's procedural problems use it too):
-
-- ``strict`` (default) — verl's GSM8K rule (``verl.utils.reward_score.gsm8k``): the last ``#### <number>`` in the
-  final 300 characters; commas and ``$`` are dropped. A response without ``####`` scores 0, so the format is
-  part of the reward.
-- ``flexible`` — the last number anywhere in the final 300 characters (verl's ``flexible``): for base models that
-  have not learned the format.
-
-Deviation from verl: the extracted answer and the ground truth are compared as numbers (``Decimal``), so
-``72.0`` and ``72`` agree; verl compares the strings.
+"""GSM8K (Cobbe et al. 2021, arXiv 2110.14168; MIT): load, extract the final answer, score. The answer rule of
+every grade-school task in rlkit (the tiny engine's too): ``strict`` (default), verl's GSM8K rule, the last ``####
+<number>`` in the final 300 characters (commas and ``$`` dropped; without ``####`` it scores 0); ``flexible``, the
+last number there. Unlike verl, answers are compared as numbers (``72.0`` equals ``72``).
 """
 
 from __future__ import annotations
@@ -56,12 +48,8 @@ def score(text: str, ground_truth: str | int | float, mode: str = "strict") -> f
 
 def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None,
                   mode: str = "strict", format_score: float = 0.0, **kwargs) -> dict:
-    """verl custom reward function for GSM8K (``reward.custom_reward_function.path=pkg://`` this module,
-    ``name=compute_score``, ``reward_kwargs.mode`` / ``reward_kwargs.format_score``), with the scores of verl's own
-    ``gsm8k.compute_score``: 1.0 for the right answer, ``format_score`` for a wrong one that has the format (an
-    answer :func:`extract_answer` finds), 0.0 without one. ``acc`` is the right answer alone: held-out accuracy
-    does not count the format. verl's GSM8K default is ``format_score=0``; a model that never answers right gets
-    a signal from ``format_score > 0`` (its groups mix answers with and without ``#### n``)."""
+    """verl custom reward function for GSM8K (``reward_kwargs.mode``, ``.format_score``), scored as verl's: 1.0 for
+    the right answer, ``format_score`` (default 0) for a wrong one with the format, else 0.0; ``acc``: right alone."""
     if not 0.0 <= format_score < 1.0:
         raise ValueError(f"format_score must be in [0, 1) (a right answer scores 1), got {format_score}")
     right = score(solution_str, ground_truth, mode) == 1.0
@@ -73,9 +61,7 @@ _GOLD = re.compile(r"-?(\d+(\.\d*)?|\.\d+)")
 
 
 def gold_answer(solution: str) -> str:
-    """The ground truth of a GSM8K reference solution: the number after its ``####``, commas removed. A solution
-    without ``####``, or whose final answer is not a number (``#### abc``: no response could match it), is a
-    ``ValueError``."""
+    """The number after a GSM8K reference solution's ``####``, commas removed (``ValueError`` without one)."""
     if "####" not in solution:
         raise ValueError("a GSM8K reference solution ends with '#### <answer>'; this one has no '####'")
     answer = solution.rsplit("####", 1)[1].strip().replace(",", "")
@@ -85,9 +71,7 @@ def gold_answer(solution: str) -> str:
 
 
 def read_records(source: str | Path, split: str = "train", *, hf_config: str | None = None) -> list[dict[str, Any]]:
-    """Raw rows of a data set: from a local ``.jsonl``/``.parquet`` file, a directory holding
-    ``<split>.jsonl`` or ``<split>.parquet`` (or ``<split>-*.parquet``, the HF layout), or a HF ``datasets``
-    id with config ``hf_config`` (needs the hub or its cache). Shared by every task loader."""
+    """Raw rows: a ``.jsonl``/``.parquet`` file, a folder of ``<split>`` files, or a HF ``datasets`` id."""
     path = Path(source)
     if path.is_dir():
         candidates = [path / f"{split}.jsonl", path / f"{split}.parquet", *sorted(path.glob(f"**/{split}-*.parquet"))]
@@ -109,8 +93,7 @@ def read_records(source: str | Path, split: str = "train", *, hf_config: str | N
 
 
 def _json_lines(path: Path) -> list[Any]:
-    """The JSON values of a ``.jsonl`` file's non-blank lines; a line that is not JSON is a ``ValueError``
-    naming its line number in the file."""
+    """The JSON values of a ``.jsonl`` file's non-blank lines (a bad line: ``ValueError`` naming it)."""
     rows = []
     with path.open(encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
@@ -151,8 +134,7 @@ def _from_hub(source: str, split: str, hf_config: str | None) -> list[dict[str, 
 
 
 def load(source: str | Path = "openai/gsm8k", split: str = "train") -> list[dict[str, Any]]:
-    """GSM8K rows ``{"question", "answer"}`` from a local file or directory, or a HF ``datasets`` id (config
-    ``main``): see :func:`read_records`."""
+    """GSM8K rows ``{"question", "answer"}`` (:func:`read_records`, config ``main``)."""
     rows = read_records(source, split, hf_config="main")
     missing = [i for i, r in enumerate(rows) if "question" not in r or "answer" not in r]
     if missing:

@@ -1,16 +1,6 @@
-"""The calculator's tool protocol: how a response calls the tool and how the answer comes back, defined once.
-
-The policy writes ``<code>48-18</code>``; the environment (the tiny engine's sampler, or verl's tool agent loop)
-reads the expression between the last :data:`CODE` and that :data:`END_CODE`, runs
-:func:`rlkit.tasks.calculator.run_tool`, and writes its answer as ``<output>30</output>`` — text the model does
-not write, kept out of its loss. A failed call's answer starts with :data:`TOOL_ERROR` (``error: <reason>``).
-
-Both sides import these names: the task (:mod:`rlkit.tasks.arithmetic`'s gold solutions, the calculator, the
-tiny engine's scoring in :mod:`rlkit.tiny.task`) and the tokenizers (:mod:`rlkit.tiny.tokenizer`, whose
-vocabulary holds the four tags as single tokens; the exported Hugging Face tokenizer and chat template of
-:mod:`rlkit.tiny.hf`; verl's tool parser in :mod:`rlkit.verl.tools`). Changing a tag changes token ids of
-trained checkpoints.
-"""
+"""The calculator's tool protocol, defined once: the policy writes ``<code>48-18</code>``, the environment (the tiny
+sampler, verl's tool agent loop) ``<output>30</output>`` (:func:`rlkit.tasks.calculator.run_tool`), kept out of
+the loss. Task, calculator and tokenizers import these names: changing a tag changes checkpoints' token ids."""
 
 from __future__ import annotations
 

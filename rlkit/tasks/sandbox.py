@@ -3,37 +3,23 @@
     result = run_code("print(6 * 7)")        # SandboxResult(status='ok', stdout='42\\n', ...)
     result = run_code(code, Limits(cpu_seconds=5, memory_mb=512))
 
-Each call gets a private temp dir (cwd, ``HOME`` and ``TMPDIR``; deleted afterwards), a minimal environment,
-no stdin, and :class:`Limits`. The process is started by ``_sandbox_child.py``, which confines itself before
-any untrusted code runs (its docstring lists the steps); :attr:`SandboxResult.isolation` names the layers
-that were in force. What each limit relies on, and what it does not protect against:
+Each call gets a private temp dir (cwd, ``HOME``, ``TMPDIR``; deleted afterwards), a minimal environment, no
+stdin and :class:`Limits`; ``_sandbox_child.py`` confines itself before any untrusted code runs, and
+:attr:`SandboxResult.isolation` names the layers that were in force:
 
-- **CPU time** — ``RLIMIT_CPU`` per process (the kernel's SIGKILL; status ``timeout``) and a wall-clock
-  deadline (``wall_seconds``) after which this side ends the run. Always in force.
-- **Memory** — ``RLIMIT_AS`` per process: an allocation past it fails (``MemoryError``). Per process, so the
-  total is at most ``max_processes × memory_mb``; no cgroup is used.
-- **Process count** — ``RLIMIT_NPROC`` (threads count too). The kernel does not apply it to root, so as root
-  the child switches to a fresh unprivileged uid (``UID_BASE`` + its PID, unique among live processes) whose
-  count starts at 0; that also makes the hard limits final. If Python lives where other users cannot reach
-  it (``/root/.pyenv``), the child's mount namespace exposes just that directory to the sandbox uid; without
-  a mount namespace such a run fails with a message saying so. As another user the limit counts all that
-  user's processes, so it is set to their current count + ``max_processes``.
-- **No stray processes** — a new PID namespace when the kernel allows one (root, or unprivileged user
-  namespaces): when its first process exits, the kernel kills the rest. Always: the process group is killed,
-  and as root every process of the sandbox uid (even ones that left the group with ``setsid``). As another
-  user without namespaces, a process that leaves the group survives.
-- **Output** — stdout + stderr are read here and capped at ``max_output_bytes``; past it the process is
-  killed (status ``output_limit``). Files: ``RLIMIT_FSIZE`` per file, ``RLIMIT_NOFILE``.
-- **No network** — a new network namespace (only a downed loopback) when available; Landlock TCP rules
-  (kernel ABI ≥ 4); and always a Python audit hook refusing ``connect``/``bind``/``sendto``, which native code
-  (ctypes) can bypass. With neither namespace nor Landlock, that hook is the only barrier.
-- **Writes only in the temp dir** — Landlock (Linux ≥ 5.13) when available. As root the sandbox uid owns
-  nothing else, so only world-writable places (``/tmp``, ``/dev/shm``) remain writable without Landlock. As
-  another user without Landlock, the code can write wherever that user can.
+- **CPU time**: ``RLIMIT_CPU`` (status ``timeout``) and a wall-clock deadline, always.
+- **Memory**: ``RLIMIT_AS`` per process (at most ``max_processes × memory_mb`` in all; no cgroup).
+- **Processes**: ``RLIMIT_NPROC``; root is exempt, so as root the child switches to a fresh uid (``UID_BASE`` + PID).
+- **No stray processes**: a PID namespace when allowed; always the process group is killed, and as root every
+  process of the sandbox uid (as another user without namespaces, one that leaves the group survives).
+- **Output**: capped at ``max_output_bytes`` (status ``output_limit``); ``RLIMIT_FSIZE``, ``RLIMIT_NOFILE``.
+- **No network**: a network namespace, Landlock TCP rules (ABI ≥ 4), and always an audit hook that native code
+  (ctypes) can bypass: with neither of the first two, it is the only barrier.
+- **Writes only in the temp dir**: Landlock (Linux ≥ 5.13); without it, root's sandbox uid can still write
+  world-writable places, and another user wherever that user can.
 
-Not protected: reading files that other users may read (the code needs the Python installation), disk use
-in the temp dir beyond ``max_file_mb`` per file, CPU/memory pressure on the host within the limits, kernel
-exploits (there is no seccomp filter). For hostile multi-tenant use, run this inside a container or VM.
+Not protected: reading what other users may read, disk use beyond ``max_file_mb`` per file, host pressure within
+the limits, kernel exploits (no seccomp). For hostile multi-tenant use, run this inside a container or VM.
 """
 
 from __future__ import annotations
@@ -64,20 +50,13 @@ _ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONIOENCO
 class Limits:
     """Resource limits of one sandboxed run (module doc: what enforces each)."""
 
-    cpu_seconds: int = 10
-    """CPU time per process (RLIMIT_CPU)."""
-    wall_seconds: float = 30.0
-    """Wall-clock time for the whole run, sleeping included."""
-    memory_mb: int = 1024
-    """Address space per process (RLIMIT_AS); verl's sandbox tool default."""
-    max_processes: int = 16
-    """Processes and threads the code may have at once (RLIMIT_NPROC)."""
-    max_output_bytes: int = 65536
-    """stdout + stderr kept; more kills the run."""
-    max_file_mb: int = 16
-    """Largest file the code may write (RLIMIT_FSIZE)."""
-    max_open_files: int = 64
-    """Open file descriptors (RLIMIT_NOFILE)."""
+    cpu_seconds: int = 10  # CPU time per process (RLIMIT_CPU).
+    wall_seconds: float = 30.0  # Wall-clock time for the whole run, sleeping included.
+    memory_mb: int = 1024  # Address space per process (RLIMIT_AS); verl's sandbox tool default.
+    max_processes: int = 16  # Processes and threads the code may have at once (RLIMIT_NPROC).
+    max_output_bytes: int = 65536  # stdout + stderr kept; more kills the run.
+    max_file_mb: int = 16  # Largest file the code may write (RLIMIT_FSIZE).
+    max_open_files: int = 64  # Open file descriptors (RLIMIT_NOFILE).
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -97,10 +76,8 @@ class SandboxResult:
     stdout: str
     stderr: str
     wall_time: float
-    cpu_time: float
-    """CPU seconds of the run's processes that were reaped (the script and its waited-for children)."""
-    isolation: tuple[str, ...]
-    """Layers that were in force, e.g. ("rlimits", "net", "pid", "ipc", "landlock-fs", "uid", "audit-hook")."""
+    cpu_time: float  # CPU seconds of the run's processes that were reaped.
+    isolation: tuple[str, ...]  # Layers in force, e.g. ("rlimits", "net", "pid", "landlock-fs", "audit-hook").
 
     @property
     def ok(self) -> bool:
@@ -125,20 +102,17 @@ def _run(code: str, limits: Limits, workdir: str) -> SandboxResult:
         f.write(code)
     root = os.geteuid() == 0
     status_r, status_w = os.pipe()
-    cfg = {
-        "workdir": workdir, "script": script, "status_fd": status_w, "uid_base": UID_BASE,
-        "cpu_seconds": math.ceil(limits.cpu_seconds), "memory_bytes": int(limits.memory_mb * 2**20),
-        "file_bytes": int(limits.max_file_mb * 2**20), "open_files": int(limits.max_open_files),
-        "nproc": int(limits.max_processes) + (0 if root else _task_count(os.getuid())),
-        "python_paths": _python_paths(),
-    }
+    cfg = {"workdir": workdir, "script": script, "status_fd": status_w, "uid_base": UID_BASE,
+           "cpu_seconds": math.ceil(limits.cpu_seconds), "memory_bytes": int(limits.memory_mb * 2**20),
+           "file_bytes": int(limits.max_file_mb * 2**20), "open_files": int(limits.max_open_files),
+           "nproc": int(limits.max_processes) + (0 if root else sum(_tasks_of(os.getuid()).values())),
+           "python_paths": _python_paths()}
     start = time.monotonic()
     try:
-        proc = subprocess.Popen(
-            [sys.executable, "-I", str(_CHILD), json.dumps(cfg)], cwd=workdir,
-            env={**_ENV, "HOME": workdir, "TMPDIR": workdir}, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, pass_fds=(status_w,),
-        )
+        proc = subprocess.Popen([sys.executable, "-I", str(_CHILD), json.dumps(cfg)], cwd=workdir,
+                                env={**_ENV, "HOME": workdir, "TMPDIR": workdir}, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                                pass_fds=(status_w,))
     finally:
         os.close(status_w)
     try:
@@ -202,8 +176,7 @@ def _exited(pid: int) -> bool:
 
 
 def _stop(proc: subprocess.Popen, uid: int | None, pid_namespace: bool) -> float:
-    """End the run: its PID namespace via the launcher, the process group, and (root) every process of the
-    sandbox uid; reap the launcher. Returns the CPU seconds of the launcher and the children it reaped."""
+    """End the run (PID namespace, process group, root: the sandbox uid), reap the launcher; its CPU seconds."""
     if pid_namespace and not _exited(proc.pid):
         os.kill(proc.pid, signal.SIGTERM)  # the launcher kills the namespace, reaps it and exits
         deadline = time.monotonic() + 0.5
@@ -262,7 +235,3 @@ def _tasks_of(uid: int, pid: int | None = None) -> dict[int, int]:
         if uids[:2] and uid in map(int, uids[:2]) and not info.get("State", "").strip().startswith(("Z", "X")):
             found[int(name)] = int(info.get("Threads", "1"))
     return found
-
-
-def _task_count(uid: int) -> int:
-    return sum(_tasks_of(uid).values())

@@ -1,6 +1,5 @@
-"""What a tiny-engine run keeps between steps and on disk: :class:`RunState` (generators, the method's state and the
-responses it keeps), the atomic ``checkpoint.pt`` (:func:`save_checkpoint`,
-:func:`restore_checkpoint`) and ``env.json`` (:func:`environment`)."""
+"""What a tiny-engine run keeps between steps and on disk: :class:`RunState`, the atomic ``checkpoint.pt``
+(:func:`save_checkpoint`, :func:`restore_checkpoint`) and ``env.json`` (:func:`environment`)."""
 
 from __future__ import annotations
 
@@ -29,25 +28,21 @@ class RunState:
     step: int = 0
     prompt_gen: torch.Generator = field(default_factory=torch.Generator)
     sample_gen: torch.Generator | None = None
-    method_state: dict[str, Any] | None = None
-    """The method's hooks' state (:meth:`rlkit.hooks.Hooks.state_dict`)."""
-    memory: dict[Any, dict[str, Tensor]] = field(default_factory=dict)
-    """Responses the method asked the engine to keep, per prompt id (:meth:`rlkit.tiny.rl.Run.remember`)."""
+    method_state: dict[str, Any] | None = None  # The method's hooks' state (:meth:`rlkit.hooks.Hooks.state_dict`).
+    memory: dict[Any, dict[str, Tensor]] = field(default_factory=dict)  # Kept responses, per prompt id.
     policies: list[dict[str, Tensor]] = field(default_factory=list)
     """``staleness`` > 0: the policy's weights at the start of each of the last ``staleness`` + 1 steps, oldest
-    first — the oldest samples the rollouts."""
+    (the rollouts' sampler) first."""
 
 
 def save_checkpoint(path: Path, model, opt, state: RunState, *, logged: dict[str, Any] | None = None,
                     config: dict[str, Any] | None = None) -> None:
     """Write model, optimizer and ``state`` to ``path`` (``checkpoint.pt``), atomically, with the step's ``logged``
     lines (``{"metrics": ..., "eval": ...}``: a resume re-logs a torn one) and the run's ``config``."""
-    blob = {
-        "model": model.state_dict(), "optimizer": opt.state_dict(), "step": state.step,
-        "prompt_gen": state.prompt_gen.get_state(), "sample_gen": state.sample_gen.get_state(),
-        "method_state": state.method_state, "memory": state.memory,
-        "policies": state.policies, "logged": logged, "config": config,
-    }
+    blob = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": state.step,
+            "prompt_gen": state.prompt_gen.get_state(), "sample_gen": state.sample_gen.get_state(),
+            "method_state": state.method_state, "memory": state.memory, "policies": state.policies,
+            "logged": logged, "config": config}
     with atomic_write(path, "wb", fsync=False) as f:  # a kill leaves the previous checkpoint or this one
         torch.save(blob, f)
 
@@ -61,8 +56,7 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
 
 
 def restore_checkpoint(path: Path | dict, model, opt, state: RunState) -> None:
-    """Load :func:`save_checkpoint`'s ``path`` (or its :func:`load_checkpoint` contents) into ``model``, ``opt`` and
-    ``state`` (the method's state is handed to its hooks by the caller)."""
+    """Load :func:`save_checkpoint`'s ``path`` (or contents) into ``model``, ``opt`` and ``state``."""
     blob = path if isinstance(path, dict) else load_checkpoint(path)
     model.load_state_dict(blob["model"])
     opt.load_state_dict(blob["optimizer"])
@@ -76,9 +70,7 @@ def restore_checkpoint(path: Path | dict, model, opt, state: RunState) -> None:
 
 
 def environment(cfg: RLConfig, device: str, sft: dict | None = None) -> dict[str, Any]:
-    """``env.json``: versions, seed, hardware, the float kernels in use with the machine's fingerprint
-    (:mod:`rlkit.tiny.machine`) and the SFT start (``sft``: :func:`~rlkit.tiny.sft.warm_start`'s info), so a result
-    can be traced to what produced it and compared with another machine's."""
+    """``env.json``: versions, seed, hardware, kernels, fingerprint (:mod:`rlkit.tiny.machine`), SFT start."""
     here = Path(rlkit.__file__).parent
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
@@ -89,12 +81,10 @@ def environment(cfg: RLConfig, device: str, sft: dict | None = None) -> dict[str
     except (OSError, subprocess.SubprocessError):
         commit, dirty = None, None
     machine = this_machine.describe()
-    return {
-        "rlkit": rlkit.__version__, "commit": commit, "dirty": dirty, "python": platform.python_version(),
-        "torch": torch.__version__, "platform": platform.platform(), "processor": machine["cpu_model"],
-        "cpu_flags": machine["cpu_flags"], "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-        "kernels": machine["kernels"], "fingerprint": machine["fingerprint"], "device": device,
-        "cuda": torch.cuda.get_device_name(0) if device.startswith("cuda") else None, "seed": cfg.seed,
-        "sft_start": None if sft is None else {
-            "source": sft.get("source"), "sha256": sft.get("sha256"), "val_acc": sft.get("val/acc")},
-    }
+    return {"rlkit": rlkit.__version__, "commit": commit, "dirty": dirty, "python": platform.python_version(),
+            "torch": torch.__version__, "platform": platform.platform(), "processor": machine["cpu_model"],
+            "cpu_flags": machine["cpu_flags"], "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "kernels": machine["kernels"], "fingerprint": machine["fingerprint"], "device": device,
+            "cuda": torch.cuda.get_device_name(0) if device.startswith("cuda") else None, "seed": cfg.seed,
+            "sft_start": None if sft is None else {"source": sft.get("source"), "sha256": sft.get("sha256"),
+                                                   "val_acc": sft.get("val/acc")}}

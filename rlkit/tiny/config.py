@@ -1,9 +1,6 @@
 """The tiny engine's run configuration: :class:`RLConfig` (every field a ``--set`` key), the scale presets
-(:data:`SCALES`) and :func:`build_config`, which applies a preset and dotted-key overrides.
-
-Each method's settings are its ``Config`` from :mod:`rlkit.methods` under the method's name (``--set
-hapo.adv_beta=0.5``); the field names are the keyword names of the method's functions
-(:func:`rlkit.registry.kwargs_for`). A run reads its own method's section only: setting another's is refused.
+(:data:`SCALES`) and :func:`build_config`. Each method's settings are its ``Config`` under its name (``--set
+hapo.adv_beta=0.5``); a run reads its own method's section only, and setting another's is refused.
 """
 
 from __future__ import annotations
@@ -31,79 +28,32 @@ METHODS = tuple(registry.list_methods()["method"])
 class RunSettings:
     """The engine's settings of a run; :class:`RLConfig` adds one section per method."""
 
-    method: str = "grpo"
-    """Which registered method (:data:`METHODS`)."""
-    scale: str = "cpu"
-    """The preset these settings started from (smoke, cpu, gpu; see ``SCALES``), recorded for figure captions."""
-    seed: int = 0
-    """Seeds prompt choice, sampling and mini-batch order (the SFT checkpoint has its own seed)."""
-    steps: int = 20
-    """RL steps (one rollout batch each). 20 at cpu scale, the verl twins' length: from the shipped SFT start (4%
-    held-out accuracy) every method's held-out accuracy (3 seeds) rises from step 5 and is flat by step 15 (mean
-    of six methods 0.54 at step 15, 0.54 at step 20; reproductions/LOG.md)."""
-    prompts_per_step: int = 16
-    """Prompts per rollout batch."""
-    group_size: int = 8
-    """Responses per prompt (GRPO's G). SPO uses 1 and draws ``group_size`` times the prompts instead."""
-    pool_size: int = 512
-    """Fixed pool of training prompts every method draws from (SPO's tracker needs prompts that come back)."""
-    temperature: float = 1.0
-    """Sampling temperature (HAPO adapts it per token around this value)."""
-    max_new_tokens: int | None = None
-    """Response budget in tokens; None fits every gold solution of the task."""
-    lr: float = 1e-4
-    """Adam learning rate of the RL stage. Measured here (GRPO, SFT start 51%): 3e-4 and above drift the tiny
-    model off its SFT optimum (held-out accuracy falls 5–25 points); 1e-4 holds it (reproductions/LOG.md)."""
-    warmup_steps: int = 10
-    """Linear learning-rate warm-up over the first RL steps (as the HAPO/DAPO recipes): Adam's first,
-    sign-like updates at full rate knock a freshly fine-tuned model off its SFT optimum."""
-    mini_batches: int = 2
-    """Optimizer steps per pass over a rollout batch; ≥ 2 takes the later ones off-policy, so ratios leave 1 and
-    clips act. Each mini-batch holds whole groups (the batch's prompts in a random order, split evenly), as verl's
-    mini-batches, which count prompts, do."""
-    ppo_epochs: int = 1
-    """Passes over each rollout batch (verl's ``actor.ppo_epochs``), each in a new random order: from the second
-    pass on, every token's own ratio has moved, so the clips act on the tokens the update pushed (not only on
-    those a stale sampler left behind)."""
-    staleness: int = 0
-    """Rollouts are sampled by the policy of this many steps earlier (an asynchronous trainer's stale behaviour
-    policy; 0: on-policy). The loss's ratio is then taken against that behaviour policy, unless ``decoupled_loss``."""
-    decoupled_loss: bool = False
-    """AReaL's decoupled PPO loss (``use_decoupled_loss``): ratio and clip against the proximal policy — this step's
-    policy before its updates, recomputed with one forward pass — and each token weighted by π_prox/π_behav."""
-    behav_imp_weight_cap: float | None = None
-    """Decoupled loss: tokens whose π_prox/π_behav exceeds this cap are left out (AReaL's ``behav_imp_weight_cap``;
-    None: no cap)."""
-    rollout_dtype: str = "float32"
-    """The weights the sampler holds (:mod:`rlkit.tiny.mismatch`): float32 (the trainer's own), bfloat16 or int8 —
-    another inference engine's, so its log-probs differ from the trainer's: the train–inference mismatch."""
-    rollout_top_p: float = 1.0
-    """The sampler draws from the top-p nucleus (its log-probs are the truncated distribution's, as vLLM's); the
-    trainer's distribution keeps every token. 1: off."""
-    rollout_correction: str | None = None
-    """The loss corrected for the sampler's mismatch (:data:`rlkit.core.rollout_correction.MODES`: token_tis,
-    seq_tis, seq_mis, icepop at their default bounds; verl's ``algorithm.rollout_correction``). None: uncorrected."""
-    old_logp_source: str | None = None
-    """Where the loss's old log-probs come from: ``sampler`` (the sampler's own, as the tiny engine always took them:
-    a matched sampler agrees with the trainer to ~1e-6) or ``trainer`` (recomputed by one forward pass of the
-    sampling weights, as verl does). None: ``trainer`` when the sampler is mismatched or a correction is set, else
-    ``sampler``. A correction needs ``trainer``: its weight is π_trainer/π_sampler."""
+    method: str = "grpo"  # Which registered method (:data:`METHODS`).
+    scale: str = "cpu"  # The preset these settings started from (:data:`SCALES`), recorded for figure captions.
+    seed: int = 0  # Seeds prompt choice, sampling and mini-batch order (the SFT checkpoint has its own seed).
+    steps: int = 20  # RL steps: every method's held-out accuracy is flat by step 15 (reproductions/LOG.md).
+    prompts_per_step: int = 16  # Prompts per rollout batch.
+    group_size: int = 8  # Responses per prompt (GRPO's G; SPO uses 1 and draws that many times the prompts).
+    pool_size: int = 512  # Fixed pool of training prompts (SPO's tracker needs prompts that come back).
+    temperature: float = 1.0  # Sampling temperature (HAPO adapts it per token around this value).
+    max_new_tokens: int | None = None  # Response budget in tokens; None fits every gold solution of the task.
+    lr: float = 1e-4  # Adam's: 3e-4 and above drift the tiny model off its SFT optimum (reproductions/LOG.md).
+    warmup_steps: int = 10  # Linear warm-up (as HAPO/DAPO): Adam's first full-rate updates knock the start off.
+    mini_batches: int = 2  # Optimizer steps per pass over a rollout batch (≥ 2: later ones off-policy), whole groups.
+    ppo_epochs: int = 1  # Passes over each rollout batch (verl's actor.ppo_epochs), each in a new random order.
+    staleness: int = 0  # Rollouts sampled by the policy of this many steps earlier (asynchronous; 0: on-policy).
+    decoupled_loss: bool = False  # AReaL's: ratio and clip against the step's proximal policy, weight π_prox/π_behav.
+    behav_imp_weight_cap: float | None = None  # Decoupled loss: tokens with π_prox/π_behav above it left out.
+    rollout_dtype: str = "float32"  # The sampler's weights (rlkit.tiny.mismatch): float32, bfloat16 or int8.
+    rollout_top_p: float = 1.0  # The sampler draws from the top-p nucleus (1: off).
+    rollout_correction: str | None = None  # The loss's correction of the mismatch (rollout_correction.MODES).
+    old_logp_source: str | None = None  # The loss's old log-probs, sampler or trainer (None: mismatch.old_logp_source).
     grad_clip: float = 1.0
-    """Global gradient-norm clip."""
-    eval_every: int = 5
-    """Greedy held-out accuracy (``val/acc``) every this many steps, at step 0 and at the last step."""
+    eval_every: int = 5  # Greedy held-out accuracy (val/acc) every this many steps, at step 0 and the last.
     eval_size: int = 200
-    """Held-out problems for ``val/acc`` (the curves)."""
-    final_eval_size: int = 1000
-    """Held-out problems of the last step's second, larger evaluation: ``val/acc_final`` and, per problem, the run's
-    ``eval.jsonl`` (what accuracy claims are judged on: a paired bootstrap over problems resolves a few points)."""
-    policy_eval_tail: int | None = None
-    """With ``staleness`` > 0, the current policy's own rollout (the ``policy/*`` metrics) runs at every step of the
-    last this many, and before them only at the held-out evaluations' steps (every ``eval_every``): the claims read
-    the mean over the last steps, the earlier points draw the curve. Each step's rollout has its own generator, so a
-    logged value is the one a rollout at every step gives. None: at every step."""
-    sft: SFTConfig = field(default_factory=SFTConfig)
-    """The warm start (cached by its hash; the task knobs live here)."""
+    final_eval_size: int = 1000  # Held-out problems of the last step's larger evaluation (val/acc_final, eval.jsonl).
+    policy_eval_tail: int | None = None  # Stale runs: policy/* at every one of the last this many steps, else at evals.
+    sft: SFTConfig = field(default_factory=SFTConfig)  # The warm start (cached by its hash; the task knobs too).
     def __post_init__(self) -> None:
         check_settings(self)
         check_model(self)
@@ -137,8 +87,7 @@ class RunSettings:
                                  "set decoupled_loss=true")
 
     def policy_eval_due(self, step: int) -> bool:
-        """Whether ``step`` runs the current policy's own rollout: never on-policy (``staleness`` 0); else every step
-        of the last ``policy_eval_tail`` (all of them when unset), and the held-out evaluations' steps before them."""
+        """Whether ``step`` runs the current policy's own rollout (never on-policy; see ``policy_eval_tail``)."""
         tail = self.policy_eval_tail
         return self.staleness > 0 and (tail is None or step > self.steps - tail or step % self.eval_every == 0)
 
@@ -157,13 +106,12 @@ class RunSettings:
         return self.seed + 1
 
     def pool(self) -> list:
-        """The fixed pool of ``pool_size`` training prompts every method draws from (the SFT task's, its seed)."""
+        """The fixed pool of ``pool_size`` training prompts (the SFT task's, its seed)."""
         return arithmetic.make_pool(self.pool_size, seed=self.sft.seed, **asdict(self.sft.task))
 
     @property
     def method_configs(self) -> dict[str, Any]:
-        """Method name → its ``Config`` here, for :mod:`rlkit.registry`'s dispatch (a registered method without a
-        field here runs with its ``Config`` defaults)."""
+        """Method name → its ``Config`` here, for :mod:`rlkit.registry`'s dispatch."""
         methods = set(registry.list_methods()["method"])
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name in methods}
 
@@ -172,11 +120,7 @@ RLConfig = make_dataclass(
     "RLConfig",
     [(m.name, m.config, field(default_factory=m.default_config)) for m in map(registry.get_method, METHODS)],
     bases=(RunSettings,), namespace={"__module__": __name__})
-RLConfig.__doc__ = """One tiny-engine run: the engine's settings (:class:`RunSettings`) and one section per registered
-method, its ``Config`` with the method's engine defaults (:attr:`rlkit.registry.Method.engine_defaults`): ``--set
-grpo.clip_high=0.28``. Field names are the CLI's ``--set`` keys and the notebooks' parameters. A run reads its own
-method's section alone; the others are recorded with it (``config.json``) at their defaults. A method registered
-after this module is imported has no section: it runs with its ``Config``'s defaults."""
+RLConfig.__doc__ = """A run: :class:`RunSettings` and a ``Config`` per method (``--set grpo.clip_high=0.28``)."""
 
 
 # ------------------------------------------------------------------------------------------------ scales
@@ -200,30 +144,22 @@ SCALES: dict[str, dict[str, Any]] = {
 # Each regime is a set of overrides applied before the scale's (a scale's size wins: smoke stays 2 steps).
 REGIMES: dict[str, dict[str, Any]] = {
     "standard": {},
-    # The off-policy ladder, from the papers' setting to stress (reproductions/LOG.md, 2026-12-02: the pilots that
-    # chose it). papers-4: the papers' own setting (SAPO Fig. 4; GSPO, GMPO and CISPO state their stability claims
-    # there), each batch in 4 mini-batches against its own sampler. async-2 and async-4: an asynchronous trainer's
-    # behaviour policy 2 or 4 steps stale (AReaL; verl's one-step-off-policy recipe is 1), the ratio against it.
+    # The off-policy ladder (reproductions/LOG.md, 2026-12-02): papers-4, the papers' setting (SAPO Fig. 4; GSPO,
+    # GMPO and CISPO claim stability there); async-2/4, an asynchronous trainer's behaviour policy 2 or 4 steps stale.
     "papers-4": {"mini_batches": 4, "policy_eval_tail": 10},
     "async-2": {"staleness": 2, "mini_batches": 4, "policy_eval_tail": 10},
     "async-4": {"staleness": 4, "mini_batches": 4, "policy_eval_tail": 10},
-    # Off-policy enough that clipping binds: rollouts from the policy of 12 steps earlier, 16 optimizer steps per
-    # rollout batch, twice the learning rate with a short warm-up, 30 steps. Measured (GRPO, one seed): 5.1% of
-    # tokens clipped on average over the run, and GRPO's held-out accuracy falls from 45% to 17% by step 30
-    # (reproductions/LOG.md, 2026-11-25: the settings tried and what each gave).
-    # The current policy's own rollout (policy/*), a quarter of a stress run's time, runs where it is read: the
-    # claims' last 10 steps, and the curve's points every eval_every.
+    # Off-policy enough that clipping binds: GRPO clips 5.1% of tokens and falls from 45% to 17% held-out accuracy
+    # by step 30 (reproductions/LOG.md, 2026-11-25).
     "stress": {"staleness": 12, "mini_batches": 16, "lr": 2e-4, "warmup_steps": 3, "steps": 30,
                "policy_eval_tail": 10},
 }
-"""Regimes of the reproductions: ``standard`` (the defaults), the off-policy ladder's rungs ``papers-4``, ``async-2``
-and ``async-4``, and ``stress`` beyond any paper, where the clip mechanisms act."""
+"""Regimes of the reproductions: ``standard``, the off-policy ladder's rungs, and ``stress`` beyond any paper."""
 
 
 def build_config(method: str, scale: str = "cpu", overrides: dict[str, Any] | None = None,
                  regime: str = "standard") -> RLConfig:
-    """RLConfig for ``method`` at ``scale`` in ``regime`` with dotted-key ``overrides`` (e.g.
-    ``{"gspo.clip_low": 3e-3}``)."""
+    """RLConfig for ``method`` at ``scale`` in ``regime`` with dotted-key ``overrides``."""
     if scale not in SCALES:
         raise InvalidSetting(f"unknown scale {scale!r}; valid: {', '.join(SCALES)}")
     if regime not in REGIMES:
@@ -241,8 +177,7 @@ def build_config(method: str, scale: str = "cpu", overrides: dict[str, Any] | No
 
 
 def _check_own_section(method: str, key: str) -> None:
-    """Refuse ``key`` of another method's section: a run's estimator and loss read its own method's ``Config``
-    alone (:func:`rlkit.registry.config_for`), so the value would change nothing."""
+    """Refuse ``key`` of another method's section: a run reads its own method's alone, so it would change nothing."""
     section, _, knob = key.partition(".")
     if section != method and section in registry.list_methods()["method"]:
         own = {f.name for f in fields(registry.get_method(method).config)}
@@ -252,8 +187,7 @@ def _check_own_section(method: str, key: str) -> None:
 
 
 def default_config(scale: str = "cpu", overrides: dict[str, Any] | None = None) -> RLConfig:
-    """A run at ``scale`` with the engine's default method: what every method's runs share at that scale (the SFT
-    start, the task, the machine record), asked without naming a method."""
+    """A run at ``scale`` with the default method: what every method's runs share (the SFT start, the task)."""
     return build_config(RunSettings.method, scale, overrides)
 
 
@@ -277,8 +211,7 @@ def parse_sets(items: list[str] | None) -> dict[str, str]:
 
 
 def set_field(obj: Any, dotted: str, value: Any, _above: str = "") -> None:
-    """Set a (nested, frozen or not) dataclass field by dotted name; strings are parsed as YAML scalars, and a
-    string for a tuple field is its comma-separated items (``--set sft.task.templates=shopping,ages``)."""
+    """Set a (nested, frozen or not) dataclass field by dotted name; strings are parsed, for a tuple comma-separated."""
     head, _, rest = dotted.partition(".")
     names = {f.name for f in fields(obj)}
     if head not in names:
@@ -332,10 +265,8 @@ def _choices() -> dict[str, tuple]:
 _POSITIVE = {"lr", "temperature", "grad_clip", "rollout_top_p", "sft.lr", "sft.grad_clip", "sft.d_model",
              "sft.n_layers", "sft.n_heads", "sft.max_len", "sft.steps", "sft.batch_size", "sft.eval_size",
              "max_new_tokens", "sft.n_kv_heads"}
-"""Fields that must be > 0 (when set: None stays allowed where the type allows it). A method's ranges are declared
-on its ``Config`` (:func:`rlkit.registry.knob`)."""
+"""Fields that must be > 0 when set (a method's ranges: :func:`rlkit.settings.knob`)."""
 _NON_NEGATIVE = {"warmup_steps", "staleness", "sft.warmup", "sft.weight_decay", "behav_imp_weight_cap"}
-"""Fields that must be ≥ 0."""
 
 
 def _matches(value: Any, hint: Any) -> bool:
@@ -369,8 +300,7 @@ def _describe(hint: Any) -> str:
 
 
 def check_settings(obj: Any, prefix: str = "") -> None:
-    """Type- and range-check every field of ``obj`` (an :class:`RLConfig`, nested groups too), naming the dotted
-    key: :class:`~rlkit.errors.InvalidSetting` before any work is done."""
+    """Type- and range-check every field of ``obj``, nested too: :class:`~rlkit.errors.InvalidSetting`."""
     hints = typing.get_type_hints(type(obj))
     choices = _choices() if not prefix else None
     for f in fields(obj):
@@ -392,8 +322,7 @@ def check_settings(obj: Any, prefix: str = "") -> None:
 
 
 def check_methods(cfg: Any) -> None:
-    """Each method's section against its ``Config``'s ranges and choices, the check verl runs on
-    ``+algorithm.<method>.*`` too (:func:`rlkit.registry.check_settings`: one message on both engines)."""
+    """Each method's section against its ``Config``'s ranges and choices (:func:`rlkit.registry.check_settings`)."""
     for name, section in cfg.method_configs.items():
         registry.check_settings(name, section)
 
@@ -412,12 +341,8 @@ def _check_range(key: str, value: Any) -> None:
 
 
 def estimated_minutes(cfg: Any, steps: int | None = None) -> float:
-    """Roughly how many minutes ``steps`` (default: all) RL steps of ``cfg`` take on one thread of a recent x86 CPU:
-    3.5 s per step of the cpu scale's 128 responses (the published cpu-scale runs: 1.2 min for GRPO's 20 steps,
-    up to 2.1 min for SPO's), in proportion to the responses per step and to the model's cost
-    (:func:`rlkit.tiny.sft.estimated_minutes`'s fit), up to twice with a stale sampler (the policy's own rollout
-    too, at the steps :meth:`RunSettings.policy_eval_due` gives). Evaluations are not counted; another CPU may take
-    half or twice as long."""
+    """Roughly the minutes ``steps`` (default: all) RL steps take on one x86 CPU thread (±2×): 3.5 s a step of 128
+    responses (the published cpu-scale runs), scaled by responses, model cost and the policy's own rollout."""
     size = sft_minutes(replace(cfg.sft, steps=1, batch_size=32)) / sft_minutes(SFTConfig(steps=1, batch_size=32))
     own = sum(map(cfg.policy_eval_due, range(1, cfg.steps + 1))) / cfg.steps
     per_step = 3.5 * cfg.samples_per_step / 128 * size * (1 + own)
@@ -425,16 +350,13 @@ def estimated_minutes(cfg: Any, steps: int | None = None) -> float:
 
 
 def longest_prompt_tokens() -> int:
-    """Tokens of the longest prompt the task writes: ``<bos>``, a question of at most
-    :data:`~rlkit.tasks.arithmetic.MAX_QUESTION_CHARS` characters (one token each) and the separator."""
+    """Tokens of the longest prompt: ``<bos>``, the longest question (a token a character) and the separator."""
     return 1 + arithmetic.MAX_QUESTION_CHARS + len(arithmetic.SEPARATOR)
 
 
 def check_model(cfg: Any) -> None:
-    """The settings that must agree with each other, checked with the rest before any work: the model's shape
-    (``sft.n_heads`` splitting ``sft.d_model`` into heads of even width, as RoPE rotates pairs; ``sft.n_kv_heads``
-    dividing ``sft.n_heads``) and its context ``sft.max_len``, which must hold the longest prompt with the longest
-    gold solution (SFT) and with the response budget ``max_new_tokens`` (RL)."""
+    """The settings that must agree: the model's shape (even head width for RoPE, ``sft.n_kv_heads`` | ``n_heads``)
+    and ``sft.max_len``, holding the longest prompt with the longest gold solution and with ``max_new_tokens``."""
     sft = cfg.sft
     if sft.d_model % sft.n_heads or (sft.d_model // sft.n_heads) % 2:
         heads = [h for h in range(1, min(sft.d_model, 256) + 1) if sft.d_model % h == 0 and (sft.d_model // h) % 2 == 0]

@@ -1,22 +1,8 @@
 """The tiny engine's model and tokenizer in Hugging Face form: what transformers, vLLM and verl load.
 
-:class:`~rlkit.tiny.model.TinyDecoder` is a ``LlamaForCausalLM`` (RMSNorm, rotate-half RoPE, gated SiLU MLP, no
-biases, tied embeddings), so a checkpoint becomes a transformers model directory by renaming its weights
-(:func:`llama_state_dict`: the fused QKV and gate-up projections split into Llama's ``q/k/v_proj`` and
-``gate/up_proj``) — no custom code, the same logits (a test checks them to 1e-4 on held-out prompts).
-
-:func:`hf_tokenizer` turns :class:`~rlkit.tiny.tokenizer.CharTokenizer` into a ``PreTrainedTokenizerFast`` with the
-same ids: one token per character (a BPE vocabulary of single characters and no merges, split by a per-character
-pre-tokenizer), ``<pad>``/``<bos>``/``<eos>`` as special tokens and the tool tags ``<code>``, ``</code>``,
-``<output>``, ``</output>`` as added tokens, each a single id. The tags are *not* special, as Qwen's
-``<tool_call>`` is not: decoding with ``skip_special_tokens=True`` (verl's reward path) keeps them in the text.
-Characters outside the alphabet are dropped, as the tiny tokenizer's ``errors="ignore"`` does. The chat template
-(:data:`CHAT_TEMPLATE`) writes the tiny engine's text: ``<bos>``, the prompt, and a tool's answer as
-``<output>…</output>``.
-
-:func:`export` writes a model directory (``rlkit export`` for the SFT start, :func:`save_random_model` for an
-untrained one, the default model of ``rlkit launch --device cpu``). transformers is imported only in these
-functions.
+:class:`~rlkit.tiny.model.TinyDecoder` is a ``LlamaForCausalLM``: :func:`export` renames its weights
+(:func:`llama_state_dict`), same logits. :func:`hf_tokenizer` has the same ids; the tool tags are added tokens, not
+special (as Qwen's ``<tool_call>``), so ``skip_special_tokens=True`` (verl's reward path) keeps them.
 """
 
 from __future__ import annotations
@@ -110,10 +96,8 @@ def check_vllm_shape(config: ModelConfig) -> None:
 
 def export(model: TinyDecoder, tokenizer: CharTokenizer, path: str | os.PathLike, *, record: dict | None = None,
            check_vllm: bool = True, force: bool = False) -> Path:
-    """Write ``model`` as a Llama model directory (config, safetensors, tokenizer.json, chat template) to ``path``,
-    atomically, with ``record`` (how it was made) as ``rlkit_model.json``. ``check_vllm``: refuse head sizes
-    vLLM's CPU attention cannot serve (:func:`check_vllm_shape`). A non-empty ``path`` rlkit did not write is
-    refused unless ``force``; even then only rlkit's files in it are replaced."""
+    """Write ``model`` as a Llama model directory to ``path``, with ``record`` as ``rlkit_model.json``;
+    ``check_vllm``: refuse head sizes vLLM's CPU attention cannot serve; ``force``: as :func:`rlkit.files.claim_dir`."""
     from transformers import LlamaForCausalLM
 
     if check_vllm:
@@ -124,20 +108,13 @@ def export(model: TinyDecoder, tokenizer: CharTokenizer, path: str | os.PathLike
         hf = LlamaForCausalLM(llama_config(model.config, tokenizer))
     hf.load_state_dict(llama_state_dict(model), strict=False, assign=True)
     hf.tie_weights()
-    return _save(path, hf, hf_tokenizer(tokenizer), record, force=force)
-
-
-def _save(path: str | os.PathLike, model: Any, tokenizer: Any, record: dict | None, *, force: bool = False) -> Path:
-    """``model`` and ``tokenizer`` (and ``record`` as ``rlkit_model.json``) into ``path``, a model export
-    (:func:`rlkit.models.write_model_dir`: only the files an earlier export wrote are replaced)."""
     extra = {} if record is None else {"rlkit_model.json": json.dumps(record, indent=2, default=str)}
-    return write_model_dir(path, EXPORT, model, tokenizer, extra, force=force, signature="rlkit_model.json")
+    return write_model_dir(path, EXPORT, hf, hf_tokenizer(tokenizer), extra, force=force, signature="rlkit_model.json")
 
 
 def export_sft(path: str | os.PathLike, sft: Any, *, scale: str | None = None, sft_cache: str | os.PathLike | None = None,
                device: str = "cpu", progress: bool = True, force: bool = False) -> Path:
-    """``rlkit export``: the SFT start of ``sft`` (an :class:`~rlkit.tiny.sft.SFTConfig`: the checkpoint every tiny
-    run with that config starts from, trained and cached on first use) as a model directory."""
+    """``rlkit export``: the SFT start of ``sft`` (an :class:`~rlkit.tiny.sft.SFTConfig`) as a model directory."""
     from dataclasses import asdict
 
     from rlkit.tiny.sft import warm_start
@@ -153,8 +130,7 @@ def export_sft(path: str | os.PathLike, sft: Any, *, scale: str | None = None, s
 
 def save_random_model(path: str | os.PathLike, tokenizer: CharTokenizer, *, d_model: int = 64, n_layers: int = 2,
                       n_heads: int = 2, max_len: int = 512, seed: int = 0) -> Path:
-    """An untrained :class:`~rlkit.tiny.model.TinyDecoder` (the tiny engine's initialisation, seeded) exported to
-    ``path``: the default model of CPU verl runs."""
+    """An untrained, seeded :class:`~rlkit.tiny.model.TinyDecoder` exported to ``path``: CPU verl runs' default."""
     config = ModelConfig(vocab_size=tokenizer.vocab_size, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
                          max_len=max_len)
     with torch.random.fork_rng():
@@ -165,5 +141,4 @@ def save_random_model(path: str | os.PathLike, tokenizer: CharTokenizer, *, d_mo
 
 
 __all__ = ["CHAT_TEMPLATE", "VLLM_HEAD_SIZES", "check_vllm_shape", "export", "export_sft", "hf_tokenizer",
-           "llama_config",
-           "llama_state_dict", "save_random_model"]
+           "llama_config", "llama_state_dict", "save_random_model"]

@@ -12,6 +12,5 @@ __all__ = ["FINGERPRINT_STEPS", "describe", "fingerprint"]
 
 
 def describe() -> dict[str, Any]:
-    """CPU model and flags, kernels, fingerprint."""
     return {"cpu_model": cpu_model(), "cpu_flags": cpu_flags(), "kernels": kernels(),
             "fingerprint": fingerprint()}

@@ -1,23 +1,10 @@
-"""A sampler that is not the trainer: the train–inference mismatch, made on a CPU.
+"""A sampler that is not the trainer: the train–inference mismatch of vLLM or SGLang, made on a CPU.
 
-At scale the engine that samples (vLLM, SGLang) holds the policy's weights in bf16 or int8, runs its own kernels and
-may truncate the distribution (top-p), so the probability it gives a sampled token differs from the trainer's for the
-same weights; the samples are off-policy for the trainer (rollout correction: :mod:`rlkit.core.rollout_correction`).
-The tiny engine's sampler and trainer are one float32 model and agree to ~1e-6: this module makes them disagree the
-way a real stack does, and nothing else changes.
-
-- ``rollout_dtype`` — the weights the sampler holds: ``float32`` (the trainer's), ``bfloat16`` (every weight rounded
-  to bf16, as a bf16 engine stores the model: 8 bits of mantissa), ``int8`` (each linear layer's weight matrix
-  quantized per output row, symmetric, 127 levels: the weights of a W8 engine; embeddings and norms kept, as such
-  engines keep them). Compute stays float32: the weights alone are another engine's, activations are not rounded.
-- ``rollout_top_p`` — nucleus sampling (Holtzman et al. 2020): the sampler draws from the smallest set of tokens
-  whose probability reaches p, renormalised, and logs the log-probs of that truncated distribution, as vLLM does;
-  the trainer's distribution keeps every token. The nucleus is taken on the untempered logits (vLLM applies
-  temperature first; the tiny runs sample at T = 1, where the two agree).
-
-:class:`MismatchedSampler` is what the sampler calls in place of the model; :func:`rlkit.tiny.rl.rl_step` then
-recomputes the old log-probs with the trainer (verl's ``old_log_prob``), logs the mismatch
-(:func:`rlkit.core.rollout_correction.mismatch_metrics`) and applies ``rollout_correction`` where one is set.
+The tiny engine's sampler and trainer are one float32 model (agreeing to ~1e-6); :class:`MismatchedSampler` makes
+them disagree as a real stack does: ``rollout_dtype`` rounds its weights to ``bfloat16`` or ``int8`` (each linear
+weight per output row, 127 levels; compute stays float32), ``rollout_top_p`` samples the nucleus (Holtzman et al.
+2020) with the truncated log-probs, as vLLM, on the untempered logits (the tiny runs sample at T = 1, where the two
+agree). :func:`rlkit.tiny.step.rl_step` then recomputes the old log-probs with the trainer and logs the mismatch.
 """
 
 from __future__ import annotations
@@ -29,8 +16,7 @@ DTYPES = ("float32", "bfloat16", "int8")
 """The sampler's weights (``rollout_dtype``)."""
 
 MASKED = -1e30
-"""The logit of a token outside the nucleus: probability exactly 0 after softmax, finite under any temperature the
-engine takes (``-inf`` would make the entropy's 0·(−inf) a NaN)."""
+"""The logit of a token outside the nucleus: probability 0, finite (``-inf`` would make the entropy a NaN)."""
 
 
 def rounded(model: nn.Module, dtype: str) -> dict[str, Tensor]:
@@ -47,15 +33,13 @@ def rounded(model: nn.Module, dtype: str) -> dict[str, Tensor]:
 
 
 def quantized_int8(weight: Tensor) -> Tensor:
-    """Symmetric per-output-row int8 quantization of a ``(out, in)`` matrix, dequantized: each row's largest
-    magnitude maps to 127 and every weight to the nearest of the 255 levels (a row of zeros stays zeros)."""
+    """Symmetric per-output-row int8 quantization of a ``(out, in)`` matrix, dequantized (largest magnitude: 127)."""
     scale = weight.abs().amax(dim=-1, keepdim=True) / 127.0
     return (weight / scale.clamp(min=torch.finfo(weight.dtype).tiny)).round().clamp(-127, 127) * scale
 
 
 def nucleus(logits: Tensor, top_p: float) -> Tensor:
-    """``logits`` (…, V) with every token outside the top-``top_p`` nucleus set to :data:`MASKED`: the most
-    probable tokens whose cumulative probability first reaches ``top_p`` are kept (the most probable always)."""
+    """``logits`` (…, V), every token outside the top-``top_p`` nucleus (never the most probable) :data:`MASKED`."""
     if not 0.0 < top_p <= 1.0:
         raise ValueError(f"rollout_top_p must be in (0, 1], got {top_p}")
     if top_p == 1.0:
@@ -68,8 +52,7 @@ def nucleus(logits: Tensor, top_p: float) -> Tensor:
 
 
 class MismatchedSampler(nn.Module):
-    """The policy as another inference engine samples it: a model of its own with :func:`rounded` weights, its
-    logits cut to the nucleus. The sampler (:func:`rlkit.tiny.sampler.sample`) calls it as it calls the model."""
+    """The policy as another engine samples it: :func:`rounded` weights, the nucleus; called as the model is."""
 
     def __init__(self, model: nn.Module, dtype: str = "float32", top_p: float = 1.0) -> None:
         super().__init__()
@@ -103,8 +86,7 @@ def mismatched(dtype: str, top_p: float) -> bool:
 
 
 def old_logp_source(dtype: str, top_p: float, correction: str | None, chosen: str | None) -> str:
-    """Where a run's old log-probs come from (``old_logp_source``; None: ``trainer`` when the sampler is
-    mismatched or a correction is set, else ``sampler``)."""
+    """Where a run's old log-probs come from (None: ``trainer`` if mismatched or corrected, else ``sampler``)."""
     return chosen or ("trainer" if mismatched(dtype, top_p) or correction else "sampler")
 
 

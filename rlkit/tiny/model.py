@@ -1,29 +1,15 @@
 """A tiny decoder-only transformer with rotary positions and a KV cache for batched sampling.
 
-Pre-norm blocks (RMSNorm → fused QKV attention with RoPE → residual; RMSNorm → gated SiLU MLP → residual),
-optional grouped-query attention (``n_kv_heads``), tied input/output embeddings, no biases,
-:func:`torch.nn.functional.scaled_dot_product_attention`. This is exactly Hugging Face's ``LlamaForCausalLM``
-(rotate-half RoPE, ``down(silu(gate(x)) · up(x))``): :mod:`rlkit.tiny.hf` writes a checkpoint as a transformers
-model directory that transformers, vLLM and verl load without custom code, with the same logits. RoPE is what lets a model this
-small copy digits from the question (measured when this engine was built: with learned absolute positions it stalled at 3.5% held-out accuracy); the default
-size (d=128, 4 layers, 4 heads, ≈ 0.8M parameters) is the one measured to learn the tool-form word problems.
+Exactly Hugging Face's ``LlamaForCausalLM`` (pre-norm RMSNorm, fused QKV attention with rotate-half RoPE, gated
+SiLU MLP, optional GQA, tied embeddings, no biases), so :mod:`rlkit.tiny.hf` exports it with the same logits. RoPE
+lets a model this small copy digits from the question (learned absolute positions stalled at 3.5% accuracy).
 
-Padding and positions. Batches are left-padded with an ``attention_mask`` (B, L), True = real token. A token's
-position is the number of real tokens before it (:func:`positions_from_mask`), so a padded row computes exactly what
-the same row alone would. Padding keys are masked out; every query may attend to itself, so an all-padding prefix
-gives finite (ignored) outputs instead of NaN.
-
-Incremental decoding. :meth:`TinyDecoder.new_cache` gives a :class:`KVCache`. The first cached forward is the
-*prefill*: the (left-padded) prompts run as in the uncached forward and their keys and values become the cache's
-prefix, one copy per prompt. :meth:`KVCache.select` then maps cache rows to prompts — a GRPO group's G samples all
-read their prompt's one copy, and their queries meet it in one matrix product — or drops finished rows. Every later
-forward appends real tokens (no padding) to each row's own continuation and attends to prefix + continuation.
-Speed notes (CPU, measured with ``benchmarks/tiny_engine.py``): the prefill runs in row chunks that fit the CPU's
-caches, and with ``last_only`` its final block computes the last position alone; a decode step is bound by reading
-the cache from memory, so its layout keeps those reads contiguous (:class:`KVCache`).
-:func:`token_logprobs` recomputes the log-probs of sampled responses with gradient for RL; the rows answering one
-prompt run its tokens once (:meth:`TinyDecoder.forward_after_prefixes`: a GRPO group's G responses read one copy of
-their prompt's keys and values, and autograd sums their gradients into it), as the sampler does with its cache.
+Batches are left-padded with an ``attention_mask`` (True = real token); a token's position counts the real tokens
+before it (:func:`positions_from_mask`), so a padded row computes what it would alone, and every query sees itself
+(an all-padding prefix gives finite, ignored outputs). A :class:`KVCache`'s first forward is the *prefill* (one copy
+of each prompt's keys and values); :meth:`KVCache.select` maps rows to prompts (a GRPO group's G samples read one
+copy) or drops finished rows, and later forwards append real tokens. :func:`token_logprobs` recomputes log-probs
+with gradient, each GRPO group's prompt run once (:meth:`TinyDecoder.forward_after_prefixes`).
 """
 
 from __future__ import annotations
@@ -45,29 +31,16 @@ class ModelConfig:
     """Shape of :class:`TinyDecoder`."""
 
     vocab_size: int
-    """Number of token ids (the tokenizer's ``vocab_size``)."""
     d_model: int = 128
-    """Width of the residual stream."""
     n_layers: int = 4
-    """Number of transformer blocks."""
-    n_heads: int = 4
-    """Attention (query) heads; ``d_model / n_heads`` must be even (RoPE rotates pairs)."""
-    n_kv_heads: int | None = None
-    """Key/value heads (grouped-query attention); None = ``n_heads`` (plain multi-head, the measured default).
-    1 (multi-query) cuts the KV cache — which sampling reads every step — by ``n_heads``×."""
-    max_len: int = 512
-    """Longest sequence (prompt + response) the rotary tables and caches cover."""
-    d_ff: int | None = None
-    """Width of the gated MLP (Llama's ``intermediate_size``); None: ⌈8·d_model/3⌉ rounded up to a multiple of 8,
-    the parameters of a plain 4×-wide MLP spread over gate, up and down projections."""
-    rope_base: float = 10000.0
-    """RoPE frequency base θ: pair i of a head rotates by position · θ^(−2i/d_head)."""
+    n_heads: int = 4  # Attention (query) heads; ``d_model / n_heads`` must be even (RoPE rotates pairs).
+    n_kv_heads: int | None = None  # Key/value heads (grouped-query attention); None = ``n_heads``.
+    max_len: int = 512  # Longest sequence (prompt + response) the rotary tables and caches cover.
+    d_ff: int | None = None  # Width of the gated MLP; None: ⌈8·d_model/3⌉ rounded up to a multiple of 8.
+    rope_base: float = 10000.0  # RoPE frequency base θ: pair i of a head rotates by position · θ^(−2i/d_head).
     tie_embeddings: bool = True
-    """Use the input embedding matrix as the output projection."""
     norm_eps: float = 1e-5
-    """RMSNorm epsilon."""
-    init_std: float = 0.02
-    """Std of the normal initialisation; residual output projections get ``init_std / sqrt(2·n_layers)``."""
+    init_std: float = 0.02  # Std of the normal init; residual output projections get init_std / sqrt(2·n_layers).
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_len"):
@@ -77,12 +50,10 @@ class ModelConfig:
         if self.d_ff is not None and (not isinstance(self.d_ff, int) or self.d_ff < 1):
             raise ValueError(f"d_ff must be a positive int or None, got {self.d_ff!r}")
         if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
-            raise ValueError(
-                f"d_model ({self.d_model}) must split into n_heads ({self.n_heads}) heads of even width (RoPE)"
-            )
-        if self.n_kv_heads is not None and (
-            not isinstance(self.n_kv_heads, int) or self.n_kv_heads < 1 or self.n_heads % self.n_kv_heads
-        ):
+            raise ValueError(f"d_model ({self.d_model}) must split into n_heads ({self.n_heads}) heads of even width "
+                             "(RoPE)")
+        if self.n_kv_heads is not None and (not isinstance(self.n_kv_heads, int) or self.n_kv_heads < 1
+                                            or self.n_heads % self.n_kv_heads):
             raise ValueError(f"n_kv_heads ({self.n_kv_heads!r}) must divide n_heads ({self.n_heads})")
         if self.rope_base <= 1 or self.norm_eps <= 0 or self.init_std <= 0:
             raise ValueError("rope_base must be > 1, norm_eps and init_std > 0")
@@ -119,26 +90,17 @@ PREFILL_CHUNK_TOKENS = 2048
 
 def positions_from_mask(attention_mask: Tensor, start: Tensor | int = 0) -> Tensor:
     """Position of each token = real tokens before it (+ ``start`` (B,) from earlier chunks); pads get a clamp."""
-    return (attention_mask.long().cumsum(-1) - 1).clamp_min(0) + (
-        start.unsqueeze(-1) if isinstance(start, Tensor) else start
-    )
+    return (attention_mask.long().cumsum(-1) - 1).clamp_min(0) + (start.unsqueeze(-1) if isinstance(start, Tensor)
+                                                                   else start)
 
 
 class KVCache:
-    """Keys/values of a batch in two parts, laid out so that every decode step reads them in long contiguous runs.
-
-    * ``prefix`` ``(U, kv_heads, P, d_head)`` per layer: the U prompts' keys from the prefill. Rows point into it
-      (``prompt_of``), so a GRPO group's G samples read one copy of their prompt, and their queries become the rows
-      of one product per prompt (``shared``: some prompt serves ≥ 2 rows; ``flat``: a row's place in that grouped
-      layout; ``regular``: the rows are in it already, as GRPO lays them out, so no scatter/gather is needed).
-    * ``tail`` ``(n_layers, B, kv_heads, C, d_head)``: each row's appended tokens, ``tail_len`` of C columns filled.
-      When full it is copied into one ``GROW`` columns wider. Why not one buffer for the whole response: its rows
-      are then spaced by the full capacity, and reading the filled part of each row from memory measured ~3×
-      slower per byte. Attention reads all C columns (unfilled ones zero and masked): products this small with
-      fewer columns fall off torch's BLAS path onto a loop measured ~4× slower.
-
-    ``length`` counts the columns filled (shared by all rows); ``n_tokens`` (B,) each row's real tokens, which is
-    also the position of its next token. Appended tokens are all real: only the prefix has padding.
+    """Keys/values of a batch in two parts, laid out so that every decode step reads them in long contiguous runs:
+    ``prefix`` ``(U, kv_heads, P, d_head)`` per layer, the U prompts' keys, which rows point into (``prompt_of``; a
+    prompt's rows query it in one product; ``regular``: as GRPO lays them out), and ``tail`` ``(n_layers, B,
+    kv_heads, C, d_head)``, each row's appended tokens (``tail_len`` of C columns filled), grown ``GROW`` columns at
+    a time (one buffer of the full capacity read ~3× slower) and read whole, masked (narrower products fall off
+    torch's BLAS path). ``n_tokens`` (B,): each row's real tokens, the position of its next one.
     """
 
     GROW = 16
@@ -176,8 +138,7 @@ class KVCache:
         return self.length > 0
 
     def store_prefix(self, layer: int, k: Tensor, v: Tensor) -> None:
-        """Copy one layer's prefill keys/values ``(rows, kv_heads, P, d_head)`` into the prefix; the prefill comes in
-        row chunks, each copied while it is still in the CPU's caches."""
+        """Copy one layer's prefill keys/values ``(rows, kv_heads, P, d_head)``, a row chunk, into the prefix."""
         if layer == len(self.prefix_k):
             shape = (self.batch_size, *k.shape[1:])
             self.prefix_k.append(k.new_empty(shape))
@@ -195,8 +156,7 @@ class KVCache:
         self.n_tokens = real.sum(-1)
 
     def select(self, rows: Tensor) -> None:
-        """Make row i continue what row ``rows[i]`` held: repeat rows (a group's samples share one prompt copy) or
-        drop finished ones. Rows' tails are copied; prompts no row reads any more are dropped."""
+        """Make row i continue what row ``rows[i]`` held: repeat rows or drop finished ones (and unread prompts)."""
         self.n_tokens = self.n_tokens.index_select(0, rows)
         self.tail_k, self.tail_v = self.tail_k.index_select(1, rows), self.tail_v.index_select(1, rows)
         used, prompt_of = torch.unique(self.prompt_of.index_select(0, rows), return_inverse=True)
@@ -225,8 +185,7 @@ class KVCache:
         self.tail_k, self.tail_v = torch.cat((self.tail_k, zeros), 3), torch.cat((self.tail_v, zeros), 3)
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """Append ``k``/``v`` (B, kv_heads, L, d_head) and attend: q (B, H, L, d_head) sees the prompt's real tokens,
-        the row's earlier tokens and the chunk causally. Returns (B, H, L, d_head). Call :meth:`make_room` first."""
+        """Append ``k``/``v`` (B, kv_heads, L, d_head) and attend (after :meth:`make_room`): q (B, H, L, d_head)."""
         B, H, L, dh = q.shape
         Hkv = k.shape[1]
         r = self.tail_len + L
@@ -268,8 +227,7 @@ class KVCache:
         return x if self.regular else x.index_select(0, self.flat)
 
     def _future_mask(self, r: int, L: int, rows: int, device) -> Tensor:
-        """(rows, C) True where tail column c is not visible: query row i is chunk token i % L, at column
-        r − L + i % L, and sees columns up to its own."""
+        """(rows, C) True where tail column c is hidden from query row i (token i % L, at column r − L + i % L)."""
         key = (r, L, rows, self.tail_k.shape[3])
         if key not in self._future:
             own_col = r - L + torch.arange(rows, device=device) % L
@@ -278,8 +236,7 @@ class KVCache:
 
 
 def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate pair (x1_i, x2_i) of the halves of ``x`` (…, d_head) by angle θ_i: ``x·cos + (x2, x1)·sin`` with
-    ``cos = (cos θ, cos θ)`` and ``sin = (−sin θ, sin θ)`` (the tables :class:`TinyDecoder` keeps), three passes."""
+    """Rotate the halves' pairs of ``x``: ``x·cos + (x2, x1)·sin``, tables ``(cos θ, cos θ)``, ``(−sin θ, sin θ)``."""
     x1, x2 = x.chunk(2, dim=-1)
     return torch.addcmul(x * cos, torch.cat((x2, x1), dim=-1), sin)
 
@@ -298,18 +255,9 @@ class Block(nn.Module):
         self.gate_up = nn.Linear(d, 2 * config.ffn, bias=False)  # Llama's gate_proj and up_proj, fused
         self.down = nn.Linear(config.ffn, d, bias=False)
 
-    def forward(
-        self,
-        x: Tensor,
-        cos: Tensor,
-        sin: Tensor,
-        mask: Tensor | None,
-        cache: KVCache | None = None,
-        layer: int = 0,
-        last_only: bool = False,
-    ) -> Tensor:
-        """``last_only``: return the last position only (B, 1, d); the keys/values of all positions are still made
-        (a prefill keeps them), but attention output and MLP run for the last query alone."""
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, cache: KVCache | None = None,
+                layer: int = 0, last_only: bool = False) -> Tensor:
+        """``last_only``: the last position only (B, 1, d); the keys/values of all positions are still made."""
         L = x.shape[1]
         q, k, v = self._qkv(x, cos, sin)
         if cache is not None and cache.prefilled:
@@ -325,10 +273,8 @@ class Block(nn.Module):
 
     def forward_shared(self, xp: Tensor, xs: Tensor, rope_p: tuple[Tensor, Tensor], rope_s: tuple[Tensor, Tensor],
                        mask_p: Tensor | None, mask_s: Tensor, prompt_of: Tensor, last: bool) -> tuple[Tensor, Tensor]:
-        """One block over U prompt prefixes ``xp`` (U, P, d) and the B rows ``xs`` (B, S, d) that continue them (row i
-        continues prefix ``prompt_of[i]``): a prefix is computed once however many rows read it. ``mask_s``
-        (B, 1, S, P + S) says which prefix and own keys each row's query sees. ``last``: the prefixes' outputs feed
-        nothing after the final block, so only their keys/values are made."""
+        """One block over U prefixes ``xp`` (U, P, d) and the B rows ``xs`` (B, S, d) continuing them; ``mask_s``
+        (B, 1, S, P + S): the keys each row sees; ``last``: only the prefixes' keys/values are made."""
         qp, kp, vp = self._qkv(xp, *rope_p)
         qs, ks, vs = self._qkv(xs, *rope_s)
         k = torch.cat((kp.index_select(0, prompt_of), ks), 2)  # (B, Hkv, P + S, dh)
@@ -353,8 +299,7 @@ class Block(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
 
     def _out(self, x: Tensor, y: Tensor) -> Tensor:
-        """Residual stream after the attention output ``y`` (B, H, L, dh) and the MLP; residual adds fused into the
-        output GEMMs: x + y·Wᵀ in one BLAS call (addmm)."""
+        """Residual stream after the attention output ``y`` (B, H, L, dh) and the MLP, adds fused (addmm)."""
         B, L, d = x.shape
         x = torch.addmm(x.reshape(B * L, d), y.transpose(1, 2).reshape(B * L, d), self.proj.weight.t())
         gate, up = self.gate_up(self.mlp_norm(x)).chunk(2, dim=-1)
@@ -399,22 +344,10 @@ class TinyDecoder(nn.Module):
         p = self.embed.weight
         return KVCache(self.config, batch_size, capacity or self.config.max_len, device=p.device, dtype=p.dtype)
 
-    def forward(
-        self,
-        ids: Tensor,
-        *,
-        positions: Tensor | None = None,
-        attention_mask: Tensor | None = None,
-        kv_cache: KVCache | None = None,
-        last_only: bool = False,
-    ) -> Tensor:
-        """Logits ``(B, L, vocab_size)`` for ``ids`` ``(B, L)`` (``last_only``: of the last position, ``(B, 1, V)``).
-
-        ``attention_mask`` (B, L), True/1 = real token (None: all real); ``positions`` (B, L) default from the mask
-        (plus the tokens already in ``kv_cache``). Without a cache: a causal mask over ``ids``. With ``kv_cache``, the
-        first call is the prefill (as without a cache; the keys/values are kept), later calls append real tokens
-        (no padding) that attend to everything before them.
-        """
+    def forward(self, ids: Tensor, *, positions: Tensor | None = None, attention_mask: Tensor | None = None,
+                kv_cache: KVCache | None = None, last_only: bool = False) -> Tensor:
+        """Logits ``(B, L, vocab_size)`` for ``ids`` ``(B, L)`` (``last_only``: ``(B, 1, V)``); with ``kv_cache``, the
+        first call is the prefill and later calls append real tokens (positions from the mask and the cache)."""
         if ids.dim() != 2:
             raise ValueError(f"ids must be (B, L), got shape {tuple(ids.shape)}")
         B, L = ids.shape
@@ -443,7 +376,6 @@ class TinyDecoder(nn.Module):
                 positions = positions_from_mask(attention_mask)
         cos = self.rope_cos[positions].unsqueeze(2)  # (B, L, 1, d_head): broadcast over heads
         sin = self.rope_sin[positions].unsqueeze(2)
-        # all-real rows (and appended chunks): no mask tensor
         padded = attention_mask is not None and not bool(attention_mask.all())
         mask = _pad_causal_mask(attention_mask) if padded else None
 
@@ -471,11 +403,8 @@ class TinyDecoder(nn.Module):
         return F.linear(x, self.embed.weight if self.head is None else self.head.weight)
 
     def forward_after_prefixes(self, prefix_ids: Tensor, prefix_mask: Tensor, prompt_of: Tensor, ids: Tensor) -> Tensor:
-        """Logits ``(B, S, vocab_size)`` of ``ids`` ``(B, S)``, row i continuing prompt prefix ``prompt_of[i]`` of
-        ``prefix_ids`` ``(U, P)`` (left-padded, ``prefix_mask`` True = real token). Equal, up to float rounding, to
-        the logits of ``ids`` in the forward of each whole row, but each prefix runs through the model once however
-        many rows continue it (a GRPO group's G responses share their prompt). ``ids`` count as real tokens; right
-        padding is harmless (no real token attends to a later one)."""
+        """Logits ``(B, S, vocab_size)`` of ``ids``, row i continuing prefix ``prompt_of[i]`` of ``prefix_ids``:
+        the whole rows' logits up to float rounding, each prefix run once (a GRPO group's G responses share it)."""
         if prefix_ids.dim() != 2 or prefix_mask.shape != prefix_ids.shape or ids.dim() != 2:
             raise ValueError(f"prefix_ids/prefix_mask must be (U, P) and ids (B, S), got {tuple(prefix_ids.shape)}, "
                              f"{tuple(prefix_mask.shape)}, {tuple(ids.shape)}")
@@ -500,8 +429,7 @@ class TinyDecoder(nn.Module):
         return F.linear(self.norm(xs), self.embed.weight if self.head is None else self.head.weight)
 
     def _blocks(self, x, cos, sin, mask, kv_cache, last_only) -> Tensor:
-        """The blocks; with ``last_only`` the final block computes the last position alone (≈ 19% of a prefill's
-        FLOPs saved at 4 layers: the other positions' outputs of the final block feed nothing)."""
+        """The blocks; with ``last_only`` the final block computes the last position alone (≈ 19% of a prefill)."""
         for i, block in enumerate(self.blocks):
             x = block(x, cos, sin, mask, kv_cache, i, last_only=last_only and i == len(self.blocks) - 1)
         return x[:, -1:] if last_only else x
@@ -515,36 +443,19 @@ def _pad_causal_mask(key_valid: Tensor) -> Tensor:
     return ((key_valid[:, None, :] & causal) | own).unsqueeze(1)
 
 
-def token_logprobs(
-    model: TinyDecoder,
-    ids: Tensor,
-    attention_mask: Tensor,
-    response_start: int,
-    *,
-    temperature: float | Tensor = 1.0,
-    rows_per_chunk: int = 8,
-    share_prompts: bool = True,
-    frozen: Tensor | None = None,
-) -> tuple[Tensor, Tensor]:
-    """Log-probs and entropies of the response tokens under ``model``, with gradient → ``(logp, entropy)`` (B, T).
+def token_logprobs(model: TinyDecoder, ids: Tensor, attention_mask: Tensor, response_start: int, *,
+                   temperature: float | Tensor = 1.0, rows_per_chunk: int = 8, share_prompts: bool = True,
+                   frozen: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Log-probs and entropies ``(B, T)`` of the response tokens ``ids[:, response_start:]`` under ``model``, with
+    gradient (arguments as :meth:`rlkit.tiny.sampler.Rollout.sequences` gives them); 0 past a response's end.
 
-    ``ids`` (B, L) are prompt + response (left-padded prompts, right-padded responses; see
-    :meth:`rlkit.tiny.sampler.Rollout.sequences`), ``attention_mask`` (B, L) marks real tokens, and the response
-    is ``ids[:, response_start:]`` (T = L − response_start). ``logp`` is under softmax(logits / temperature) —
-    a float or a per-token (B, T) tensor such as the rollout's ``temperature`` — so it matches the sampler's logp;
-    ``entropy`` is of the untempered distribution (:func:`rlkit.core.entropy.entropy_from_logits`).
-    Past each response's end both are 0 (mask them in the loss). Batches larger than ``rows_per_chunk`` are run
-    in chunks of rows of similar length, each without the padding it does not need (RL batches mix 60- and
-    200-character prompts: about 40% of a padded batch is padding). With ``share_prompts``, rows of one chunk that
-    answer the same prompt run its prompt once (:meth:`TinyDecoder.forward_after_prefixes`): the same values and
-    gradients up to float rounding, ~2× fewer tokens for a GRPO batch here (97-token prompts, 49-token responses).
-    ``frozen`` (B,) bool: rows whose log-probs the caller needs without gradient (an update's rows with a zero
-    advantage); a chunk of frozen rows only runs without autograd's graph, the others exactly as without it.
+    ``logp`` is under softmax(logits / ``temperature``), a float or (B, T), as the sampler's; ``entropy`` untempered.
+    Rows of similar length run in chunks of ``rows_per_chunk`` without the padding they do not need, with
+    ``share_prompts`` a chunk's rows of one prompt run it once, and a chunk of ``frozen`` rows runs without autograd.
     """
     if ids.dim() != 2 or attention_mask.shape != ids.shape:
-        raise ValueError(
-            f"ids and attention_mask must both be (B, L), got {tuple(ids.shape)}, {tuple(attention_mask.shape)}"
-        )
+        raise ValueError(f"ids and attention_mask must both be (B, L), got {tuple(ids.shape)}, "
+                         f"{tuple(attention_mask.shape)}")
     B, L = ids.shape
     if not 1 <= response_start < L:
         raise ValueError(f"response_start must lie in [1, {L}) (the prompt needs ≥ 1 token), got {response_start}")
@@ -556,10 +467,7 @@ def token_logprobs(
             temperature.to(ids.device, torch.float32).reshape(1, 1).expand(B, 1)
     elif temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    # Padding costs as much as real tokens: rows of similar length go through the model together, each chunk cut to
-    # its own longest prompt and response (left-padded prompts make the trim a column slice), results put back.
-    # Rows answering the same prompt go together, and with share_prompts its tokens but the last go through the model
-    # once per chunk (TinyDecoder.forward_after_prefixes): prompts are ~2/3 of an RL batch's tokens here.
+    # rows of similar length, and of one prompt, go together; each chunk is cut to its longest prompt and response
     mask = attention_mask.bool()
     prompt_len, response_len = mask[:, :response_start].sum(-1), mask[:, response_start:].sum(-1)
     prompt_cols = ids[:, :response_start].masked_fill(~mask[:, :response_start], -1)
@@ -580,8 +488,7 @@ def token_logprobs(
 def _chunk_logprobs(model: TinyDecoder, ids: Tensor, mask: Tensor, rows: Tensor, prompt_id: Tensor,
                     prompt_len: Tensor, response_len: Tensor, response_start: int, temperature: float | Tensor,
                     share_prompts: bool) -> tuple[Tensor, Tensor, int]:
-    """One chunk of :func:`token_logprobs`: the log-probs and entropies of ``rows``' first ``t`` response tokens
-    (``t`` their longest response), each row cut to the chunk's longest prompt → ``(logp, entropy, t)``."""
+    """One chunk of :func:`token_logprobs`: ``(logp, entropy, t)`` of ``rows``' first ``t`` (their longest) tokens."""
     first = response_start - int(prompt_len[rows].max().clamp(min=1))
     t = max(1, int(response_len[rows].max()))
     temps = temperature[rows, :t] if isinstance(temperature, Tensor) and temperature.shape[1] > 1 else \
@@ -599,8 +506,7 @@ def _chunk_logprobs(model: TinyDecoder, ids: Tensor, mask: Tensor, rows: Tensor,
 
 
 def _chunks(order: Tensor, prompt_id: Tensor, rows_per_chunk: int) -> list[Tensor]:
-    """``order`` (rows sorted so each prompt's rows are adjacent) cut into chunks of ≤ ``rows_per_chunk`` rows, at
-    prompt boundaries where possible (a prompt with more rows than that is cut too)."""
+    """``order`` (a prompt's rows adjacent) cut into chunks of ≤ ``rows_per_chunk`` rows, at prompt bounds."""
     ids = prompt_id[order].tolist()
     chunks, begin = [], 0
     for i in range(1, len(ids) + 1):

@@ -1,33 +1,16 @@
 """Batched, KV-cached sampling with a per-token temperature hook and calculator-tool interception.
 
-:func:`sample` encodes the prompts once (``<bos>`` + prompt, left-padded) and prefills each distinct prompt once:
-the G samples of a GRPO group then read one copy of its keys and values (:class:`rlkit.tiny.model.KVCache`). Then
-one cached forward per step for the whole batch: every step appends exactly one token to every running row, and
-nothing is re-encoded. Tokens are drawn by inverse-CDF sampling, one uniform per row (``torch.multinomial`` draws
-one exponential per vocabulary entry: ~0.3 ms a step at 128 rows × 89 tokens); the outputs are written raw each
-step and masked once at the end (past ``<eos>``, forced tokens). The uniforms are drawn at the start, one per
-original row and step, ``(max_new_tokens, B)``: row i's token t reads ``u[t, i]`` whichever rows still run, so
-dropping finished rows (and when) changes no sampled token, and a rollout takes exactly ``B·max_new_tokens`` numbers
-from the generator (on the CPU the same numbers, in the same order, as drawing ``(B,)`` each step).
+:func:`sample` prefills each distinct prompt once (a GRPO group's G samples read one copy:
+:class:`rlkit.tiny.model.KVCache`), then runs one cached forward per step for the whole batch. Tokens are drawn by
+inverse-CDF sampling from uniforms drawn up front, ``(max_new_tokens, B)``: row i's token t reads ``u[t, i]``
+whichever rows still run, so dropping finished rows (every :data:`COMPACT_EVERY` steps, when at most
+:data:`COMPACT_RUNNING` of the batch runs) changes no token.
 
-Tool protocol. When a row samples ``</code>``, the text between its last ``<code>`` and that ``</code>`` goes to
-``tool(expr) -> str``; the row's next tokens are then *forced* to ``<output>`` + result + ``</output>`` (one per
-step, in lock-step with the other rows). Forced tokens pass through the model and the cache — the model conditions
-on them — but get ``mask`` 0, ``logp`` 0 and ``entropy`` 0: the model did not generate them. A row makes at most
-``max_tool_calls`` calls; a ``</code>`` past the cap, or without an opening ``<code>`` in the response, is left
-as an ordinary token. Results are cut to ``max_tool_output`` tokens; characters outside the alphabet are dropped,
-and an exception from ``tool`` becomes the output ``error`` (a rollout never raises because of the environment).
-
-A row finishes at ``<eos>`` or after ``max_new_tokens`` response tokens, tool output included. Finished rows are
-dropped from the batch (their cache rows too): every :data:`COMPACT_EVERY` steps, when at most
-:data:`COMPACT_RUNNING` of the batch still runs.
-
-Log-prob convention (a decision, following verl): ``logp`` is the log-prob of the sampled token under the
-distribution it was actually drawn from, softmax(logits / T_t) with T_t the token's temperature (the fixed
-``temperature`` or ``temperature_fn``'s output), and ``Rollout.temperature`` records T_t, so
-``token_logprobs(model, *rollout.sequences(), temperature=rollout.temperature)`` recomputes it — the ratio of a
-PPO-style loss then compares like with like. ``entropy`` is of the untempered distribution (T = 1), the quantity
-entropy-aware methods (AEPO, HAPO) use. Greedy decoding records T = 1.
+When a row samples ``</code>``, the text after its last ``<code>`` goes to ``tool(expr) -> str`` and the row's next
+tokens are *forced* to ``<output>`` + result + ``</output>`` (``mask``, ``logp``, ``entropy`` 0; at most
+``max_tool_calls`` calls, ``max_tool_output`` tokens; an exception becomes ``error``). As verl, ``logp`` is under the
+distribution the token was drawn from, softmax(logits / T_t), T_t recorded in ``Rollout.temperature`` (greedy: 1);
+``entropy`` is untempered, as AEPO and HAPO use it.
 """
 
 from __future__ import annotations
@@ -48,45 +31,29 @@ TemperatureFn = Callable[[Tensor], Tensor]
 COMPACT_EVERY = 4
 """Steps between two looks for finished rows (a look scans the tokens so far; the drop copies the cache's rows)."""
 COMPACT_RUNNING = 0.9
-"""A look drops the finished rows when at most this share of the batch still runs. Every 8 steps at ≤ ½ (before),
-18–19% of row-steps went to rows already ended (reproductions/LOG.md); every 4 steps at ≤ 0.9, the shipped SFT
-start's decode steps run 11% fewer rows on greedy evaluation of 1,000 problems (59,152 → 52,380) and 16% fewer on four
-sampled 16 × 8 rollouts (24,312 → 20,392). Every 2 steps runs 1.5% fewer rows than every 4 for 60% more cache
-copies, and measured no faster."""
+"""A look drops the finished rows when at most this share of the batch still runs: 11–16% fewer decode rows than
+every 8 steps at ≤ ½ (reproductions/LOG.md); every 2 steps measured no faster."""
 
 
 @dataclass
 class Rollout:
     """Sampled responses, right-padded to T = the longest response. All (B, T) tensors share the layout."""
 
-    tokens: Tensor
-    """(B, T) int64 response token ids (model-generated and tool output), ``<pad>`` after the end."""
-    logp: Tensor
-    """(B, T) float32 log-prob of each sampled token at its sampling temperature; 0 where ``mask`` is 0."""
-    entropy: Tensor
-    """(B, T) float32 entropy of the untempered next-token distribution; 0 where ``mask`` is 0."""
-    mask: Tensor
-    """(B, T) float32: 1 = generated by the model, 0 = tool output or padding."""
-    temperature: Tensor
-    """(B, T) float32 temperature each token was sampled at (1 where ``mask`` is 0, and for greedy decoding)."""
-    lengths: Tensor
-    """(B,) int64 response length in tokens, tool output and the final ``<eos>`` included."""
-    finished: Tensor
-    """(B,) bool: the response ended with ``<eos>`` (False: cut at ``max_new_tokens``)."""
-    first_tool_pos: Tensor
-    """(B,) int64 token index of the first model-generated ``<code>`` in the response, -1 if none."""
-    tool_calls: Tensor
-    """(B,) int64 tool calls executed (each ``</code>`` answered with an output)."""
-    texts: list[str]
-    """Decoded responses: tool tags and outputs kept, ``<eos>``/``<pad>`` dropped."""
-    prompt_ids: Tensor
-    """(B, P) int64 left-padded prompts as fed to the model (``<bos>`` first)."""
-    prompt_mask: Tensor
-    """(B, P) bool: True = real prompt token."""
+    tokens: Tensor  # (B, T) int64 response token ids (generated and tool output), <pad> after the end.
+    logp: Tensor  # (B, T) float32 log-prob of each sampled token at its temperature; 0 where ``mask`` is 0.
+    entropy: Tensor  # (B, T) float32 entropy of the untempered next-token distribution; 0 where ``mask`` is 0.
+    mask: Tensor  # (B, T) float32: 1 = generated by the model, 0 = tool output or padding.
+    temperature: Tensor  # (B, T) float32 temperature each token was sampled at (1 where ``mask`` is 0, greedy).
+    lengths: Tensor  # (B,) int64 response length in tokens, tool output and the final ``<eos>`` included.
+    finished: Tensor  # (B,) bool: the response ended with ``<eos>`` (False: cut at ``max_new_tokens``).
+    first_tool_pos: Tensor  # (B,) int64 token index of the first generated ``<code>``, -1 if none.
+    tool_calls: Tensor  # (B,) int64 tool calls executed (each ``</code>`` answered with an output).
+    texts: list[str]  # Decoded responses: tool tags and outputs kept, ``<eos>``/``<pad>`` dropped.
+    prompt_ids: Tensor  # (B, P) int64 left-padded prompts as fed to the model (``<bos>`` first).
+    prompt_mask: Tensor  # (B, P) bool: True = real prompt token.
 
     def sequences(self) -> tuple[Tensor, Tensor, int]:
-        """``(ids (B, P+T), attention_mask (B, P+T), response_start = P)``: the arguments of
-        :func:`rlkit.tiny.model.token_logprobs`."""
+        """``(ids, attention_mask, response_start)``, the arguments of :func:`rlkit.tiny.model.token_logprobs`."""
         T = self.tokens.shape[1]
         in_response = torch.arange(T, device=self.tokens.device) < self.lengths.unsqueeze(1)
         ids = torch.cat([self.prompt_ids, self.tokens], dim=1)
@@ -104,57 +71,32 @@ def _check(prompts, max_new_tokens, temperature, max_tool_calls, max_tool_output
         raise ValueError("max_tool_calls and max_tool_output must be ≥ 0")
 
 
-def sample(
-    model: TinyDecoder,
-    tokenizer: CharTokenizer,
-    prompts: Sequence[str],
-    *,
-    max_new_tokens: int,
-    temperature: float = 1.0,
-    temperature_fn: TemperatureFn | None = None,
-    tool: Callable[[str], str] | None = None,
-    generator: torch.Generator | None = None,
-    greedy: bool = False,
-    max_tool_calls: int = 8,
-    max_tool_output: int = 32,
-    add_bos: bool = True,
-    ignore_eos: bool = False,
-    scores: bool = True,
-) -> Rollout:
-    """Sample a response for each prompt (see the module doc for the tool protocol and the logp convention).
-
-    ``temperature_fn`` overrides ``temperature`` per row and step (e.g. HAPO's
-    ``lambda z: adaptive_temperature(z, T, stats, tau=0.05)``); ``greedy`` takes the argmax and ignores both.
-    ``generator`` (on the model's device) makes sampling reproducible: the same seed gives the same rollout.
-    ``ignore_eos`` keeps rows running after ``<eos>`` (fixed-length generation for benchmarks, as vLLM's flag).
-    ``scores=False`` with ``greedy`` skips the log-probs and entropies (returned as zeros): the tokens are the
-    argmax of the same logits, so texts and tool calls are those of ``scores=True`` bit for bit (greedy evaluation
-    reads nothing else).
-    """
+def sample(model: TinyDecoder, tokenizer: CharTokenizer, prompts: Sequence[str], *, max_new_tokens: int,
+           temperature: float = 1.0, temperature_fn: TemperatureFn | None = None,
+           tool: Callable[[str], str] | None = None, generator: torch.Generator | None = None, greedy: bool = False,
+           max_tool_calls: int = 8, max_tool_output: int = 32, add_bos: bool = True, ignore_eos: bool = False,
+           scores: bool = True) -> Rollout:
+    """A response for each prompt (module doc); ``temperature_fn`` (HAPO's) sets a temperature per row and step;
+    ``ignore_eos``: for benchmarks; ``scores=False`` with ``greedy``: zero log-probs, the same tokens bit for bit."""
     _check(prompts, max_new_tokens, temperature, max_tool_calls, max_tool_output)
     if model.config.vocab_size != tokenizer.vocab_size:
         raise ValueError(f"model vocab_size {model.config.vocab_size} != tokenizer's {tokenizer.vocab_size}")
     with torch.inference_mode():
-        out = _sample(
-            model, tokenizer, prompts, max_new_tokens, float(temperature), temperature_fn, tool, generator,
-            greedy, max_tool_calls, max_tool_output, add_bos, ignore_eos, scores or not greedy,
-        )
+        out = _sample(model, tokenizer, prompts, max_new_tokens, float(temperature), temperature_fn, tool, generator,
+                      greedy, max_tool_calls, max_tool_output, add_bos, ignore_eos, scores or not greedy)
     # inference tensors cannot be saved for backward: hand out ordinary ones (RL feeds them to token_logprobs)
     return Rollout(**{k: v.clone() if isinstance(v, Tensor) else v for k, v in out.items()})
 
 
-def _sample(
-    model, tok, prompts, T, temperature, temperature_fn, tool, generator, greedy, max_tool_calls, max_tool_output,
-    add_bos, ignore_eos, scores,
-) -> dict:
+def _sample(model, tok, prompts, T, temperature, temperature_fn, tool, generator, greedy, max_tool_calls,
+            max_tool_output, add_bos, ignore_eos, scores) -> dict:
     device = model.embed.weight.device
     prompt_ids, prompt_mask = (x.to(device) for x in tok.encode_batch(list(prompts), bos=add_bos))
     B, P = prompt_ids.shape
     if P + T > model.config.max_len:
         raise ValueError(f"longest prompt ({P} tokens) + max_new_tokens ({T}) exceeds max_len {model.config.max_len}")
 
-    # ---- outputs, indexed by original row, one column per step. Written raw: what lies past a row's <eos> and
-    # what was forced is masked once at the end, so a step spends no ops on bookkeeping.
+    # ---- outputs, by original row and step, written raw: past <eos> and forced tokens are masked at the end
     tokens = torch.full((B, T), tok.pad_id, dtype=torch.long, device=device)
     logp_out = torch.zeros((B, T), device=device)
     negent_out = torch.zeros((B, T), device=device)  # Σ p·log p = −entropy
@@ -202,9 +144,8 @@ def _sample(
             else:
                 temps = temperature_fn(logits)
                 if temps.shape != (len(rows),):
-                    raise ValueError(
-                        f"temperature_fn must return ({len(rows)},) temperatures, got {tuple(temps.shape)}"
-                    )
+                    raise ValueError(f"temperature_fn must return ({len(rows)},) temperatures, got "
+                                     f"{tuple(temps.shape)}")
                 temp_out[col] = temps
                 lp_all = (logits / temps.float().unsqueeze(-1)).log_softmax(-1)
             probs = lp_all.exp()
@@ -282,20 +223,15 @@ def _sample(
     is_code = (tokens == tok.code_id) & generated
     first_tool_pos = torch.where(is_code.any(1), is_code.int().argmax(1), -1)
     texts = [tok.decode(row, skip_special=True) for row in tokens.tolist()]
-    return dict(
-        tokens=tokens, logp=torch.where(generated, logp_out[:, :width], 0.0),
-        entropy=torch.where(generated, -negent_out[:, :width], 0.0), mask=mask,
-        temperature=torch.where(generated, temp_out[:, :width], 1.0),
-        lengths=lengths, finished=finished, first_tool_pos=first_tool_pos,
-        tool_calls=torch.tensor(calls, dtype=torch.long, device=device), texts=texts,
-        prompt_ids=prompt_ids, prompt_mask=prompt_mask,
-    )
+    return dict(tokens=tokens, logp=torch.where(generated, logp_out[:, :width], 0.0),
+                entropy=torch.where(generated, -negent_out[:, :width], 0.0), mask=mask,
+                temperature=torch.where(generated, temp_out[:, :width], 1.0), lengths=lengths, finished=finished,
+                first_tool_pos=first_tool_pos, tool_calls=torch.tensor(calls, dtype=torch.long, device=device),
+                texts=texts, prompt_ids=prompt_ids, prompt_mask=prompt_mask)
 
 
 def _inverse_cdf_sample(probs: Tensor, u: Tensor) -> Tensor:
-    """One draw per row of ``probs`` (n, V, need not sum to 1) from its uniform ``u`` (n,) in [0, 1): the first token
-    whose cumulative probability exceeds u·total. A zero-probability token is never chosen: its cumulative sum equals
-    its predecessor's."""
+    """A draw per row of ``probs`` (n, V) from its uniform ``u``: the first token whose cumsum exceeds u·total."""
     cdf = probs.cumsum(-1)
     draw = torch.searchsorted(cdf, u.unsqueeze(1) * cdf[:, -1:], right=True)
     return draw.squeeze(1).clamp_max_(probs.shape[1] - 1)

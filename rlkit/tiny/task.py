@@ -29,12 +29,8 @@ def max_response_tokens(task: arithmetic.TaskConfig, form: str) -> int:
 
 
 def sft_batch(tokenizer: CharTokenizer, problems: Sequence[arithmetic.Problem], form: str) -> tuple[Tensor, Tensor]:
-    """``(ids (B, L), target_mask (B, L−1))`` for next-token training on ``<bos> prompt solution <eos>``.
-
-    Right-padded (causal attention never looks at the padding after a row). ``target_mask[:, j]`` says whether the
-    token ``ids[:, j+1]`` is a training target: solution tokens and ``<eos>``, but not the prompt and not the
-    ``<output>…</output>`` spans, which the environment writes during a rollout.
-    """
+    """Right-padded ``(ids, target_mask)`` for next-token training on ``<bos> prompt solution <eos>``: a target is
+    ``ids[:, j+1]`` (not the prompt, nor the environment's ``<output>…</output>`` spans)."""
     rows, targets = [], []
     for p in problems:
         prompt_ids = tokenizer.encode(arithmetic.prompt(p))
@@ -61,10 +57,8 @@ def sft_batch(tokenizer: CharTokenizer, problems: Sequence[arithmetic.Problem], 
 class Scored:
     """A rollout's rewards and tool statistics, one value per response."""
 
-    rewards: Tensor
-    """(B,) float32 task reward (1.0 correct, else 0.0) before any length penalty."""
-    code_pass: Tensor
-    """(B,) bool: the response called the calculator and no call returned an error."""
+    rewards: Tensor  # (B,) float32 task reward (1.0 correct, else 0.0) before any length penalty.
+    code_pass: Tensor  # (B,) bool: the response called the calculator and no call returned an error.
 
 
 def score_rollout(rollout: Rollout, problems: Sequence[arithmetic.Problem]) -> Scored:
@@ -76,38 +70,18 @@ def score_rollout(rollout: Rollout, problems: Sequence[arithmetic.Problem]) -> S
     return Scored(rewards=rewards, code_pass=(rollout.tool_calls > 0) & ~failed)
 
 
-def rollout(
-    model: TinyDecoder,
-    tokenizer: CharTokenizer,
-    problems: Sequence[arithmetic.Problem],
-    *,
-    max_new_tokens: int,
-    form: str = "tool",
-    **sample_kwargs,
-) -> Rollout:
+def rollout(model: TinyDecoder, tokenizer: CharTokenizer, problems: Sequence[arithmetic.Problem], *,
+            max_new_tokens: int, form: str = "tool", **sample_kwargs) -> Rollout:
     """Sample one response per problem (repeat problems for groups), with the calculator wired in for the tool form."""
     tool = None if form == "plain" else run_tool  # tool and mixed forms: the calculator answers calls
     prompts = [arithmetic.prompt(p) for p in problems]
     return sample(model, tokenizer, prompts, max_new_tokens=max_new_tokens, tool=tool, **sample_kwargs)
 
 
-def evaluate(
-    model: TinyDecoder,
-    tokenizer: CharTokenizer,
-    problems: Sequence[arithmetic.Problem],
-    *,
-    max_new_tokens: int,
-    form: str = "tool",
-    batch_size: int = 256,
-) -> Tensor:
-    """Greedy correctness (1/0, float, on the CPU) of each of ``problems``, in their order; its mean is every run's
-    ``val/acc``.
-
-    The problems run in batches of ``batch_size`` in prompt-length order (a stable sort: equal lengths keep their
-    order), so a batch's prompts, left-padded to its longest, carry little padding: in split order 36–37% of the
-    prefill's tokens were padding (prompts of 54–150 tokens). Each response is the argmax continuation of its own
-    prompt whichever batch it runs in (padding is masked; only the last bits of the logits move with the batch's
-    shapes), and the results are put back in problem order."""
+def evaluate(model: TinyDecoder, tokenizer: CharTokenizer, problems: Sequence[arithmetic.Problem], *,
+             max_new_tokens: int, form: str = "tool", batch_size: int = 256) -> Tensor:
+    """Greedy correctness (1/0, float, on the CPU) of each of ``problems``, in their order (its mean: ``val/acc``);
+    run in batches of ``batch_size`` in stable prompt-length order, so a batch carries little padding."""
     was_training = model.training
     model.eval()
     lengths = [len(tokenizer.encode(arithmetic.prompt(p))) for p in problems]
@@ -135,15 +109,9 @@ def select_rows(ro: Rollout, rows: Tensor) -> Rollout:
     return Rollout(**picked)
 
 
-def response_logprobs(
-    model: TinyDecoder,
-    tokenizer: CharTokenizer,
-    prompts: Sequence[str],
-    responses: Sequence[Tensor],
-    temperatures: Sequence[Tensor],
-) -> Tensor:
-    """Log-probs ``(n, T)`` of stored responses (1-D token tensors) under ``model`` — e.g. to compare the policy that
-    sampled a prompt's last response with the current one. Padding positions are 0."""
+def response_logprobs(model: TinyDecoder, tokenizer: CharTokenizer, prompts: Sequence[str],
+                      responses: Sequence[Tensor], temperatures: Sequence[Tensor]) -> Tensor:
+    """Log-probs ``(n, T)`` of stored responses (1-D token tensors) under ``model``; padding positions are 0."""
     prompt_ids, prompt_mask = tokenizer.encode_batch(list(prompts), bos=True, pad_left=True)
     lengths = torch.tensor([len(r) for r in responses])
     T = int(lengths.max())

@@ -1,13 +1,6 @@
-"""Character-level tokenizer for the tiny engine, with the control and tool tags as single tokens.
-
-Ids: the special tokens first (``<pad>`` = 0, ``<bos>``, ``<eos>``, ``<code>``, ``</code>``, ``<output>``,
-``</output>`` by default), then one id per character of ``alphabet`` in its order. The tool tags are single tokens
-so the sampler sees ``</code>`` as one id and can hand the call to the environment.
-
-``encode`` reads the tags greedily — at each position the longest special token that matches wins, otherwise one
-character — so ``"<code>"`` is always the tag even when ``<`` is in the alphabet. ``encode_with_offsets`` also
-returns each token's ``(start, end)`` character span in the text (a tag spans its characters), the offset mapping
-that :func:`rlkit.tasks.tools.first_code_token` reads.
+"""Character-level tokenizer for the tiny engine, with the control and tool tags as single tokens: the specials
+first (``<pad>`` = 0, ``<bos>``, ``<eos>``, the tool tags), then one id per character of ``alphabet``. ``encode``
+reads the longest matching tag first, so ``"<code>"`` is the tag even when ``<`` is in the alphabet.
 """
 
 from __future__ import annotations
@@ -49,7 +42,6 @@ class CharTokenizer:
         self.specials = specials
         self.itos: list[str] = list(specials) + list(alphabet)
         self.stoi: dict[str, int] = {s: i for i, s in enumerate(self.itos)}
-        # longest tag first: greedy matching; re.escape so tags are literal
         tags = "|".join(re.escape(s) for s in sorted(specials, key=len, reverse=True))
         self._pattern = re.compile(f"{tags}|.", re.DOTALL)
         self._chars = re.compile(".", re.DOTALL)
@@ -67,15 +59,10 @@ class CharTokenizer:
     def __repr__(self) -> str:
         return f"CharTokenizer(vocab_size={self.vocab_size}, alphabet={self.alphabet!r})"
 
-    def encode_with_offsets(
-        self, text: str, *, errors: str = "strict", tags: bool = True
-    ) -> tuple[list[int], list[tuple[int, int]]]:
-        """Token ids and their ``(start, end)`` character spans in ``text``.
-
-        ``errors="strict"`` raises a ValueError naming the characters outside the alphabet; ``"ignore"`` drops them.
-        ``tags=False`` reads every character on its own, so text cannot smuggle in a tag (the sampler encodes tool
-        outputs with ``errors="ignore", tags=False``: an environment's text never stops or ends a rollout).
-        """
+    def encode_with_offsets(self, text: str, *, errors: str = "strict",
+                            tags: bool = True) -> tuple[list[int], list[tuple[int, int]]]:
+        """Token ids and their ``(start, end)`` spans in ``text``; ``errors="ignore"`` drops unknown characters,
+        ``tags=False`` reads every character on its own (a tool's output cannot smuggle in a tag)."""
         if not isinstance(text, str):
             raise ValueError(f"text must be a str, got {type(text).__name__}")
         if errors not in ERRORS:
@@ -100,8 +87,7 @@ class CharTokenizer:
         return self.encode_with_offsets(text, errors=errors, tags=tags)[0]
 
     def decode(self, ids: Any, *, skip_special: bool = False) -> str:
-        """Text of ``ids`` (a list, array or 1-D tensor). ``skip_special`` drops ``<pad>``/``<bos>``/``<eos>``
-        (and any extra specials) but keeps the tool tags, which are part of a response's text."""
+        """Text of ``ids`` (a list, array or 1-D tensor); ``skip_special`` drops the specials but the tool tags."""
         if isinstance(ids, torch.Tensor):
             if ids.dim() != 1:
                 raise ValueError(f"decode takes one sequence (1-D), got shape {tuple(ids.shape)}")
@@ -115,14 +101,9 @@ class CharTokenizer:
             return "".join(itos[i] for i in ids if i >= len(self.specials) or i in keep)
         return "".join(itos[i] for i in ids)
 
-    def encode_batch(
-        self, texts: Sequence[str], *, bos: bool = True, eos: bool = False, pad_left: bool = True
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Encode and pad ``texts`` → ``(ids (B, L) int64, attention_mask (B, L) bool)``.
-
-        Left padding (default) is the sampler's prompt layout; positions are recovered from the mask
-        (:func:`rlkit.tiny.model.positions_from_mask`), so padded and unpadded rows see the same positions.
-        """
+    def encode_batch(self, texts: Sequence[str], *, bos: bool = True, eos: bool = False,
+                     pad_left: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """Encode and pad ``texts`` → ``(ids (B, L) int64, attention_mask (B, L) bool)``, left by default."""
         if isinstance(texts, str) or len(texts) == 0:
             raise ValueError("texts must be a non-empty list of strings")
         seqs = [([self.bos_id] if bos else []) + self.encode(t) + ([self.eos_id] if eos else []) for t in texts]

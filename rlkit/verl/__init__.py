@@ -1,26 +1,7 @@
 """rlkit inside verl 0.9.1: the only package that imports verl (its submodules do; this file does not).
 
-Two parts, with the dependency one way (the launcher imports the plugin, never the reverse; the import contract
-``verl-plugin-below-launcher`` in pyproject.toml and ``tests/test_verl_split.py`` hold it):
-
-**The plugin** — what runs inside verl's processes, at verl's extension points:
-
-- :mod:`rlkit.verl.plugin` registers rlkit's policy losses and advantage estimators in verl's registries
-  (loaded by verl itself through the ``verl.plugins`` entry point);
-- :mod:`rlkit.verl.inputs` is what the rlkit trainer hands those functions beyond verl's signatures (a method's
-  ``+algorithm.<method>.*`` section, the entropies, the per-response inputs);
-- :mod:`rlkit.verl.trainer` is the trainer ``trainer.v1.trainer_mode=rlkit`` that carries what verl's
-  estimator and loss signatures cannot (correctness and code positions, entropies, SPO's tracker and sampler);
-- :mod:`rlkit.verl.sampling` is HAPO's adaptive temperature as a vLLM v1 logits processor;
-- :mod:`rlkit.verl.tools` the calculator and sandbox tools of verl's agent loop;
-- :mod:`rlkit.verl.cpu` what verl and vLLM need to run on a CPU (loaded in each of their processes).
-
-**The launcher** — :mod:`rlkit.verl.launch`, which is ``rlkit launch``: a method's preset
-(:mod:`rlkit.verl.launch.presets`) and its data (:mod:`rlkit.verl.launch.data`, a tiny run's settings through
-:mod:`rlkit.verl.launch.from_tiny`) composed with verl's config and validated on CPU
-(:mod:`rlkit.verl.launch.config`), then run under a watchdog (:mod:`rlkit.verl.launch.runner`).
-
-The names below are importable without verl, so configs can be checked before verl is imported.
+The plugin runs inside verl's processes; the launcher, :mod:`rlkit.verl.launch`, sits above it (contract
+``verl-plugin-below-launcher``). The names below are importable without verl.
 """
 
 from collections.abc import Iterator, Mapping
@@ -29,13 +10,11 @@ from rlkit.errors import UsageError
 
 
 class LaunchError(UsageError, ValueError):
-    """A launch that would fail: the message names the bad key or value and what would be valid (raised by the
-    launcher's checks, and by the plugin's where a method refuses verl's settings)."""
+    """A launch that would fail: the message names the bad key or value and what would be valid."""
 
 
 class _Registered(Mapping):
-    """verl name ``rlkit_<name>`` of every function of one kind in :mod:`rlkit.registry` → its home method, read
-    from the registry on first use (so a method module registered there is in verl's registries too)."""
+    """``rlkit_<name>`` of each function of a kind in :mod:`rlkit.registry` → its home method, read lazily."""
 
     def __init__(self, kind: str) -> None:
         self.kind, self._names = kind, None

@@ -1,68 +1,17 @@
-"""rlkit's losses and advantage estimators in verl 0.9.1's registries (loaded through the ``verl.plugins`` entry point).
+"""rlkit's losses and advantage estimators in verl 0.9.1's registries (the ``verl.plugins`` entry point).
 
-verl imports every ``verl.plugins`` entry point at the end of ``import verl`` and logs a failure only at debug
-level (``verl/__init__.py``). This module then installs the CPU platform and registers each name when the verl
-module that looks it up is imported (:data:`ON_IMPORT`), so a process that never looks one up does not import
-verl's trainer or agent loop for it; a failed registration is logged as an ERROR and raised from that import.
-:func:`ensure_registered` lets rlkit's own code paths (launch, trainer, tests) register explicitly and checks
-that every name is in verl's tables (it also covers ``VERL_USE_EXTERNAL_PLUGINS=none``).
+verl logs an entry point's failure only at debug level: each ``rlkit_<loss>``/``rlkit_<estimator>`` is
+registered once the verl module that looks it up is imported (:data:`ON_IMPORT`), a failure logged as an
+ERROR.
 
-Names. Each is ``rlkit_`` + a name of :mod:`rlkit.registry`; its function calls the registry's dispatch
-(:func:`rlkit.registry.policy_loss`, :func:`rlkit.registry.advantage`) for the run's method, exactly as the tiny
-trainer does (nothing is re-implemented, and no method is special-cased here). The run's method is the one the
-rlkit trainer names in its contexts (:func:`rlkit.verl.inputs.run_method`, :class:`rlkit.verl.trainer.MethodSetup`):
-an estimator shared by several methods reads the ``Config`` of the run's method, not of the method it is
-registered by. Called by verl's stock trainer and loss, which name no run, a function runs as its home method
-(:data:`rlkit.verl.POLICY_LOSSES` / :data:`rlkit.verl.ADV_ESTIMATORS`).
-
-- policy losses (``actor_rollout_ref.actor.policy_loss.loss_mode``): ``rlkit_<loss>`` for every registered loss
-  (``rlkit_ppo`` is GRPO's PPO clip, which several methods train with);
-- advantage estimators (``algorithm.adv_estimator``): ``rlkit_<estimator>`` for every registered estimator.
-
-``rlkit methods`` lists them. Trainer ``trainer.v1.trainer_mode=rlkit`` (:mod:`rlkit.verl.trainer`, registered
-here too) supplies what these signatures cannot carry: the per-response inputs an estimator reads
-(:attr:`rlkit.registry.Method.inputs`), what a method's hooks add (:mod:`rlkit.hooks`), and the actor's entropies
-for losses that read them.
-
-Configuration. verl's own keys keep their meaning: ``actor_rollout_ref.actor.clip_ratio_low``/``clip_ratio_high``
-(ε_low/ε_high; ``clip_ratio`` when they are null), ``clip_ratio_c`` (dual clip, for the losses that have one),
-``loss_agg_mode``, ``algorithm.norm_adv_by_std_in_grpo`` (the group estimators' std division). Everything else
-comes from the run's method's own section, ``+algorithm.<method>.<field>`` with the field names of its ``Config``
-(``rlkit.methods.<method>.Config``, which holds every knob of the functions it trains with, as in the tiny engine;
-another method's section is refused by the rlkit trainer), plus the verl-only keys its method record declares
-(:attr:`rlkit.registry.Method.verl_keys`: ``stats_path``, where the trainer writes a per-token temperature's
-state for :mod:`rlkit.verl.sampling`; ``code_detection``, which detectors of :class:`rlkit.tasks.tools.CodeDetection`
-find code calls in decoded responses; ``offline_values``, the path of ``offline_values.json``); a field that verl
-already owns is refused with the verl key to use.
-
-verl's own keys set the ``Config`` fields they own (:func:`verl_owned`) before the registry turns the ``Config``
-into keyword arguments. Refused, with the verl key named: ``clip_low`` → ``actor_rollout_ref.actor.clip_ratio_low``,
-``clip_high`` → ``clip_ratio_high``, ``clip_c`` → ``clip_ratio_c``, ``agg`` → ``loss_agg_mode``, ``norm_by_std`` →
-``algorithm.norm_adv_by_std_in_grpo``, ``temperature`` → ``actor_rollout_ref.rollout.temperature``,
-``mini_batches`` → ``actor_rollout_ref.actor.ppo_mini_batch_size``, ``adv_estimator`` → ``algorithm.adv_estimator``.
-The ``+algorithm.*`` keys never reach verl's ``AlgoConfig`` in the v1 trainer (it reads ``config.algorithm``
-as a DictConfig), so they do not break verl's schema.
-
-Deviations forced by verl's extension points:
-
-- Loss scale. verl 0.9.1 normalises each micro-batch loss by the *global* mini-batch (``dp_size``,
-  ``batch_num_tokens``, ``global_batch_size`` in ``config.global_batch_info``) and backpropagates the sum over
-  micro-batches. rlkit's losses average over the batch they are given; the wrapper multiplies by
-  local count / global count × dp_size, which is exactly verl's ``agg_loss`` for every mode both support.
-  Metrics other than the loss stay per micro-batch means, as verl's own are.
-- Method options reach the losses through :func:`loss_inputs` (a context set by the rlkit trainer's actor loss
-  around verl's own ``ppo_loss``), because ``ActorConfig`` refuses unknown keys and ``ppo_loss`` passes no
-  entropy. Called by verl's stock ``ppo_loss`` the losses use the ``Config`` defaults; a loss whose entropy
-  switches are on (:attr:`rlkit.registry.Method.entropy_switches`) then refuses to run without entropies rather
-  than silently dropping a component. Per-response inputs reach the estimators through :func:`estimator_inputs`
-  the same way.
-- verl's rollout-correction weights (``rollout_is_weights``, ``algorithm.rollout_correction``) multiply each
-  token's loss term before aggregation, as verl's own losses do: rlkit's loss is called with the advantage
-  A_t·w_t (weights detached), which is w_t·ℓ_t in value and gradient because every registered loss is positively
-  homogeneous in its per-token advantage (:func:`rlkit.core.rollout_correction.correct`, whose tests check each
-  loss). verl's rejection sampling arrives as the response mask it passes. One difference: a token of weight 0
-  (IcePop) counts as not clipped in the clip fractions. Without weights the call is unchanged.
-- ``clip_c=None`` (no dual clip) has no verl spelling: verl always dual-clips at ``clip_ratio_c``.
+Configuration: verl's own keys set the ``Config`` fields they own (:data:`rlkit.verl.VERL_OWNED`, refused in
+``+algorithm.<method>.*``): ``clip_low``/``clip_high`` ← ``actor_rollout_ref.actor.clip_ratio_low``/``_high``
+(``clip_ratio`` when null), ``clip_c`` ← ``clip_ratio_c``, ``agg`` ← ``loss_agg_mode``, ``norm_by_std`` ←
+``algorithm.norm_adv_by_std_in_grpo``, ``temperature`` ← ``actor_rollout_ref.rollout.temperature``,
+``mini_batches`` ← ``actor.ppo_mini_batch_size``, ``adv_estimator`` ← ``algorithm.adv_estimator``. Every other
+field comes from the run's method's section, ``+algorithm.<method>.<field>`` with its ``Config``'s field
+names, plus its verl-only keys (:attr:`rlkit.registry.Method.verl_keys`: ``stats_path``, ``code_detection``,
+``offline_values``). ``clip_c=None`` has no verl spelling (verl always dual-clips).
 """
 
 from __future__ import annotations
@@ -78,24 +27,12 @@ from rlkit import registry
 from rlkit.registry import AdvantageInputs, MissingInputs
 from rlkit.verl import ADV_ESTIMATORS, POLICY_LOSSES, TRAINER, cpu
 from rlkit.verl.inputs import (  # noqa: F401  (method_config, rlkit_blocks, the contexts: re-exported)
-    CONFIGS,
-    ESTIMATOR_INPUTS as _ESTIMATOR_INPUTS,
-    LOSS_INPUTS as _LOSS_INPUTS,
-    LossInputs,
-    estimator_inputs,
-    loss_inputs,
-    method_config,
-    rlkit_blocks,
-    rows_of,
-    verl_estimator,
-    verl_owned,
+    CONFIGS, ESTIMATOR_INPUTS as _ESTIMATOR_INPUTS, LOSS_INPUTS as _LOSS_INPUTS, LossInputs, estimator_inputs,
+    loss_inputs, method_config, rlkit_blocks, rows_of, verl_estimator, verl_owned,
 )
 
 Tensor = torch.Tensor
 _log = logging.getLogger("rlkit.verl")
-
-
-# --------------------------------------------------------------------------- policy losses
 
 
 def _clip_range(config: Any) -> tuple[float, float]:
@@ -106,12 +43,7 @@ def _clip_range(config: Any) -> tuple[float, float]:
 
 
 def global_scale(mask: Tensor, agg: str, batch_info: Mapping[str, Any]) -> Tensor | float:
-    """Factor turning rlkit's micro-batch mean into verl 0.9.1's globally normalised loss (``agg_loss``).
-
-    verl divides the micro-batch's token (or sequence) sum by the global mini-batch's ``batch_num_tokens``
-    (``global_batch_size``) and multiplies by ``dp_size``; rlkit divides by the micro-batch's own count. Without
-    global info (a direct call) verl normalises locally too, and the factor is 1.
-    """
+    """Factor turning rlkit's micro-batch mean into verl 0.9.1's ``agg_loss``: local/global × dp_size."""
     dp_size = batch_info.get("dp_size", 1) or 1
     if agg == "token-mean":
         total, local = batch_info.get("batch_num_tokens", None), mask.sum()
@@ -133,11 +65,7 @@ def _options(method: str, given: Any, inputs: LossInputs | None) -> Any:
 
 
 def _method_of(name: str, kind: str, told: str | None, config: Any = None) -> str:
-    """The method whose ``Config`` the verl function ``name`` (``kind``: ``advantage`` | ``policy_loss``) reads in
-    this call: the run's method the rlkit trainer tells it (``told``), else — verl's stock trainer and loss, which
-    tell a function nothing of the run — the function's home method. The run's method must train with ``name``
-    (:class:`rlkit.verl.trainer.MethodSetup` refuses a run whose names are not one method's); ``config`` is its
-    ``Config``, which picks the estimator where the method has a choice (:meth:`rlkit.registry.Method.estimator`)."""
+    """The method whose ``Config`` verl's ``name`` reads: the run's (``told``), else its home method."""
     home = (ADV_ESTIMATORS if kind == "advantage" else POLICY_LOSSES)[name]
     if told is None:
         return home
@@ -150,21 +78,13 @@ def _method_of(name: str, kind: str, told: str | None, config: Any = None) -> st
 
 def _verl_policy_loss(name: str) -> Callable:
 
-    def policy_loss(
-        old_log_prob: Tensor,
-        log_prob: Tensor,
-        advantages: Tensor,
-        response_mask: Tensor,
-        loss_agg_mode: str = "token-mean",
-        config: Any = None,
-        rollout_is_weights: Tensor | None = None,
-        *,
-        entropy: Tensor | None = None,
-        options: Any = None,
-    ) -> tuple[Tensor, dict[str, float]]:
+    def policy_loss(old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
+                    loss_agg_mode: str = "token-mean", config: Any = None,
+                    rollout_is_weights: Tensor | None = None, *, entropy: Tensor | None = None,
+                    options: Any = None) -> tuple[Tensor, dict[str, float]]:
         if config is None:
             raise ValueError(f"{name} reads the clip ranges from verl's actor config: pass config=ActorConfig(...)")
-        if rollout_is_weights is not None:  # w_t·ℓ_t(A_t) = ℓ_t(w_t·A_t): homogeneity (module doc)
+        if rollout_is_weights is not None:  # w_t·ℓ_t(A_t) = ℓ_t(w_t·A_t): the loss is homogeneous in A
             advantages = advantages * rollout_is_weights.detach()
         inputs = _LOSS_INPUTS.get()
         entropy = entropy if entropy is not None else (inputs.entropy if inputs is not None else None)
@@ -191,14 +111,8 @@ def _verl_policy_loss(name: str) -> Callable:
     return policy_loss
 
 
-# --------------------------------------------------------------------------- advantage estimators
-
-
 class _AlgorithmConfigs(Mapping):
-    """rlkit method → its ``Config`` from ``algorithm.<method>`` (:func:`method_config`, whose parse of a section
-    the process keeps), read when the registry asks for it and kept for this call, with ``norm_by_std`` from verl's
-    ``algorithm.norm_adv_by_std_in_grpo`` and a choice of estimator from ``algorithm.adv_estimator`` (verl's keys,
-    :func:`verl_estimator`). The registry asks for the run's method alone."""
+    """rlkit method → its ``Config`` (:func:`method_config`) with verl's keys applied, read on demand."""
 
     def __init__(self, algorithm: Any) -> None:
         self.algorithm = algorithm
@@ -229,9 +143,7 @@ def _verl_estimator(name: str) -> Callable:
         given = dict(_ESTIMATOR_INPUTS.get() or {})
         if reward_baselines is not None:
             given["baselines"] = reward_baselines
-        real = given.pop("real_rows", None)
-        report = given.pop("on_advantage", None)
-        told = given.pop("method", None)
+        real, report, told = (given.pop(key, None) for key in ("real_rows", "on_advantage", "method"))
         rewards = token_level_rewards.sum(-1)  # verl's outcome estimators: the sum of the token rewards
         inputs = AdvantageInputs(rewards, index, response_mask, **given)
         configs = _AlgorithmConfigs(config)
@@ -264,12 +176,8 @@ ESTIMATOR_FUNCTIONS = {name: _verl_estimator(name) for name in ADV_ESTIMATORS}
 POLICY_LOSS_FUNCTIONS = {name: _verl_policy_loss(name) for name in POLICY_LOSSES}
 
 
-# --------------------------------------------------------------------------- registration
-
-
 def register_functions() -> None:
-    """Put rlkit's policy losses and advantage estimators in verl's registries (idempotent; a name held by another
-    function fails)."""
+    """Put rlkit's losses and estimators in verl's registries (idempotent; a name held by another fails)."""
     from verl.trainer.ppo import core_algos
 
     for name, fn in POLICY_LOSS_FUNCTIONS.items():
@@ -298,9 +206,8 @@ def register() -> None:
     register_trainer()
 
 
-#: verl module → the registration that runs once that module is imported. A verl process pays for rlkit's names
-#: only where it can look them up: registering all of them at ``import verl`` imported verl's trainer, agent loop
-#: and vLLM into every Ray actor (``import verl``: 11.6 s of CPU with them, 6.0 s without, on a 2-core laptop).
+#: verl module → the registration run once it is imported: registering all at ``import verl`` imported verl's
+#: trainer, agent loop and vLLM into every Ray actor (11.6 s of CPU, 6.0 s without, on a 2-core laptop).
 ON_IMPORT: dict[str, Callable[[], None]] = {
     "verl.trainer.ppo.core_algos": register_functions,  # get_policy_loss_fn, get_adv_estimator_fn
     "verl.experimental.agent_loop.tool_parser": register_tool_parser,  # ToolParser.get_tool_parser
@@ -321,32 +228,30 @@ def missing_names() -> list[str]:
 
 
 def ensure_registered() -> None:
-    """Raise a RuntimeError naming what is missing if rlkit's names are not in verl's registries after import."""
+    """Register rlkit's names if the entry point did not; a RuntimeError naming what is still missing."""
     import verl  # noqa: F401  (loads the verl.plugins entry points, this module among them)
 
     if missing_names():
-        register()  # the entry point was skipped (not installed, VERL_USE_EXTERNAL_PLUGINS) or failed quietly
+        register()  # the entry point was skipped (VERL_USE_EXTERNAL_PLUGINS) or failed quietly
     missing = missing_names()
     if missing:
         raise RuntimeError(f"rlkit's verl plugin did not register: {', '.join(missing)}")
 
 
 def _load() -> None:
-    """The entry point's work: the CPU platform now, each registration when its verl module is imported
-    (:data:`ON_IMPORT`, through wrapt's post-import hooks; at once for a module already imported)."""
+    """The entry point's work: the CPU platform now, each registration once its verl module is imported."""
     def logged(register_one: Callable[[], None]) -> Callable[[Any], None]:
         def hook(module: Any) -> None:
             try:
                 register_one()
-            except Exception:
-                # verl's plugin loader (and an import) would show this only as a traceback without context
+            except Exception:  # verl's plugin loader would show a traceback without context
                 _log.error("rlkit's verl plugin failed to register its names on import of %s", module.__name__,
                            exc_info=True)
                 raise
         return hook
 
     try:
-        cpu.install()  # the CPU platform (and, in CPU runs, its fixes): rlkit.verl.cpu
+        cpu.install()
     except Exception:
         _log.error("rlkit's verl plugin failed to install its CPU platform", exc_info=True)
         raise

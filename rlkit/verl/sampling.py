@@ -1,34 +1,9 @@
 """A method's per-token sampling temperature (:meth:`rlkit.hooks.Hooks.temperature_fn`; HAPO's Eq. 8,
-T_t = T·(1 + τ·h̃_t)) as a vLLM v1 logits processor.
+T_t = T·(1 + τ·h̃_t)) as a vLLM v1 logits processor, its hooks' state reloaded when the trainer writes it.
 
-The processor builds the run's method's hooks (:func:`rlkit.registry.make_hooks`, from the method's name and
-``Config`` fields it is given) and loads their state from the file the rlkit trainer writes after each update
-(:func:`save_state`): the same hooks, and the same state, that set the tiny engine's temperatures. It re-reads the
-file when it changes; before the first file exists (step 1) it changes nothing.
-
-vLLM divides the logits by the request's temperature T *after* the logits processors that are not
-argmax-invariant have run. So :meth:`AdaptiveTemperatureProcessor.apply` divides each row by the hooks'
-temperature at T = 1 on the raw logits (HAPO: 1 + τ·h̃), and vLLM's division completes T·(1 + τ·h̃). The processor
-declares itself not argmax-invariant for that reason, though dividing by a positive number never changes an
-argmax (greedy rows are unaffected).
-
-Interface: ``vllm.v1.sample.logits_processor.LogitsProcessor`` (vLLM ≥ 0.10.2, V1 model runner):
-``__init__(vllm_config, device, is_pin_memory)``, ``is_argmax_invariant()``, ``update_state(batch_update)``,
-``apply(logits)``, ``validate_params(sampling_params)``. vLLM is optional: without it this module still imports
-(the base class is then ``object``) so it can be tested on CPU. Settings come from vLLM's free-form
-``additional_config`` (``--additional-config``) under :data:`CONFIG_KEY`: ``state_path``, ``method`` and
-``options`` (method → its ``Config`` fields), all required (:func:`processor_settings`). The rlkit trainer sets
-them, with ``logits_processors=["rlkit.verl.sampling:AdaptiveTemperatureProcessor"]``, in
-``actor_rollout_ref.rollout.engine_kwargs.vllm`` from ``+algorithm.<method>.*``.
-
-What the processor applied is recorded, so the run can log the temperatures vLLM actually sampled at: each
-process keeps running totals of the tokens it adapted and of their factors (and squares), and writes them at most
-every :data:`FLUSH_S` seconds and whenever its batch empties to ``<state_path stem>.applied.<pid>.json``
-(:func:`read_applied` sums every process's file; the rlkit trainer logs the step's difference as
-``<method>/sampler/temperature_mean`` and ``_std``).
-
-vLLM rejects custom logits processors together with speculative decoding. Every request the engine samples is
-adapted (verl gives a logits processor no per-request tag, so validation at T > 0 is adapted too).
+vLLM divides by the request's T *after* the processors that are not argmax-invariant, so :meth:`apply`
+divides each row by the hooks' temperature at T = 1 (HAPO: 1 + τ·h̃). verl gives a processor no per-request
+tag: validation at T > 0 is adapted too. vLLM refuses custom processors with speculative decoding.
 """
 
 from __future__ import annotations
@@ -74,8 +49,7 @@ def read_applied(stats_path: str) -> dict[str, float]:
 
 def applied_metrics(before: Mapping[str, float], after: Mapping[str, float], temperature: float, *,
                     prefix: str) -> dict[str, float]:
-    """The sampled temperatures T·f of the tokens adapted between two :func:`read_applied` totals, as
-    ``<prefix>/sampler/*``."""
+    """``<prefix>/sampler/*``: the sampled temperatures T·f of the tokens adapted between two totals."""
     tokens = after["tokens"] - before["tokens"]
     out = {f"{prefix}/sampler/adapted_tokens": tokens}
     if tokens > 0:
@@ -87,8 +61,7 @@ def applied_metrics(before: Mapping[str, float], after: Mapping[str, float], tem
 
 
 def processor_settings(method: str, options: Mapping[str, Any], state_path: str) -> dict[str, Any]:
-    """The processor's ``additional_config`` entry: the method, every method's ``Config`` fields (``options``:
-    method → ``Config``, as the trainer reads them) and the state file."""
+    """The processor's ``additional_config`` entry: the method, each method's ``Config``, the state file."""
     return {"state_path": str(state_path), "method": method,
             "options": {name: dataclasses.asdict(config) for name, config in options.items()}}
 
@@ -102,8 +75,7 @@ def save_state(path: str, state: Any) -> None:
 
 
 class _AdaptiveTemperature:
-    """Scales each row of logits by 1/f, the hooks' temperature at T = 1, so that vLLM samples at T·f (HAPO:
-    f = 1 + τ·h̃; module doc)."""
+    """Scales each row of logits by 1/f, the hooks' temperature at T = 1 (HAPO: f = 1 + τ·h̃)."""
 
     def __init__(self, vllm_config: Any, device: torch.device | str, is_pin_memory: bool) -> None:
         settings = (getattr(vllm_config, "additional_config", None) or {}).get(CONFIG_KEY, None)
@@ -120,8 +92,7 @@ class _AdaptiveTemperature:
                    for name, fields in dict(settings["options"]).items()}
         self.hooks = registry.make_hooks(self.method, configs)
         self.device = torch.device(device)
-        self.fn = None
-        """The hooks' temperature function at T = 1 (None: sample at T)."""
+        self.fn = None  # the hooks' temperature function at T = 1 (None: sample at T)
         self._version: tuple[int, int] | None = None
         self.applied = dict.fromkeys(APPLIED, 0.0)
         self.applied_path = _applied_glob(self.state_path).replace("*", str(os.getpid()))
@@ -131,22 +102,19 @@ class _AdaptiveTemperature:
     @classmethod
     def validate_params(cls, sampling_params: Any) -> None:
         """No per-request parameters: every request is adapted."""
-        return None
 
     def is_argmax_invariant(self) -> bool:
         """False, so vLLM applies it to the raw logits, before dividing by the request's temperature."""
         return False
 
     def update_state(self, batch_update: Any) -> None:
-        """Called by vLLM before every engine step: pick up the trainer's newest statistics; record the applied
-        totals when the batch has emptied (a rollout ended)."""
+        """Before every engine step: the trainer's newest state; the totals recorded once a rollout ended."""
         self.reload()
         if batch_update is not None and getattr(batch_update, "batch_size", 1) == 0:
             self.flush()
 
     def flush(self) -> None:
-        """Write the applied totals (atomically) for :func:`read_applied`. A record is a metric, never a reason to
-        stop sampling: a failed write is reported once and sampling goes on."""
+        """Write the applied totals atomically for :func:`read_applied` (a failure is reported once)."""
         self._flushed_at = time.monotonic()
         if not self.applied["tokens"]:
             return
@@ -176,8 +144,7 @@ class _AdaptiveTemperature:
         return True
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        """``logits`` ``(rows, V)`` divided row-wise by the hooks' temperature at T = 1 (unchanged before the first
-        state)."""
+        """``logits`` ``(rows, V)`` over the hooks' temperature at T = 1, row-wise (once it has a state)."""
         if self.fn is None or logits.shape[0] == 0:
             return logits
         # earlier processors may have masked tokens with -inf; 0·(-inf) would make an entropy NaN
@@ -192,9 +159,7 @@ class _AdaptiveTemperature:
 
 
 def __getattr__(name: str) -> Any:
-    """``AdaptiveTemperatureProcessor``: the processor as a subclass of vLLM's ``LogitsProcessor`` (which vLLM
-    checks), built on first use, so that importing this module — every verl process does, through rlkit's plugin —
-    does not import vLLM (3 s). Without vLLM it is the plain class."""
+    """``AdaptiveTemperatureProcessor``, a vLLM ``LogitsProcessor`` built on first use (importing vLLM)."""
     if name != "AdaptiveTemperatureProcessor":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     try:

@@ -1,56 +1,22 @@
-"""verl tools of rlkit's runs: the tiny engine's calculator (the word problems) and a sandboxed Python interpreter
-(tool-integrated ASPO and SPO on GSM8K and DAPO-Math).
+"""verl tools of rlkit's runs: the tiny engine's calculator (the word problems) and a sandboxed Python
+interpreter (tool-integrated ASPO and SPO on GSM8K and DAPO-Math).
 
-**Calculator** (:class:`CalculatorTool`, :data:`CALCULATOR_CONFIG`, tool parser :data:`CODE_FORMAT`). The tiny
-engine's policy writes ``<code>48-18</code>`` and the environment writes ``<output>30</output>`` after it. In
-verl's tool agent loop (``default_agent_loop=tool_agent``, ``multi_turn.format=rlkit_code``) the same happens in
-turns: :class:`CodeTagParser` stops generation at ``</code>`` (a stop token), reads the expression between the
-turn's last ``<code>`` and that ``</code>``, and the tool's answer comes back as a ``tool`` message, which the
-model's chat template (:data:`rlkit.tiny.hf.CHAT_TEMPLATE`) renders as ``<output>30</output>``: the tokens the tiny
-engine forces, appended by verl with response mask 0 (not the model's, out of the loss). The tool's reward is 1.0
-when the calculator answered and 0.0 for ``error: …``: verl keeps it in ``tool_rewards``, ASPO's ``code_pass``.
-Where verl differs from the tiny sampler: a ``</code>`` with no ``<code>`` in its turn ends the response (no tool
-call, so verl's loop stops; the tiny engine keeps sampling), and the number of calls is capped by
-``multi_turn.max_assistant_turns`` rather than ``max_tool_calls``.
-
-**Sandbox** (:class:`SandboxTool`, :data:`TOOL_CONFIG`): a verl ``BaseTool`` backed by rlkit's sandbox.
-
-It replaces verl's ``SandboxFusionTool`` (which needs a SandboxFusion server) with a local process per call,
-confined by :mod:`rlkit.tasks.sandbox`. verl builds it from :data:`TOOL_CONFIG` (``sandbox_tool.yaml``)::
-
-    actor_rollout_ref.rollout.multi_turn.enable=true
-    actor_rollout_ref.rollout.multi_turn.tool_config_path=<rlkit.verl.tools.TOOL_CONFIG>
-    actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent
-
-Calls follow verl's ``BaseTool`` lifecycle: ``create`` → ``execute(instance_id, {"code": ...})`` →
-``release``. ``execute`` returns ``(ToolResponse(text=stdout + stderr), step_reward, metrics)``:
-
-- the text is what the model sees; a timeout, an output cut or a kill adds a bracketed note;
-- the step reward is 1.0 when the code exited 0 within its limits, else 0.0. verl keeps it per call in
-  ``non_tensor_batch["tool_rewards"]`` and does not add it to the reward: it is ASPO's ``code_pass``;
-- metrics: ``status`` (:data:`rlkit.tasks.sandbox.STATUSES`) and ``wall_time``.
-
-Config keys (the YAML's ``config:``; SandboxFusionTool's names where they mean the same thing):
-``type`` (verl's, ``native``), ``num_workers`` (concurrent runs per tool, 8), ``default_timeout`` (wall
-seconds, 30), ``cpu_seconds`` (default: ``default_timeout``), ``memory_limit_mb`` (1024),
-``max_processes`` (16), ``max_output_bytes`` (65536), ``default_language`` (only ``python``),
-``print_last_expression`` (true: a final bare expression is printed, as in a notebook cell; the SPO recipe
-did this by rewriting the last line as ``print(...)``, which breaks on ``x = 1`` — here the parser decides).
-
-Deviation from SandboxFusionTool: ``timeout`` and ``language`` in a call's parameters are ignored, so the
-model cannot choose its own limits.
+The calculator plays the tiny engine's ``<code>48-18</code>``, ``<output>30</output>`` as turns of verl's
+tool agent loop; unlike the tiny sampler, a ``</code>`` without ``<code>`` ends the response. The sandbox
+replaces ``SandboxFusionTool``'s server with a local process per call, ignoring a call's ``timeout`` and
+``language``. Either reward, 1.0 on success, is ASPO's ``code_pass`` (verl keeps it out of the reward);
+``print_last_expression`` prints a final bare expression, where the SPO recipe rewrote it as ``print(...)``.
 """
 
 from __future__ import annotations
 
 import ast
 import asyncio
+import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 from uuid import uuid4
-
-import json
 
 from omegaconf import OmegaConf
 from verl.experimental.agent_loop.tool_parser import FunctionCall, ToolParser
@@ -117,12 +83,6 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-def default_schema() -> OpenAIFunctionToolSchema:
-    """The ``code_interpreter`` schema of :data:`TOOL_CONFIG`."""
-    spec = OmegaConf.to_container(OmegaConf.load(TOOL_CONFIG).tools[0].tool_schema, resolve=True)
-    return OpenAIFunctionToolSchema.model_validate(spec)
-
-
 class SandboxTool(BaseTool):
     """verl tool running the ``code`` parameter in :func:`rlkit.tasks.sandbox.run_code` (module doc)."""
 
@@ -133,12 +93,14 @@ class SandboxTool(BaseTool):
         config = {**DEFAULTS, **config}
         if config["default_language"] != "python":
             raise ValueError(f"SandboxTool runs Python only; got default_language={config['default_language']!r}")
-        super().__init__(config, tool_schema or default_schema())
-        self.limits = Limits(
-            cpu_seconds=config["cpu_seconds"] or config["default_timeout"], wall_seconds=config["default_timeout"],
-            memory_mb=config["memory_limit_mb"], max_processes=config["max_processes"],
-            max_output_bytes=config["max_output_bytes"],
-        )
+        if not tool_schema:  # the code_interpreter schema of TOOL_CONFIG
+            spec = OmegaConf.to_container(OmegaConf.load(TOOL_CONFIG).tools[0].tool_schema, resolve=True)
+            tool_schema = OpenAIFunctionToolSchema.model_validate(spec)
+        super().__init__(config, tool_schema)
+        self.limits = Limits(cpu_seconds=config["cpu_seconds"] or config["default_timeout"],
+                             wall_seconds=config["default_timeout"], memory_mb=config["memory_limit_mb"],
+                             max_processes=config["max_processes"],
+                             max_output_bytes=config["max_output_bytes"])
         self._pool = ThreadPoolExecutor(max_workers=int(config["num_workers"]), thread_name_prefix="rlkit-sandbox")
         self._instances: set[str] = set()
 
@@ -174,11 +136,7 @@ class SandboxTool(BaseTool):
 
 
 def print_last_expression(code: str) -> str:
-    """``code`` with its final bare expression printed (unless None), as a notebook cell shows it.
-
-    Only that expression is rewritten, in place, so line numbers in tracebacks stay the model's. Code that
-    does not parse, or ends in a statement or a ``print(...)`` call, is returned unchanged.
-    """
+    """``code`` with its final bare expression printed in place (unless None), as a notebook cell shows it."""
     try:
         body = ast.parse(code).body
     except SyntaxError:

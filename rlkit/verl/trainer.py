@@ -1,65 +1,10 @@
 """The rlkit trainer for verl 0.9.1's v1 loop: ``trainer.use_v1=true trainer.v1.trainer_mode=rlkit``.
 
-verl's estimator call carries only rewards, mask, index and config, and its loss only four tensors
-(:mod:`rlkit.verl.plugin`). :class:`RlkitTrainer` is verl's synchronous trainer (``PPOTrainerSync``) that calls the
-run's method's hooks (:mod:`rlkit.hooks`) at the verl step where the data exists, the same hooks the tiny engine
-calls; it names no method. The run's method (:class:`MethodSetup`) is the loss mode's (``rlkit_<loss>``) when that
-method trains with ``algorithm.adv_estimator``, else the estimator's.
-
-- Prompts (``_fetch_one_gen_batch``): hooks that choose the step's prompts (:meth:`~rlkit.hooks.Hooks.choose_prompts`)
-  draw them from the whole training set, keyed by each row's ``extra_info["prompt_id"]``; verl's dataloader order
-  is then not used.
-- Per-response inputs (``_compute_advantage``): the estimator's :attr:`rlkit.registry.Method.inputs` are found in
-  the responses — each response is decoded with the run's tokenizer and searched with :mod:`rlkit.tasks.tools`
-  (``+algorithm.<method>.code_detection``) for its first code/tool call; the call's token index (binary search over
-  decoded prefixes), the response length in the same tokens (tool output included), correctness
-  (``reward_extra_info["acc"]`` when the reward function reports it, else reward > 0) and ``code_pass``
-  (``reward_extra_info["code_pass"]``, else every tool reward verl's ToolAgentLoop recorded in
-  ``extra_fields["tool_rewards"]`` is > 0 and there is one); the tool metrics every run logs
-  (:func:`rlkit.core.tool_use.tool_metrics`). With the hooks' :meth:`~rlkit.hooks.Hooks.advantage_inputs` (e.g. a
-  value tracker's baselines) they reach the estimator through :func:`rlkit.verl.inputs.estimator_inputs`, which
-  also hands the advantages it computed, over the step's real rows, to the hooks'
-  :meth:`~rlkit.hooks.Hooks.advantage_metrics` (e.g. how far a shaping moved the base advantage).
-- After the actor update: the hooks' :meth:`~rlkit.hooks.Hooks.after_update`. Responses they ask to keep live in
-  the TransferQueue partition :data:`MEMORY`; asked for them again, the trainer scores them with one extra
-  ``compute_log_prob`` pass (:class:`VerlEngine`).
-- Losses that read the token entropies (:attr:`rlkit.registry.Method.entropy_switches`): the trainer switches on
-  ``actor.calculate_entropy`` and gives the actor workers :func:`actor_loss` (verl's ``set_loss_fn``), which runs
-  verl's own ``ppo_loss`` with the forward pass's entropies and the method options in
-  :func:`rlkit.verl.inputs.loss_inputs`. Every rlkit loss gets its ``+algorithm.<method>.*`` options this way.
-- A per-token sampling temperature (:meth:`~rlkit.hooks.Hooks.sets_temperature`): before the rollout servers
-  start the trainer adds :class:`rlkit.verl.sampling.AdaptiveTemperatureProcessor` to
-  ``actor_rollout_ref.rollout.engine_kwargs.vllm``; after each update it writes the hooks' state (set from the
-  step's old-log-prob entropies) to ``+algorithm.<method>.stats_path`` (default
-  ``<trainer.default_local_dir>/rlkit_<method>_sampler.pt``), from which the processor builds the next rollout's
-  temperatures with the same hooks. vLLM only. The temperatures it applied are logged as
-  ``<method>/sampler/temperature_mean``/``_std``.
-- Dynamic sampling (``algorithm.filter_groups``, on in the presets of the methods that sample dynamically):
-  verl 0.9.1's V1 replay buffer drops each group whose answers all score alike and refills without end — it
-  ignores the recipe's ``algorithm.filter_groups.max_num_gen_batches`` (it says so in a warning), so a model that
-  answers nothing right generated forever. The rlkit trainer enforces that bound (:class:`RefillBudget`): a step
-  that has sent ``max_num_gen_batches`` × ``data.gen_batch_size`` prompts (``train_batch_size`` by default)
-  without a full batch ends the run with :class:`rlkit.errors.NoSignalLeft`; 0, verl's default, is unbounded.
-- Checkpoints: the hooks' state is saved in each checkpoint folder (``rlkit_method.pt``) and restored on resume.
-- Test support: with ``RLKIT_TEST_HOLD=<step>:<file>`` in its environment the trainer stops before step ``<step>``
-  and waits while ``<file>`` exists (:func:`rlkit.environ.hold_before_step`), so a test kills the run there.
-
-Deviations forced by verl's extension points (for the methods' book pages):
-
-- verl picks the trainer class by ``trainer.v1.trainer_mode`` and also treats every mode other than ``sync`` as
-  asynchronous; the rlkit trainer sets its own mode back to ``sync`` so verl runs it synchronously.
-- verl's replay buffer looks for finished rollouts in TransferQueue every 2 s (``ReplayBuffer.poll_interval``, a
-  constructor argument no config key reaches), so every generation phase lasted a whole number of 2-s waits (2.0 s
-  for a batch vLLM's CPU build samples in a fraction of that). The rlkit trainer polls every :data:`POLL_S`.
-- Prompts chosen by the hooks come from the whole training set (a recipe may draw from each dataloader batch).
-  Kept responses live in TransferQueue, which is not checkpointed: after a resume a prompt has none until it is
-  drawn again. Rows verl adds to fill a mini-batch (``is_padding``, a copy of the first row's metadata) are left out
-  of the hooks' batch and get zero inputs.
-- The per-token temperature's statistics are the previous step's old-log-prob entropies at the rollout
-  temperature; verl gives a logits processor no way to tell validation requests apart, so sampled validation at
-  T > 0 is adapted too.
-- Losses see the entropies of verl's micro-batch, so entropy statistics inside a loss are per micro-batch (as in
-  the released codes, whose actors ran per micro-batch too).
+verl's estimator and loss carry only a few tensors: :class:`RlkitTrainer`, verl's ``PPOTrainerSync``, calls
+the run's method's hooks (:mod:`rlkit.hooks`) where verl's step has the data, naming no method. Deviations
+forced by verl: kept responses (:data:`MEMORY`) are not checkpointed; verl's padding rows stay out of the
+hooks' batch; the per-token temperature uses the previous step's entropies, and adapts validation at T > 0
+too; losses see a micro-batch's entropies, as in the released codes.
 """
 
 from __future__ import annotations
@@ -108,20 +53,14 @@ _log = logging.getLogger("rlkit.verl")
 MEMORY = "rlkit_memory"
 """TransferQueue partition holding the responses a method's hooks asked to keep (key: the prompt id)."""
 STATE_FILE = "rlkit_method.pt"
-"""The hooks' state in each checkpoint folder."""
 SAMPLER_PROCESSOR = "rlkit.verl.sampling:AdaptiveTemperatureProcessor"
 """vLLM's ``logits_processors`` entry for a method's per-token temperature (qualified class name)."""
 POLL_S = 0.05
-"""Seconds between the replay buffer's looks for finished rollouts (verl's default: 2; module doc)."""
-
-
-# --------------------------------------------------------------------------- dynamic sampling's bound
+"""The replay buffer's poll for finished rollouts: verl's 2 s, no config key, made every phase last 2 s."""
 
 
 class RefillBudget:
-    """The bound verl's V1 replay buffer does not apply (module doc): the prompts one step may send to fill its
-    batch with groups whose answers differ, the first batch included (the dynamic-sampling recipe's
-    ``max_num_gen_batches`` generation batches of ``gen_batch_size`` prompts). Wraps the buffer's ``refill_fn``."""
+    """The buffer's ``refill_fn`` within the bound verl ignores (``max_num_gen_batches`` batches)."""
 
     def __init__(self, refill: Callable[[int], Any], first: int, limit: int, metric: str) -> None:
         self.refill, self.first, self.limit, self.metric = refill, first, limit, metric
@@ -156,32 +95,20 @@ class RefillBudget:
         return self.refill(n)
 
 
-# --------------------------------------------------------------------------- the method a config asks for
-
-
 @dataclass
 class MethodSetup:
-    """Which rlkit names a verl config uses, the run's method (whose hooks run, whose ``Config`` every rlkit
-    function of the run reads) and its ``+algorithm.<method>.*`` options."""
+    """The rlkit names a verl config uses, the run's method (:func:`rlkit.verl.inputs.run_method`; None: no
+    rlkit name), its ``Config`` from its own section (``options``) and its verl-only keys (``extras``)."""
 
     adv_estimator: str
     loss_mode: str
     name: str | None = None
-    """The run's method (:func:`rlkit.verl.inputs.run_method`): the loss's when the loss's method trains with this
-    estimator, else the estimator's; None when neither is rlkit's."""
     options: dict[str, Any] = field(default_factory=dict)
-    """The run's method → its ``Config``, from its own section ``algorithm.<method>`` alone ({} without one)."""
     extras: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """The run's method → its verl-only keys (``stats_path``, ``offline_values``, ``code_detection``)."""
 
     @classmethod
     def from_config(cls, config: Any) -> MethodSetup:
-        """Read and check the run's method of a full verl config (``algorithm``, ``actor_rollout_ref``, ...).
-
-        Each verl run reads its own method's section only, as a tiny run reads its own ``Config``
-        (:mod:`rlkit.registry`): a shared estimator's knobs come from the run's method's section, another
-        method's section is refused (the estimator's home's too), and so are an estimator and a loss that are not
-        one method's (the run would read two sections)."""
+        """The run's method, checked: it reads its own section, with one method's estimator and loss."""
         adv = str(config.algorithm.adv_estimator)
         loss = str(config.actor_rollout_ref.actor.policy_loss.get("loss_mode", "vanilla"))
         by_estimator, by_loss = ADV_ESTIMATORS.get(adv), POLICY_LOSSES.get(loss)
@@ -207,7 +134,7 @@ class MethodSetup:
         return setup
 
     def hooks(self) -> Any:
-        """A run's instance of the method's hooks (:mod:`rlkit.hooks`; the do-nothing defaults without a method)."""
+        """The run's instance of its method's hooks (the do-nothing defaults without a method)."""
         return registry.make_hooks(self.name, self.options) if self.name is not None else Hooks(None, {})
 
     def _check(self, config: Any) -> None:
@@ -225,7 +152,7 @@ class MethodSetup:
         if self.loss_mode in POLICY_LOSSES and distillation is not None and distillation.get("enabled", False):
             raise ValueError("the rlkit trainer replaces verl's actor loss, so distillation (distillation.enabled) "
                              "cannot be combined with an rlkit policy loss")
-        if self.name is not None:  # the method's own check of the engine's settings, as the tiny engine runs it
+        if self.name is not None:
             check_hooks(config, self)
 
     @property
@@ -241,20 +168,12 @@ class MethodSetup:
 
     @property
     def extra(self) -> dict[str, Any]:
-        """The run's method's verl-only keys."""
         return self.extras.get(self.name, {})
-
-
-# --------------------------------------------------------------------------- the actor loss
 
 
 def actor_loss(config: Any, model_output: Mapping[str, Any], data: Any, dp_group: Any = None, *,
                options: Mapping[str, Any], method: str | None = None) -> tuple[Tensor, dict]:
-    """verl's ``ppo_loss`` with the forward pass's entropies, the run's ``method`` and its options in reach of the
-    rlkit losses.
-
-    Set on the actor workers with ``set_loss_fn(partial(actor_loss, config=actor_config, options=..., method=...))``.
-    """
+    """verl's ``ppo_loss`` with the entropies, the run's method and its options in reach of rlkit's losses."""
     entropy = model_output.get("entropy", None)
     if entropy is not None:
         entropy = no_padding_2_padding(entropy, data)
@@ -262,16 +181,9 @@ def actor_loss(config: Any, model_output: Mapping[str, Any], data: Any, dp_group
         return ppo_loss(config, model_output, data, dp_group)
 
 
-# --------------------------------------------------------------------------- per-response inputs
-
-
 def first_code_token(ids: Sequence[int], decode: Callable[[Sequence[int]], str],
                      detection: CodeDetection | None = None) -> tuple[int, int]:
-    """``(index of the token holding the first code call's first character or -1, number of calls)``.
-
-    ``decode`` maps token ids to text (the run's tokenizer, special tokens kept). The index is found by a binary
-    search for the shortest prefix whose text reaches the call (O(log T) decodes).
-    """
+    """``(index of the token holding the first code call's first character or -1, number of calls)``."""
     text = decode(ids)
     calls = count_code_calls(text, detection)
     char = first_code_char(text, detection)
@@ -291,11 +203,8 @@ def _reward_info(extra_fields: Sequence[Any] | None, key: str, batch: int) -> li
     """``extra_fields[i]["reward_extra_info"][key]`` per row (None where absent)."""
     if extra_fields is None:
         return [None] * batch
-    out = []
-    for row in extra_fields:
-        info = row.get("reward_extra_info", None) if isinstance(row, Mapping) else None
-        out.append(info.get(key, None) if isinstance(info, Mapping) else None)
-    return out
+    infos = [row.get("reward_extra_info", None) if isinstance(row, Mapping) else None for row in extra_fields]
+    return [info.get(key, None) if isinstance(info, Mapping) else None for info in infos]
 
 
 def correctness(rewards: Tensor, extra_fields: Sequence[Any] | None = None) -> Tensor:
@@ -330,21 +239,14 @@ def prompt_ids_of(extra_info: Sequence[Any]) -> list[str]:
     return ids
 
 
-# --------------------------------------------------------------------------- the trainer
-
-
 class VerlEngine:
-    """What verl offers a method's hooks (:class:`rlkit.hooks.Engine`): the training set's prompts, the offline
-    values file, and responses kept in the TransferQueue partition :data:`MEMORY` (key: the prompt id), scored
-    again with one ``compute_log_prob`` pass as verl's own old-log-prob pass runs it."""
+    """What verl offers a method's hooks (:class:`rlkit.hooks.Engine`), TransferQueue's kept responses too."""
 
     def __init__(self, trainer: RlkitTrainer) -> None:
         self.trainer = trainer
         self.pool_ids: list[str] = []
-        self.step_meta: KVBatchMeta | None = None
-        """The step's TransferQueue meta (what :meth:`remember` copies from)."""
-        self.step_rows: list[int] = []
-        """The step batch's rows → rows of :attr:`step_meta` (padding rows left out)."""
+        self.step_meta: KVBatchMeta | None = None  # the step's TransferQueue meta (what remember copies from)
+        self.step_rows: list[int] = []  # the step batch's rows → rows of step_meta (padding rows left out)
 
     @property
     def seed(self) -> int:
@@ -425,9 +327,9 @@ class RlkitTrainer(PPOTrainerSync):
         super().__init__(config)
 
     def _build_replay_buffer(self):
-        self.trainer_mode = "sync"  # verl treats every trainer_mode but "sync" as asynchronous (module doc)
+        self.trainer_mode = "sync"  # verl treats every trainer_mode but "sync" as asynchronous
         buffer = super()._build_replay_buffer()
-        buffer.poll_interval = POLL_S  # verl's 2 s made every generation phase a multiple of 2 s (module doc)
+        buffer.poll_interval = POLL_S
         self.refill_budget = RefillBudget.of(buffer, self.config)
         return buffer
 
@@ -435,8 +337,6 @@ class RlkitTrainer(PPOTrainerSync):
         super().on_sample_begin()
         if self.refill_budget is not None:
             self.refill_budget.start(self.global_steps)
-
-    # ----------------------------------------------------------------------- setup
 
     def _add_sampler_processor(self, config: Any) -> None:
         vllm_kwargs = config.actor_rollout_ref.rollout.engine_kwargs.vllm
@@ -461,11 +361,10 @@ class RlkitTrainer(PPOTrainerSync):
 
     def on_step_begin(self):
         super().on_step_begin()
-        hold_before_step(self.global_steps)  # test support only (module doc): nothing unless a test asks for it
+        hold_before_step(self.global_steps)  # tests only: RLKIT_TEST_HOLD=<step>:<file> holds the run here
 
     def start_hooks(self) -> None:
-        """The hooks' start, over the training set's prompts (by ``extra_info["prompt_id"]``) when they keep state
-        per prompt (:attr:`rlkit.hooks.Hooks.keyed`)."""
+        """The hooks' start, over the training set's prompt ids when they keep state per prompt."""
         if self.hooks.keyed or _overrides(self.hooks, "choose_prompts"):
             pool = prompt_ids_of(self.train_dataset.dataframe["extra_info"])
             self._rows = {pid: i for i, pid in enumerate(pool)}
@@ -476,8 +375,7 @@ class RlkitTrainer(PPOTrainerSync):
         self.hooks.start(self.engine, resumed=False)
 
     def _fetch_one_gen_batch(self):
-        """The step's prompts: the hooks' (e.g. drawn by weight) instead of verl's dataloader order, when they
-        choose."""
+        """The step's prompts: the hooks' (e.g. drawn by weight) if they choose, else verl's dataloader's."""
         n = int(self.config.data.get("gen_batch_size", None) or self.config.data.train_batch_size)
         ids = checked(self.hooks, "choose_prompts", self.hooks.choose_prompts(n, self._step_number()), rows=n)
         if ids is None:
@@ -485,8 +383,6 @@ class RlkitTrainer(PPOTrainerSync):
         batch_dict = collate_fn([self.train_dataset[self._rows[pid]] for pid in ids])
         batch_dict["uid"] = np.array([str(uuid.uuid4()) for _ in ids], dtype=object)
         return tu.get_tensordict(batch_dict)
-
-    # ----------------------------------------------------------------------- the step's entropies
 
     def _compute_old_log_prob(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         batch = super()._compute_old_log_prob(batch, metrics)
@@ -497,8 +393,6 @@ class RlkitTrainer(PPOTrainerSync):
             self._step["entropy"] = _padded(data["entropy"])[real]
             self._step["mask"] = _padded(data["response_mask"])[real]
         return batch
-
-    # ----------------------------------------------------------------------- advantages
 
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         hooked = _overrides(self.hooks, "advantage_inputs", "after_update", "advantage_metrics")
@@ -519,8 +413,7 @@ class RlkitTrainer(PPOTrainerSync):
             return super()._compute_advantage(batch, metrics)
 
     def advantage_metrics(self, adv: Tensor, inputs: Any, padding: np.ndarray) -> dict[str, float]:
-        """The hooks' :meth:`~rlkit.hooks.Hooks.advantage_metrics` on the advantages rlkit's estimator just
-        computed, over the step's real rows (``padding``: verl's filler rows, left out where the estimator got them)."""
+        """The hooks' :meth:`~rlkit.hooks.Hooks.advantage_metrics` on the real rows (not ``padding``)."""
         if len(adv) == len(padding) and padding.any():
             keep = torch.as_tensor(~padding)
             adv, inputs = adv[keep.to(adv.device)], rows_of(inputs, keep)
@@ -531,16 +424,7 @@ class RlkitTrainer(PPOTrainerSync):
         return checked(self.hooks, "advantage_metrics", self.hooks.advantage_metrics(adv, inputs, step))
 
     def advantage_inputs(self, data: DataProto, metrics: dict) -> dict[str, Any]:
-        """What the estimator needs beyond verl's call, from a batch of responses (``DataProto``): the
-        per-response inputs its method names (:attr:`MethodSetup.inputs`) and what the hooks add
-        (:meth:`rlkit.hooks.Hooks.advantage_inputs`), for :func:`estimator_inputs`.
-
-        ``data.batch``: ``rm_scores`` ``(B, T)``, ``response_mask``; with per-response inputs ``responses`` ``(B, T)``
-        right-padded token ids and ``response_lengths`` ``(B,)`` (tool output included); ``data.non_tensor_batch``:
-        ``extra_fields`` (optional), ``extra_info`` (prompt ids, for hooks that keep state per prompt:
-        :attr:`rlkit.hooks.Hooks.keyed`) and
-        ``is_padding`` (optional: rows verl added to fill a mini-batch, left out of the hooks' batch).
-        """
+        """What the estimator needs beyond verl's call: the per-response inputs and the hooks'."""
         rewards = data.batch["rm_scores"].sum(-1)
         out: dict[str, Any] = {}
         if self.method.inputs:
@@ -557,19 +441,18 @@ class RlkitTrainer(PPOTrainerSync):
         self.engine.step_rows = rows.tolist()
         self._step["batch"] = step
         extra = checked(self.hooks, "advantage_inputs", self.hooks.advantage_inputs(step, self.engine))
-        for name, value in extra.items():  # padding rows get zeros and are left out of the estimator
+        for name, value in extra.items():  # padding rows get zeros, left out of the estimator
             full = torch.zeros(len(rewards), dtype=value.dtype)
             full[real] = value.cpu()
             out[name] = full
-        if "baselines" in extra:  # the baselines the hooks gave (e.g. a value tracker's v̂), over the real rows
+        if "baselines" in extra:  # e.g. a value tracker's v̂
             metrics["critic/baseline/mean"] = extra["baselines"].double().mean().item()
         if extra:
             out["real_rows"] = real
         return out
 
     def response_inputs(self, data: DataProto, rewards: Tensor, metrics: dict) -> dict[str, Any]:
-        """Correctness, the first code call's token, lengths and code success of each response (the inputs of
-        :attr:`rlkit.registry.Method.inputs`), and the tool metrics every run logs."""
+        """Each response's correctness, first code token, length and code success, and the tool metrics."""
         detection = self.method.extra.get("code_detection")
         lengths = data.batch["response_lengths"]
         extra_fields = data.non_tensor_batch.get("extra_fields", None)
@@ -585,11 +468,7 @@ class RlkitTrainer(PPOTrainerSync):
         return {"correct": correct, "first_code_pos": pos, "lengths": lengths, "code_pass": passed}
 
     def advantage_step(self, data: DataProto, metrics: dict) -> DataProto:
-        """The advantage step on an in-memory batch: :meth:`advantage_inputs`, then verl's ``compute_advantage``.
-
-        ``data`` also needs verl's ``token_level_rewards`` and ``uid``; the TransferQueue path
-        (``_compute_advantage``) runs the same two steps through verl's ``PPOTrainer._compute_advantage``.
-        """
+        """``_compute_advantage`` on an in-memory batch (:meth:`advantage_inputs`, ``compute_advantage``)."""
         algo = self.config.algorithm
         with estimator_inputs(method=self.method.name, **self.advantage_inputs(data, metrics)):
             return compute_advantage(data, adv_estimator=algo.adv_estimator, gamma=algo.gamma, lam=algo.lam,
@@ -613,20 +492,14 @@ class RlkitTrainer(PPOTrainerSync):
         tensors["response_lengths"] = lengths
         return DataProto(batch=tensors, non_tensor_batch=non_tensor)
 
-    # ----------------------------------------------------------------------- after the update
-
     def _log_prob_batch_multiple(self) -> int:
-        """Rows a log-prob pass must come in multiples of: the data-parallel ranks, times each rank's micro-batch
-        when micro-batches have a fixed size (``actor.use_dynamic_bsz=false``; verl's engine asserts it)."""
+        """Rows a log-prob pass comes in multiples of: dp ranks × a fixed micro-batch (verl asserts it)."""
         arr = self.config.actor_rollout_ref
         micro = 1 if arr.actor.use_dynamic_bsz else int(arr.rollout.log_prob_micro_batch_size_per_gpu or 1)
-        return self._actor_dp_size() * micro
-
-    def _actor_dp_size(self) -> int:
-        info = self.actor_rollout_wg._dispatch_info.get("actor", None)
-        if info is None:
-            info = self.actor_rollout_wg._query_dispatch_info("actor")
-        return max(info) + 1
+        ranks = self.actor_rollout_wg._dispatch_info.get("actor", None)
+        if ranks is None:
+            ranks = self.actor_rollout_wg._query_dispatch_info("actor")
+        return (max(ranks) + 1) * micro
 
     def _update_actor(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         batch = super()._update_actor(batch, metrics)
@@ -634,8 +507,7 @@ class RlkitTrainer(PPOTrainerSync):
         return batch
 
     def after_update(self, metrics: dict | None = None) -> dict[str, float]:
-        """The hooks' :meth:`~rlkit.hooks.Hooks.after_update` on the step's batch; the per-token temperature's
-        state handed to vLLM's processor for the next rollout, and the temperatures it applied in this one."""
+        """The hooks' :meth:`~rlkit.hooks.Hooks.after_update`; the temperature's state, those vLLM applied."""
         step, self._step = self._step.get("batch"), {**self._step, "batch": None}
         out: dict[str, float] = {}
         if self.sampler_state_path is not None:
@@ -656,8 +528,6 @@ class RlkitTrainer(PPOTrainerSync):
 
     def _step_number(self) -> int:
         return int(getattr(self, "global_steps", 0) or 0)
-
-    # ----------------------------------------------------------------------- checkpoints (the hooks' state)
 
     def _save_checkpoint(self):
         # the hooks' state first: verl writes latest_checkpointed_iteration.txt last, so a checkpoint it names is whole
@@ -685,9 +555,6 @@ class RlkitTrainer(PPOTrainerSync):
 def _overrides(hooks: Any, *names: str) -> bool:
     """Whether ``hooks`` defines any of the hooks ``names`` itself (not :class:`rlkit.hooks.Hooks`'s default)."""
     return any(getattr(type(hooks), n) is not getattr(Hooks, n) for n in names)
-
-
-# --------------------------------------------------------------------------- helpers
 
 
 def _padded(t: Tensor) -> Tensor:

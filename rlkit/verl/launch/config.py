@@ -1,17 +1,6 @@
 """Hydra overrides and verl's config: write them, compose them as ``main_ppo`` does, validate the result on CPU.
 
-- :func:`hydra_value` writes a Python value in Hydra's override grammar; :func:`merge_overrides` lets the user's
-  own overrides (after ``--``) replace a preset's value for the same key, in place; :func:`check_method_overrides`
-  checks their ``+algorithm.<method>.*`` values against the method's ``Config`` before anything else is done.
-- :func:`compose` composes overrides with verl's packaged ``ppo_trainer.yaml`` through Hydra's compose API — the
-  very config ``main_ppo`` builds from the same command line; an unknown key is named with its nearest known keys.
-- :func:`validate` checks that config before anything starts: verl's own ``validate_config``, config
-  dataclasses, reward manager and tools, the batch arithmetic verl asserts only on the GPU workers
-  (:func:`check_batch`), and rlkit's names (trainer, estimator, loss, ``algorithm.<method>`` fields).
-  :func:`check_tool_tags` (calculator runs) and :func:`check_cpu_model` (CPU runs) check the model beforehand.
-
 Every failure is a :class:`~rlkit.verl.LaunchError` naming the bad key or value and what would be valid.
-verl, Hydra and OmegaConf are imported inside the functions that need them.
 """
 
 from __future__ import annotations
@@ -28,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from rlkit.tasks.protocol import TOOL_TAGS
-from rlkit.verl import TRAINER, LaunchError, cpu
+from rlkit.verl import TRAINER, LaunchError
 from rlkit.verl.launch.from_tiny import VLLM_HEAD_SIZES
 
-# ------------------------------------------------------------------------------------------------ overrides
+
 def hydra_value(value: Any) -> str:
     """A Python value as Hydra's override grammar reads it back (bools, null, numbers, lists, strings)."""
     if value is None:
@@ -43,7 +32,7 @@ def hydra_value(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(hydra_value(v) for v in value) + "]"
     text = str(value)
-    if text.startswith("${") and text.endswith("}"):  # an interpolation, resolved by OmegaConf
+    if text.startswith("${") and text.endswith("}"):
         return text
     if any(ch in text for ch in " ,[]{}()='\"\\") or text in ("true", "false", "null") or _is_number(text):
         return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
@@ -59,8 +48,7 @@ def _is_number(text: str) -> bool:
 
 
 def merge_overrides(base: Sequence[str], extra: Sequence[str]) -> list[str]:
-    """``base`` with each of ``extra`` replacing the entry for the same key in place (keeping ``base``'s
-    ``+``), or appended when new. ``+key`` and ``key`` name one key; deletions (``~key``) are appended."""
+    """``base`` with each of ``extra`` replacing its key's entry (keeping the ``+``), or appended."""
     merged = list(base)
     index = {_key(o): i for i, o in enumerate(merged)}
     for item in extra:
@@ -81,23 +69,20 @@ def _key(override: str) -> str:
 
 
 def check_method_overrides(overrides: Sequence[str]) -> None:
-    """The ``+algorithm.<method>.<field>=VALUE`` items of a user's ``overrides`` checked against the method's
-    ``Config`` (:func:`rlkit.verl.inputs.method_config`: keys, ranges, choices) before anything is prepared or
-    composed; :func:`validate` checks the composed config again in full. Values Hydra resolves later
-    (``${...}``) and overrides Hydra cannot parse are left to that check."""
+    """Check ``overrides``' ``+algorithm.<method>.*`` items against the method's ``Config``, first of all."""
     from rlkit import registry
     from rlkit.verl.inputs import method_config
 
     try:
         from hydra.core.override_parser.overrides_parser import OverridesParser
         from hydra.errors import HydraException
-    except ImportError:  # without verl (and its Hydra) the launch is refused when it composes
+    except ImportError:  # without verl the launch is refused when it composes
         return
     try:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
     except HydraException:
         return
-    methods = set(registry.list_methods()["method"])  # rlkit's blocks, told from verl's keys by the registry
+    methods = set(registry.list_methods()["method"])
     sections: dict[str, dict[str, Any]] = {}
     for o in parsed:
         path = o.key_or_group.split(".")
@@ -112,7 +97,6 @@ def check_method_overrides(overrides: Sequence[str]) -> None:
             raise LaunchError(str(e.args[0] if e.args else e)) from None
 
 
-# ------------------------------------------------------------------------------------------------ compose
 def verl_config_dir() -> Path:
     """verl's packaged trainer configs (``verl/trainer/config``), found without importing verl."""
     spec = importlib.util.find_spec("verl")
@@ -160,20 +144,8 @@ def _explain(error: Exception, overrides: Sequence[str], config_name: str) -> st
     return f"unknown key {full_key!r} in verl's config{hint}. Hydra: {message.splitlines()[0]}"
 
 
-# ------------------------------------------------------------------------------------------------ validate
 def validate(cfg, *, tool_config: str | None = None) -> None:
-    """Everything that can be checked without GPUs; raises :class:`LaunchError` naming what fails.
-
-    1. verl: ``main_ppo.main``'s own ``validate_config`` (it builds the actor's config dataclass, the critic's
-       when there is one), the other config dataclasses the trainer and workers build (algorithm, rollout,
-       checkpoint engine), every interpolation, the reward manager and score function (built as verl's reward
-       loop builds them) and, for multi-turn runs, the tools of ``tool_config`` and the agent loop;
-    2. the batch arithmetic verl asserts only on the GPU workers (:func:`check_batch`; its ``validate_config``
-       in 1. checks the rest);
-    3. rlkit: trainer, estimator and loss registered in verl by rlkit's plugin, every ``algorithm.<method>``
-       block valid for its method, and the rlkit trainer's own checks of the config (``MethodSetup``);
-    4. the metrics path: verl's ``file`` logger on, writing to ``VERL_FILE_LOGGER_PATH``.
-    """
+    """Everything checkable without GPUs: verl's checks, :func:`check_batch`, rlkit's names, the logger."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
@@ -191,7 +163,12 @@ def validate(cfg, *, tool_config: str | None = None) -> None:
         check_tools(cfg, tool_config)
         check_batch(cfg)
         check_rlkit_names(cfg)
-    _check_logger(cfg)
+    loggers = cfg.trainer.logger
+    loggers = [loggers] if isinstance(loggers, str) else list(loggers)
+    if "file" not in loggers:
+        raise LaunchError(f"trainer.logger={loggers} lacks 'file', the logger that writes metrics.jsonl")
+    if not (cfg.ray_kwargs.ray_init.runtime_env.get("env_vars") or {}).get("VERL_FILE_LOGGER_PATH"):
+        raise LaunchError("ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH is not set")
 
 
 @contextlib.contextmanager
@@ -217,14 +194,12 @@ def _verl_checks(cfg) -> None:
         validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
     except (AssertionError, ValueError, TypeError) as e:
         raise LaunchError(f"verl's validate_config rejects the config: {e}") from None
-    # verl never builds AlgoConfig from the whole block (estimators get the DictConfig), so rlkit's
-    # algorithm.<method> blocks are left to check_rlkit_names; the rest must fit verl's schema.
+    # verl never builds AlgoConfig from the whole block: rlkit's algorithm.<method> blocks are checked apart
     rollout = cfg.actor_rollout_ref.rollout
     from rlkit.verl.inputs import rlkit_blocks
 
-    ours = rlkit_blocks(cfg.algorithm)
-    verl_keys = [k for k in cfg.algorithm if k not in ours]
-    sections = {"algorithm": OmegaConf.masked_copy(cfg.algorithm, verl_keys),
+    own = rlkit_blocks(cfg.algorithm)
+    sections = {"algorithm": OmegaConf.masked_copy(cfg.algorithm, [k for k in cfg.algorithm if k not in own]),
                 "actor_rollout_ref.rollout": rollout,
                 "actor_rollout_ref.rollout.checkpoint_engine": rollout.checkpoint_engine}
     for key, node in sections.items():
@@ -233,14 +208,14 @@ def _verl_checks(cfg) -> None:
         except Exception as e:  # hydra.utils.instantiate wraps the dataclass's own error
             cause = e.__cause__ or e
             raise LaunchError(f"verl rejects {key}: {type(cause).__name__}: {cause}") from None
-    try:  # resolves the reward manager and custom score function by name, runs the manager's own checks
+    try:  # the reward manager and custom score function, by name, with the manager's own checks
         load_reward_manager(cfg, tokenizer=None)
     except Exception as e:
         raise LaunchError(f"verl's reward setup fails (reward.*): {type(e).__name__}: {e}") from None
 
 
 def check_tools(cfg, tool_config: str | None) -> None:
-    """Multi-turn runs: verl builds the tools of ``tool_config`` (as its agent loop will), knows the loop."""
+    """Multi-turn runs: verl builds the tools of ``tool_config`` as its agent loop will and knows the loop."""
     from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
     from verl.tools.tool_registry import initialize_tools_from_config
 
@@ -275,7 +250,6 @@ def check_tool_tags(model: str) -> None:
 
 
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "*.safetensors.index.json", "pytorch_model.bin.index.json")
-"""Files that hold a Hugging Face model's weights."""
 
 
 def is_local_model(model: str) -> bool:
@@ -284,8 +258,7 @@ def is_local_model(model: str) -> bool:
 
 
 def check_model_dir(model: str) -> dict[str, Any]:
-    """A local ``--model`` directory's ``config.json`` (parsed), refusing a directory without one, with a malformed
-    one, or without weights; a hub id is not checked (nothing is downloaded) and gives ``{}``."""
+    """A local ``--model`` directory's parsed ``config.json`` (it must hold weights); ``{}`` for a hub id."""
     if not is_local_model(model):
         return {}
     path = Path(model).expanduser()
@@ -327,21 +300,9 @@ def check_cpu_model(model: str) -> None:
 
 
 def check_batch(cfg) -> None:
-    """The batch arithmetic verl 0.9.1 asserts only once its GPU workers run, naming the rule each value breaks.
-
-    verl's own ``validate_config`` (:func:`validate` runs it first) checks what it can on the driver:
-    ``train_batch_size × n`` divisible by the GPUs (with dynamic batching off: on, verl pads the batch instead),
-    ``train_batch_size ≥ ppo_mini_batch_size`` and the micro-batch settings (``ActorConfig.validate``). What is
-    left here has no verl check that runs without the workers — each is an assertion inside them, so a copy of
-    the rule is the only way to refuse the config before GPUs are held:
-
-    - ``ppo_mini_batch_size × n`` divisible by the data-parallel size (``engine_workers.train_mini_batch``); with
-      the next rule it also gives ``train_batch_size × n`` over the GPUs under dynamic batching;
-    - ``train_batch_size`` a multiple of ``ppo_mini_batch_size``: rlkit's own rule, so a step makes exactly the
-      preset's optimizer steps (verl would pad the batch instead);
-    - fixed micro-batches (dynamic batch off) dividing each GPU's share (``engine.utils.prepare_micro_batches``);
-    - vLLM's tensor parallelism dividing the GPUs of a node (``vllm_async_server``).
-    """
+    """The batch arithmetic verl 0.9.1 asserts only inside its GPU workers: mini-batch samples over the dp
+    ranks, the batch a multiple of the mini-batch (rlkit's rule), fixed micro-batches dividing a GPU's share,
+    vLLM's tensor parallelism a node's GPUs."""
     arr, trainer = cfg.actor_rollout_ref, cfg.trainer
     n_gpus = trainer.n_gpus_per_node * trainer.nnodes
     prompts, mini, n = cfg.data.train_batch_size, arr.actor.ppo_mini_batch_size, arr.rollout.n
@@ -367,10 +328,7 @@ def check_batch(cfg) -> None:
 
 
 def check_rlkit_names(cfg) -> None:
-    """rlkit's trainer, estimator and loss are registered in verl, every ``algorithm.<method>`` block is valid
-    (:func:`rlkit.verl.plugin.method_config`: its ranges and choices as the tiny engine checks them), the rlkit
-    trainer accepts the config (the run's own section alone, :class:`~rlkit.verl.trainer.MethodSetup`), and the
-    run's method accepts the engine's settings (:func:`rlkit.verl.inputs.check_hooks`)."""
+    """rlkit's trainer, estimator and loss are in verl's registries, its ``algorithm.<method>`` valid."""
     from verl.trainer.ppo import core_algos
     from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
 
@@ -391,21 +349,12 @@ def check_rlkit_names(cfg) -> None:
             raise LaunchError(f"{key}={name!r} is not registered in verl; valid: "
                               f"{', '.join(sorted(registry))}")
     try:
-        for method in rlkit_blocks(cfg.algorithm):  # rlkit's algorithm.<method> blocks, by the registry
+        for method in rlkit_blocks(cfg.algorithm):
             if cfg.algorithm.get(method) is not None:
                 method_config(cfg.algorithm, method)
         if cfg.trainer.v1.trainer_mode == TRAINER:
-            MethodSetup.from_config(cfg)  # its method's own check of the engine's settings included (check_hooks)
+            MethodSetup.from_config(cfg)
     except LaunchError:
         raise
     except (KeyError, ValueError, TypeError) as e:
         raise LaunchError(str(e.args[0] if e.args else e)) from None
-
-
-def _check_logger(cfg) -> None:
-    loggers = cfg.trainer.logger
-    loggers = [loggers] if isinstance(loggers, str) else list(loggers)
-    if "file" not in loggers:
-        raise LaunchError(f"trainer.logger={loggers} lacks 'file', the logger that writes metrics.jsonl")
-    if not (cfg.ray_kwargs.ray_init.runtime_env.get("env_vars") or {}).get("VERL_FILE_LOGGER_PATH"):
-        raise LaunchError("ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH is not set")

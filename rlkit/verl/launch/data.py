@@ -1,36 +1,8 @@
 """Data for full-scale verl runs: GSM8K and DAPO-Math parquet in verl's row schema, and SPO's offline values.
 
-``rlkit data gsm8k|dapo|spo-split|spo-estimate|spo-merge`` (:func:`add_parser`) runs the functions below. This
-module does not import verl (pyarrow, ``datasets`` and vLLM are imported only where used).
-
-**Rows** — verl's GSM8K schema (``examples/data_preprocess/gsm8k.py``; :func:`row_schema`), one per problem::
-
-    data_source   "openai/gsm8k" | "math_dapo" | "aime_2024"     selects the reward function in verl
-    prompt        [{"role": "user", "content": problem + instruction}]
-    ability       "math"
-    reward_model  {"style": "rule", "ground_truth": final answer}
-    extra_info    {"split", "index", "answer", "question", "prompt_id"}
-
-GSM8K rows are verl's: its instruction (:data:`GSM8K_INSTRUCTION`), the ground truth after ``####``
-(:func:`rlkit.tasks.gsm8k.gold_answer`), ``answer``/``question`` the raw reference solution and question.
-DAPO rows use :func:`rlkit.tasks.dapo_math.prompt` (a ``\\boxed{}`` answer) and keep one row per problem
-(the sources repeat problems); ``answer`` is the final answer. The one addition to verl's schema is
-``extra_info.prompt_id`` (:func:`prompt_id`), which SPO's trainer reads (:mod:`rlkit.verl.trainer`).
-
-**SPO offline values** (the SPO recipe's ``estimate_offline_values/``, method notes: SPO):
-
-1. :func:`split_subsets` — the training parquet in contiguous parts, one job each;
-2. :func:`estimate_offline_values` — N responses per prompt from a ``sampler`` (:func:`vllm_sampler` on GPUs;
-   tests pass a fake), scored like training, one JSON line per prompt ``{"prompt_id", "data_source",
-   "scores"}``;
-3. :func:`merge_offline_values` — every part's lines into ``offline_values.json`` (prompt id → scores), the
-   ``offline_scores`` of :class:`rlkit.methods.spo.ValueTracker`, skipping missing files and malformed lines
-   and saying how many of which.
-
-Deviations from the recipe: prompts are keyed by :func:`prompt_id`, a hash of the problem text, instead of
-text cut out of the chat template; the merge keeps each prompt's first ``max_scores`` scores (the recipe
-draws a random subset); :func:`vllm_sampler` samples one turn without tools, where the recipe runs verl's
-tool agent loop (pass a sampler that does, for tool-integrated estimates).
+Rows follow verl's GSM8K schema (``examples/data_preprocess/gsm8k.py``) plus ``extra_info.prompt_id``. SPO's
+offline values follow the SPO recipe's ``estimate_offline_values/`` but key prompts by a hash of the problem,
+keep each prompt's first ``max_scores`` scores (not a random subset) and sample one turn without tools.
 """
 
 from __future__ import annotations
@@ -42,7 +14,6 @@ import json
 import math
 import os
 import random
-import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -54,9 +25,8 @@ from rlkit.tasks import arithmetic, dapo_math, gsm8k
 
 GSM8K_SOURCE = "openai/gsm8k"
 GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
-"""verl's GSM8K instruction, appended to each question after a space (examples/data_preprocess/gsm8k.py)."""
+"""verl's GSM8K instruction, appended after a space (examples/data_preprocess/gsm8k.py)."""
 DAPO_TRAIN_FILE, DAPO_VAL_FILE = "train.parquet", "aime2024.parquet"
-"""File names :func:`prepare_dapo` writes (the ones :mod:`rlkit.verl.launch.presets` names)."""
 
 Sampler = Callable[[list[list[dict[str, str]]], int], list[list[str]]]
 """``sampler(chat_prompts, n) -> n response texts per prompt``, in order."""
@@ -70,7 +40,7 @@ def prompt_id(question: str) -> str:
 
 
 def row_schema():
-    """The arrow schema of the rows (module doc): verl's GSM8K schema plus ``extra_info.prompt_id``."""
+    """The rows' arrow schema: verl's GSM8K schema plus ``extra_info.prompt_id``."""
     import pyarrow as pa
 
     return pa.schema([
@@ -85,7 +55,6 @@ def row_schema():
 
 def make_row(data_source: str, content: str, ground_truth: str, split: str, index: int, answer: str,
              question: str) -> dict[str, Any]:
-    """One row of :func:`row_schema`."""
     return {
         "data_source": data_source,
         "prompt": [{"role": "user", "content": content}],
@@ -103,8 +72,7 @@ def gsm8k_rows(examples: Sequence[Mapping[str, str]], split: str) -> list[dict[s
 
 
 def dapo_rows(problems: Iterable[Mapping[str, str]], split: str, data_source: str) -> tuple[list[dict], dict]:
-    """Rows of ``{"problem", "answer"}`` (:func:`rlkit.tasks.dapo_math.load`), one per prompt id (first kept),
-    and counts ``{"rows", "repeats_dropped", "conflicting_answers"}`` (a repeat whose answer differs)."""
+    """Rows of ``{"problem", "answer"}``, one per prompt id (first kept), and counts of what was dropped."""
     answers: dict[str, str] = {}
     rows, repeats, conflicts = [], 0, 0
     for p in problems:
@@ -133,8 +101,7 @@ def write_rows(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> Pa
 
 
 def read_table(path: str | os.PathLike, flag: str = "--input", columns: list[str] | None = None):
-    """The parquet file ``path`` as an arrow table; a missing file, a directory or a file that is not parquet is
-    refused (:class:`~rlkit.errors.BadSource`) naming ``flag`` and the path."""
+    """The parquet file ``path`` as an arrow table; anything else is a :class:`~rlkit.errors.BadSource`."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -169,23 +136,20 @@ TEST_FRACTION = 0.1
 
 
 def at_least_one(**counts: int) -> None:
-    """Refuse a count below 1 (:class:`~rlkit.errors.InvalidSetting`) naming its flag: ``max_train=0`` →
-    ``--max-train 0``."""
+    """Refuse a count below 1 naming its flag: ``max_train=0`` → ``--max-train 0``."""
     for name, n in counts.items():
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise InvalidSetting(f"--{name.replace('_', '-')} {n}: must be a whole number ≥ 1")
 
 
-def claim_data_dir(out: str | os.PathLike, *, force: bool = False) -> Path:
+def claim_data_dir(out: str | os.PathLike, *, force: bool = False) -> None:
     """``out`` made a data folder rlkit may write (:func:`rlkit.files.claim_dir`)."""
     claim_dir(out, DATA, force=force, writes=DATA_FILES)
-    return Path(out)
 
 
 def split_by_hash(examples: Sequence[Mapping[str, str]], test_fraction: float = TEST_FRACTION,
                   ) -> tuple[list, list]:
-    """``examples`` split into (train, test) by a hash of each question (:func:`prompt_id`): the same question
-    always lands in the same split, whatever the file's order, and a repeated question never lands in both."""
+    """``examples`` split into (train, test) by a hash of each question (:func:`prompt_id`), in any order."""
     if not 0 < test_fraction < 1:
         raise BadSource(f"--test-fraction must be between 0 and 1, got {test_fraction}")
     train, test = [], []
@@ -196,8 +160,7 @@ def split_by_hash(examples: Sequence[Mapping[str, str]], test_fraction: float = 
 
 
 def load_gsm8k(source: str | os.PathLike, split: str, flag: str = "--source") -> list[dict[str, str]]:
-    """:func:`rlkit.tasks.gsm8k.load`, with a missing, empty or malformed source refused
-    (:class:`~rlkit.errors.BadSource`) naming it and its ``flag``."""
+    """:func:`rlkit.tasks.gsm8k.load`, a missing, empty or malformed source refused naming it and ``flag``."""
     local = Path(source).exists() or str(source).startswith((".", "/", "~")) or str(source).endswith(
         (".jsonl", ".parquet")) or str(source).count("/") != 1
     if local and not Path(source).expanduser().exists():
@@ -229,11 +192,7 @@ def load_gsm8k(source: str | os.PathLike, split: str, flag: str = "--source") ->
 def prepare_gsm8k(out: str | os.PathLike, source: str | os.PathLike = GSM8K_SOURCE,
                   test_source: str | os.PathLike | None = None, *, test_fraction: float = TEST_FRACTION,
                   force: bool = False) -> dict[str, Any]:
-    """``out/train.parquet`` and ``out/test.parquet`` from a HF id or local GSM8K files; returns row counts.
-
-    ``source`` a directory (``train``/``test`` files) or HF id gives both splits; a single file is the training
-    set with ``test_source``, else split by :func:`split_by_hash` (``test_fraction`` held out), so train and test
-    never share a problem."""
+    """``out/train.parquet`` and ``out/test.parquet`` from a HF id or GSM8K files (one file: hash-split)."""
     single = Path(source).expanduser().is_file()
     if test_source is not None:
         splits = {"train": load_gsm8k(source, "train"),
@@ -268,17 +227,14 @@ ARITHMETIC_FORM = "mixed"
 
 
 def arithmetic_rows(problems: Sequence[arithmetic.Problem], split: str) -> list[dict[str, Any]]:
-    """Rows of the tiny engine's word problems: the prompt is :func:`rlkit.tasks.arithmetic.prompt` (the question
-    and a newline, exactly what the tiny engine samples from), the ground truth the integer answer."""
+    """Rows of the tiny engine's word problems: its prompt, the integer answer as ground truth."""
     return [make_row(ARITHMETIC_SOURCE, arithmetic.prompt(p), str(p.answer), split, i,
                      p.solution(ARITHMETIC_FORM), p.question) for i, p in enumerate(problems)]
 
 
 def prepare_arithmetic(out: str | os.PathLike, *, n_train: int = 2000, n_test: int = 200, seed: int = 0,
                        force: bool = False, **knobs: Any) -> dict[str, Any]:
-    """``out/train.parquet`` and ``out/test.parquet``: :func:`rlkit.tasks.arithmetic.make_split` problems
-    (``knobs``: :class:`~rlkit.tasks.arithmetic.TaskConfig` fields), hash-disjoint splits as in the tiny engine.
-    Both counts must be ≥ 1 (verl reads both files); the problems are made before ``out`` is touched."""
+    """``out/train.parquet`` and ``out/test.parquet`` of the tiny engine's word problems (``make_split``)."""
     at_least_one(train=n_train, test=n_test)
     splits = {}
     for split, n in (("train", n_train), ("test", n_test)):
@@ -294,11 +250,7 @@ def prepare_arithmetic(out: str | os.PathLike, *, n_train: int = 2000, n_test: i
 def prepare_dapo(out: str | os.PathLike, source: str | os.PathLike = dapo_math.TRAIN_SOURCE,
                  val_source: str | os.PathLike | None = dapo_math.VAL_SOURCE, *, max_train: int | None = None,
                  seed: int = 0, force: bool = False) -> dict[str, Any]:
-    """``out/train.parquet`` (DAPO-Math) and ``out/aime2024.parquet`` (``val_source``; None: none).
-
-    ``max_train``: a seeded random subset of that many problems (ASPO trains on 10,000), kept in source order.
-    Returns the counts of :func:`dapo_rows` per file.
-    """
+    """``out/train.parquet`` (DAPO-Math; ``max_train``: a seeded subset) and ``out/aime2024.parquet``."""
     if max_train is not None:
         at_least_one(max_train=max_train)
     train, info = dapo_rows(dapo_math.load(source), "train", "math_dapo")
@@ -316,16 +268,8 @@ def prepare_dapo(out: str | os.PathLike, source: str | os.PathLike = dapo_math.T
     return summary
 
 
-# --------------------------------------------------------------------------- SPO offline values
-
-
 def split_subsets(path: str | os.PathLike, out_dir: str | os.PathLike, n_subsets: int = 5) -> list[Path]:
-    """``out_dir/subset_{i}.parquet``: the rows of ``path`` in ``n_subsets`` contiguous parts (sizes differ by ≤ 1).
-
-    Refused before anything is written: fewer than one part, more parts than rows (a part would be empty), an
-    input that is not parquet (:class:`~rlkit.errors.BadSource`, :class:`~rlkit.errors.InvalidSetting`), an
-    ``out_dir`` rlkit did not write or of another kind than a data folder (:func:`rlkit.files.claim_dir`). The parts
-    of an earlier split into more parts that rlkit wrote there are removed, so the folder holds one split."""
+    """``out_dir/subset_{i}.parquet``: ``path``'s rows in ``n_subsets`` contiguous parts (old parts gone)."""
     import pyarrow.parquet as pq
 
     at_least_one(subsets=n_subsets)
@@ -369,11 +313,7 @@ def _usable(row: Any) -> tuple[str, str, list, str] | None:
 def estimate_offline_values(path: str | os.PathLike, out: str | os.PathLike, sampler: Sampler, *,
                             n_samples: int = 8, batch_size: int = 1024,
                             scorer: Scorer = default_scorer) -> dict[str, Any]:
-    """Score ``n_samples`` responses per prompt of ``path`` into ``out`` (JSON lines, written batch by batch).
-
-    Malformed rows (no prompt id, chat prompt or ground truth) are skipped and counted. Returns
-    ``{"prompts", "responses", "skipped_rows"}``.
-    """
+    """Score ``n_samples`` responses per prompt of ``path`` into ``out`` (JSON lines; bad rows skipped)."""
     at_least_one(n=n_samples, batch_size=batch_size)
     rows = read_rows(path)
     usable = [u for u in map(_usable, rows) if u is not None]
@@ -393,8 +333,7 @@ def estimate_offline_values(path: str | os.PathLike, out: str | os.PathLike, sam
 
 def vllm_sampler(model: str, *, temperature: float = 1.0, top_p: float = 1.0, max_tokens: int = 8192,
                  tensor_parallel_size: int = 1, seed: int = 0, **llm_kwargs: Any) -> Sampler:
-    """A :data:`Sampler` on vLLM's offline engine (``LLM.chat``, one turn; GPUs; vLLM comes with verl's GPU
-    install, not with rlkit). ``llm_kwargs`` go to ``vllm.LLM`` (e.g. ``gpu_memory_utilization``)."""
+    """A :data:`Sampler` on vLLM's ``LLM.chat`` (one turn, GPUs; ``llm_kwargs`` go to ``vllm.LLM``)."""
     from vllm import LLM, SamplingParams
 
     llm = LLM(model=model, tensor_parallel_size=tensor_parallel_size, seed=seed, **llm_kwargs)
@@ -414,15 +353,9 @@ def _score_list(value: Any) -> list[float] | None:
 
 def merge_offline_values(inputs: Iterable[str | os.PathLike], out: str | os.PathLike, *, max_scores: int = 8,
                          pool: Iterable[str] | None = None) -> dict[str, Any]:
-    """Merge :func:`estimate_offline_values` files (or directories of ``*.jsonl``) into ``out``, JSON
-    ``{prompt_id: [scores]}``, written atomically; each prompt keeps its first ``max_scores`` scores.
-
-    Skips and counts what it cannot use: missing inputs, lines that are not JSON objects, lines without a
-    ``prompt_id`` string, lines whose ``scores`` are not a non-empty list of finite numbers. With ``pool``
-    (the training set's prompt ids, :func:`prompt_ids`) it also counts pool prompts without values (they
-    start at α = β = ½) and values for prompts outside the pool. Returns that summary. No usable line at all is
-    refused (:class:`~rlkit.errors.BadSource`, naming what was skipped) and nothing is written.
-    """
+    """Merge :func:`estimate_offline_values` files (or folders of ``*.jsonl``) atomically into ``out``,
+    ``{prompt_id: [scores]}`` (the first ``max_scores``), counting skipped lines and pool prompts without
+    values."""
     at_least_one(max_scores=max_scores)
     files, missing = [], []
     for item in map(Path, inputs):
@@ -465,12 +398,9 @@ def merge_offline_values(inputs: Iterable[str | os.PathLike], out: str | os.Path
         pool = set(pool)
         summary["pool_without_values"] = len(pool - merged.keys())
         summary["values_outside_pool"] = len(merged.keys() - pool)
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=".offline-values-")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    with atomic_write(out) as f:
         json.dump(merged, f)
-    os.replace(tmp, out)
     return summary
 
 
@@ -481,9 +411,6 @@ def load_offline_values(path: str | os.PathLike) -> dict[str, list[float]]:
     if not isinstance(values, dict):
         raise ValueError(f"{path}: expected a JSON object prompt_id → [scores], got {type(values).__name__}")
     return values
-
-
-# --------------------------------------------------------------------------- rlkit data
 
 
 def _print(summary: Any) -> int:
@@ -501,7 +428,6 @@ def _estimate(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    """The ``rlkit data`` command and its sub-commands."""
     p = sub.add_parser("data", help="verl parquet data (GSM8K, DAPO-Math) and SPO's offline values")
     data = p.add_subparsers(dest="data_command", required=True)
     source_help = "HF dataset id, or a local .jsonl/.parquet file or directory"

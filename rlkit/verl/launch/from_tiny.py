@@ -1,33 +1,8 @@
-"""A tiny-engine run in verl: the same task, starting checkpoint and settings (``rlkit launch --tiny-scale S``).
+"""A tiny-engine run in verl: the same task, start and settings (``rlkit launch --tiny-scale S``).
 
-:func:`overrides` turns the tiny engine's :class:`~rlkit.tiny.config.RLConfig` of a method and scale into verl keys,
-and :func:`prepare` writes what the run reads, so that verl's ``main_ppo`` and ``rlkit train`` train the same
-model on the same problems with the same hyperparameters:
-
-- **model** — the SFT start of that scale (the checkpoint every tiny run starts from, cached by its config),
-  exported as a Llama model directory (:func:`rlkit.tiny.hf.export_sft`);
-- **data** — ``train.parquet`` holds the tiny engine's prompt pool (:func:`rlkit.tasks.arithmetic.make_pool`), in
-  pool order, and ``test.parquet`` its held-out problems (``make_split(eval_size, "test", seed=0)``); verl keeps
-  the pool whole (``train_max_samples=-1``) and validates on every held-out problem, greedily, with the calculator;
-- **a method's offline pass** (:attr:`rlkit.registry.Method.offline_pass`, SPO's values) — the tiny engine's own
-  pass (its samples per pool prompt from the SFT model with its sampler and seed), keyed by prompt id, in the file
-  the method's verl key names: both engines' hooks start from the same numbers;
-- **settings** — prompts per step and responses per prompt, optimizer steps per batch, learning rate and warm-up,
-  Adam's betas (no weight decay), gradient clip, sampling temperature, the response budget, the steps and the
-  validation schedule, every method's clip range, aggregation and options (``+algorithm.<method>.*`` with the
-  field names of its ``Config``: the run's own section alone, :func:`_section`), and no DAPO mechanics unless the
-  tiny run has them (dynamic sampling, kept by correctness; the overlong penalty, by verl's reward manager for it
-  (:func:`rlkit.verl.launch.presets.overlong`) on the response's length as verl counts it: every token after the
-  prompt, the calculator's results included, as the tiny engine counts them).
-
-What cannot be matched is listed with the comparison (the book's *Two engines* page): verl's AdamW runs a warm-up
-from 0 where the tiny engine's starts at lr/warmup, its sampler is vLLM (so the old log-probs are recomputed by the
-trainer, not the sampler's), its loss runs in micro-batches, and a stray ``</code>`` ends a verl response.
-
-This module is also the bridge: the only one of :mod:`rlkit.verl` that imports :mod:`rlkit.tiny`
-(``tests/test_layering.py`` holds the rest to it). What they need of the tiny engine is here —
-:data:`VLLM_HEAD_SIZES` and :func:`parse_sets` — and importing it loads only :mod:`rlkit.tiny.hf` (it runs in
-every verl and vLLM process through :mod:`rlkit.verl.cpu`); the rest of the tiny engine is imported where used.
+:func:`overrides` turns the tiny engine's ``RLConfig`` into verl keys, :func:`prepare` writes what the run
+reads; what cannot be matched is on the book's *Two engines* page. The only module of :mod:`rlkit.verl` that
+imports :mod:`rlkit.tiny`; importing it loads only :mod:`rlkit.tiny.hf`.
 """
 
 from __future__ import annotations
@@ -73,16 +48,12 @@ def cache_key(cfg: RLConfig) -> str:
 
 
 def _method_options(name: str, config: Any) -> dict[str, Any]:
-    """``+algorithm.<name>.<field>`` for every field verl does not own (its own keys carry the rest)."""
+    """``+algorithm.<name>.<field>`` for every field verl does not own."""
     from rlkit.verl import VERL_OWNED
 
-    out = {}
-    for f in dataclasses.fields(config):
-        value = getattr(config, f.name)
-        if f.name in VERL_OWNED or dataclasses.is_dataclass(value):
-            continue
-        out[f"+algorithm.{name}.{f.name}"] = list(value) if isinstance(value, tuple) else value
-    return out
+    values = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    return {f"+algorithm.{name}.{key}": list(value) if isinstance(value, tuple) else value
+            for key, value in values.items() if key not in VERL_OWNED and not dataclasses.is_dataclass(value)}
 
 
 def overrides(cfg: RLConfig) -> dict[str, Any]:
@@ -126,7 +97,7 @@ def overrides(cfg: RLConfig) -> dict[str, Any]:
         **{actor + key: loss[knob] for knob, key in (("clip_low", "clip_ratio_low"), ("clip_high", "clip_ratio_high"))
            if loss.get(knob) is not None},  # a loss without a clip range (SAPO's gate) leaves verl's unread defaults
         actor + "loss_agg_mode": loss["agg"],
-        "algorithm.norm_adv_by_std_in_grpo": _norm_by_std(cfg),
+        "algorithm.norm_adv_by_std_in_grpo": bool(getattr(options, "norm_by_std", True)),  # verl's default
         "algorithm.filter_groups.enable": bool(getattr(options, "dynamic_sampling", False)),
     }
     if loss.get("clip_c") is not None:
@@ -153,10 +124,7 @@ def overrides(cfg: RLConfig) -> dict[str, Any]:
 
 
 def _section(cfg: RLConfig) -> tuple[str, Any]:
-    """``(method, Config)`` of the one ``+algorithm.<method>`` section the verl run reads: a verl run reads its own
-    method's section alone (:func:`rlkit.verl.inputs.run_method`), as a tiny run reads its own ``Config``. That
-    method is the tiny run's, but for a method verl trains as another (that one's estimator and loss, the rest of
-    its mechanics verl's own keys above), whose ``Config`` then gets the tiny run's values of the fields it has."""
+    """``(method, Config)`` of the one section the verl run reads, with the tiny run's values."""
     from rlkit import registry
     from rlkit.verl.inputs import run_method
 
@@ -170,20 +138,14 @@ def _section(cfg: RLConfig) -> tuple[str, Any]:
                                                    if f.name in fields})
 
 
-def _norm_by_std(cfg: RLConfig) -> bool:
-    """The run's ``norm_by_std`` (True where its method's Config has none: verl's default)."""
-    return bool(getattr(cfg.method_configs[cfg.method], "norm_by_std", True))
-
-
 def prepare(cfg: RLConfig, root: str | os.PathLike, *, device: str = "cpu", progress: bool = True) -> dict[str, Path]:
-    """Write the model, the data and the method's offline pass (:attr:`rlkit.registry.Method.offline_pass`) of
-    ``cfg`` under ``root/<cache_key>``, once; returns their paths: ``model``, ``data``, and the pass's file under
-    the verl key that reads it (:func:`method_overrides`)."""
+    """Write ``cfg``'s model, data and offline pass under ``root/<cache_key>``, once; their paths."""
     from rlkit import registry
+    from rlkit.files import write_text
     from rlkit.tasks import arithmetic
     from rlkit.tiny.hf import export_sft
-    from rlkit.tiny.rl import offline_scores, side_run
-    from rlkit.tiny.sft import warm_start
+    from rlkit.tiny.rl import side_run
+    from rlkit.tiny.sft import offline_scores, warm_start
     from rlkit.verl.launch.data import arithmetic_rows, prompt_id, write_rows
 
     home = Path(root) / cache_key(cfg)
@@ -207,16 +169,13 @@ def prepare(cfg: RLConfig, root: str | os.PathLike, *, device: str = "cpu", prog
             run, gen = side_run(cfg, model, tokenizer, device=device)  # as the tiny run samples it
             scores = offline_scores(run, gen, n, sft=sft)
             values = {prompt_id(run.pool[i].question): s for i, s in scores.items()}
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(values))
-            os.replace(tmp, path)
+            write_text(path, json.dumps(values))
         out[key] = path
     return out
 
 
 def method_overrides(method: str, prepared: dict[str, Path]) -> list[str]:
-    """``+algorithm.<method>.<key>=<path>`` for each verl key of ``method`` (:attr:`rlkit.registry.Method.verl_keys`)
-    whose file :func:`prepare` wrote."""
+    """``+algorithm.<method>.<key>=<path>`` for each verl key of ``method`` with a file by :func:`prepare`."""
     from rlkit import registry
 
     return [f"+algorithm.{method}.{key}={prepared[key]}" for key in registry.get_method(method).verl_keys

@@ -1,37 +1,8 @@
 """What a verl run sets: method presets, datasets, tools, the CPU preset and the batch arithmetic.
 
-``rlkit launch`` (:mod:`rlkit.verl.launch`) builds one list of overrides for ``python -m verl.trainer.main_ppo``
-from these, in this order:
-
-1. :data:`COMMON` — what every rlkit run sets (rlkit's trainer, vLLM, no KL, verl's ``file`` logger);
-2. :data:`DATASETS` — lengths, files, reward and validation of GSM8K (small models) and DAPO-Math (papers');
-3. :data:`PRESETS` — each method's hyperparameters, with the paper section each value comes from (a value its
-   ``Config`` already holds is read from there, :data:`DEFAULTS`);
-4. the batch, scaled to the GPUs (:func:`scaled_batch`), and the run's paths;
-5. the user's own overrides (after ``--``), which replace a preset's value for the same key.
-
-Keys with a leading ``+`` are not in verl's schema (Hydra adds them); the rest override verl's defaults. Nothing
-here imports verl or Hydra: the CLI reads the method, dataset and device names from this module.
-
-Batch scaling. GSM8K presets keep the samples per GPU fixed (:data:`GSM8K_SAMPLES_PER_GPU`): prompts per
-step grow with the GPU count, and each method keeps its paper's responses per prompt and optimizer steps per
-rollout batch. DAPO-Math presets keep the paper's global batch whatever the GPU count (only each GPU's share
-changes); a GPU count that cannot split it evenly is refused with the arithmetic
-(:func:`rlkit.verl.launch.config.check_batch`).
-
-CPU runs (``--device cpu``, :data:`CPU`). The same ``main_ppo`` on this machine's CPU, at toy scale: Ray local
-with one fake GPU resource, FSDP2 over gloo in float32, vLLM's CPU build for rollouts, each made to work by
-:mod:`rlkit.verl.cpu` (loaded in every verl and vLLM process through rlkit's entry points, selected by the
-environment :data:`rlkit.verl.cpu.ENV` that the launch sets). Batches are :data:`CPU_SAMPLES` responses per step
-(each method's estimator, loss, clip and aggregation kept; SPO one response per prompt, the others
-:data:`CPU_GROUP`), 64-token responses, validation on 64 held-out problems. The default data are the tiny engine's
-word problems (``--dataset arithmetic``, written on first use) and the default model a randomly initialised
-Llama of the tiny engine's vocabulary that rlkit builds itself (:func:`default_cpu_model`), scored by the
-``digit`` probe reward (:func:`rlkit.tasks.arithmetic.compute_score`) so that its groups mix 0s and 1s; with
-``--model DIR`` (any local HF model directory vLLM's CPU attention takes) the reward is the answer rule, and a
-model that talks gets the GPU presets' learning rate and 512-token answers (:data:`CPU_PRETRAINED`). The launch
-prints every setting in which its command differs from the GPU command of the same method, dataset and model
-(:func:`rlkit.verl.launch.gpu_differences`).
+``rlkit launch`` merges :data:`COMMON`, :data:`DATASETS`, :data:`PRESETS` (each value with the paper section
+it comes from, or read from the method's ``Config``: :data:`DEFAULTS`), the batch (:func:`scaled_batch`), the
+paths and the user's overrides. Keys with a leading ``+`` are not in verl's schema. Imports no verl or Hydra.
 """
 
 from __future__ import annotations
@@ -46,7 +17,6 @@ from rlkit.verl import TRAINER, LaunchError
 from rlkit.verl.launch.data import DAPO_TRAIN_FILE, DAPO_VAL_FILE
 
 
-# ------------------------------------------------------------------------------------------------ presets
 COMMON: dict[str, Any] = {
     "trainer.v1.trainer_mode": TRAINER,  # rlkit's trainer (rlkit/verl/trainer.py) runs every method's hooks
     "actor_rollout_ref.rollout.name": "vllm",
@@ -74,18 +44,13 @@ GSM8K_SAMPLES_PER_GPU = 256
 
 @dataclass(frozen=True)
 class Dataset:
-    """Where a dataset's parquet files are (written by ``rlkit data``) and what its runs share."""
+    """A dataset's parquet files, the overrides every method shares on it, vLLM's tensor parallelism, tool."""
 
     train: str
-    """Training parquet in the data directory."""
     val: str
-    """Validation parquet in the data directory."""
     keys: dict[str, Any]
-    """Overrides every method shares on this dataset."""
     rollout_tp: int
-    """vLLM tensor parallelism (reduced to what the GPUs per node allow)."""
     tool: str | None = None
-    """A tool every method's rollouts use on this dataset (:data:`TOOLS`), or None."""
 
 
 DATASETS: dict[str, Dataset] = {
@@ -141,27 +106,19 @@ class DataFile:
 
 @dataclass(frozen=True)
 class Preset:
-    """One method's settings. Batch sizes are in prompts, as verl counts them."""
+    """One method's settings: ``n`` responses per prompt, ``updates`` optimizer steps per batch, the paper's
+    ``dapo_prompts`` per step, ``keys`` everywhere, ``dapo`` on DAPO-Math only, ``tools``: the sandbox."""
 
     n: int
-    """Responses per prompt (``actor_rollout_ref.rollout.n``)."""
     updates: int
-    """Optimizer steps per rollout batch: ``data.train_batch_size / actor.ppo_mini_batch_size``."""
     dapo_prompts: int
-    """DAPO-Math: the paper's prompts per step (global, whatever the GPU count)."""
     keys: dict[str, Any]
-    """Overrides on both datasets: the method's estimator, loss and hyperparameters."""
     dapo: dict[str, Any]
-    """Overrides on DAPO-Math only: the paper's lengths, epochs, validation sampling, DAPO mechanics."""
     tools: bool = False
-    """Tool-integrated: multi-turn rollouts with rlkit's sandboxed Python (:mod:`rlkit.verl.tools`); on a dataset
-    with its own tool (the word problems' calculator) that tool instead."""
 
 
-# DAPO's mechanics (clip-higher, dynamic sampling, token-mean loss, overlong shaping), as verl's DAPO recipe
-# and HAPO's recipes set them (method notes: HAPO: "filter_groups on acc, overlong buffer 4096 with penalty 1.0").
-# The bound on a step's refills is the DAPO recipe's max_num_gen_batches=10 (its run scripts), here 10 batches of
-# train_batch_size prompts; verl 0.9.1's V1 buffer ignores it and rlkit's trainer enforces it (rlkit.verl.trainer).
+# DAPO's dynamic sampling as verl's DAPO recipe and HAPO's recipes set it (method notes: HAPO: "filter_groups
+# on acc"), with the DAPO recipe's max_num_gen_batches=10 (verl 0.9.1 ignores it, rlkit's trainer enforces it)
 _DYNAMIC_SAMPLING = {"algorithm.filter_groups.enable": True, "algorithm.filter_groups.metric": "acc",
                      "algorithm.filter_groups.max_num_gen_batches": 10}
 
@@ -182,8 +139,7 @@ def _clip(low: float, high: float, c: float) -> dict[str, Any]:
 
 
 DEFAULTS = {name: registry.get_method(name).config() for name in registry.list_methods()["method"]}
-"""rlkit method → its ``Config()``: the values its paper gives, written once in its module (:mod:`rlkit.methods`,
-with the section each comes from); a preset reads them here rather than restating them."""
+"""rlkit method → its ``Config()``: its paper's values, written once in its module and read here."""
 _GRPO_CLIP = _clip(0.2, 0.28, 10.0)  # SPO train.sh, shared by its GRPO runs (method notes: SPO)
 
 
@@ -202,8 +158,7 @@ _SPO_FORMAT = {"+reward.custom_reward_function.reward_kwargs.format_rule": True}
 PRESETS: dict[str, Preset] = {
     # GRPO, the baseline: SPO's GRPO column (method notes: SPOrecipe/spo/train.sh): 128 prompts × 8, mini-batch 16.
     "grpo": Preset(
-        n=8, updates=8, dapo_prompts=128,
-        keys={
+        n=8, updates=8, dapo_prompts=128, keys={
             "algorithm.adv_estimator": "rlkit_grpo",
             "actor_rollout_ref.actor.policy_loss.loss_mode": "rlkit_ppo",
             **_GRPO_CLIP,
@@ -214,8 +169,7 @@ PRESETS: dict[str, Preset] = {
     # GSPO (paper v2 §5.1): sequence-ratio loss on GRPO advantages, no critic (AEPO/GSPO integration guide).
     "gspo": Preset(
         n=16, updates=4,  # n = 16: verl's GSPO example on DAPO-Math; 4 mini-batches per batch: paper §5.1
-        dapo_prompts=256,  # verl's examples/gspo_trainer/run_qwen30b_gspo.sh; the paper gives none
-        keys={
+        dapo_prompts=256, keys={  # verl's examples/gspo_trainer/run_qwen30b_gspo.sh; the paper gives none
             "algorithm.adv_estimator": "rlkit_grpo",
             "actor_rollout_ref.actor.policy_loss.loss_mode": "rlkit_gspo",
             # ε_left, ε_right: paper §5.1 (gspo.Config's); c = 10: verl's GSPO example
@@ -228,8 +182,7 @@ PRESETS: dict[str, Preset] = {
     # ASPO (§4.1): DAPO with a Python tool, 96 prompts × 8, max length 16,384, 3 epochs; Eq. 2's δ, k (§4.5).
     "aspo": Preset(
         n=8, updates=16,  # mini-batch not stated; DAPO's 16 steps per batch (512/32, method notes: HAPO)
-        dapo_prompts=96,
-        keys={
+        dapo_prompts=96, keys={
             "algorithm.adv_estimator": "rlkit_aspo",
             "actor_rollout_ref.actor.policy_loss.loss_mode": "rlkit_ppo",
             # DAPO's clip-higher (verl's DAPO recipe, HAPO recipes: c = 10)
@@ -246,8 +199,7 @@ PRESETS: dict[str, Preset] = {
     # AEPO: GRPO advantages, the AEPO loss, no critic (AEPO/GSPO integration guide); ARLArena's math trainer
     # (examples/math_trainer/4B/train_aepo.sh, method notes: AEPO): 512 prompts × 4, mini-batch 128, 16k lengths.
     "aepo": Preset(
-        n=4, updates=4, dapo_prompts=512,
-        keys={
+        n=4, updates=4, dapo_prompts=512, keys={
             "algorithm.adv_estimator": "rlkit_grpo",
             "actor_rollout_ref.actor.policy_loss.loss_mode": "rlkit_aepo",
             # ARLArena math_agent_trainer.yaml (method notes: AEPO)
@@ -258,8 +210,7 @@ PRESETS: dict[str, Preset] = {
     ),
     # SPO (recipe/spo/train.sh, method notes: SPO): one response per prompt, 1024 prompts, mini-batch 128, a tool.
     "spo": Preset(
-        n=1, updates=8, dapo_prompts=1024,
-        keys={
+        n=1, updates=8, dapo_prompts=1024, keys={
             "algorithm.adv_estimator": "rlkit_spo",
             "actor_rollout_ref.actor.policy_loss.loss_mode": "rlkit_ppo",
             **_clip(DEFAULTS["spo"].clip_low, DEFAULTS["spo"].clip_high, DEFAULTS["spo"].clip_c),  # train.sh
@@ -272,8 +223,7 @@ PRESETS: dict[str, Preset] = {
     ),
     # HAPO (recipes, method notes: HAPO): DAPO + the four components; 512 prompts × 16, mini-batch 32, 32×A100.
     "hapo": Preset(
-        n=16, updates=16, dapo_prompts=512,
-        keys={
+        n=16, updates=16, dapo_prompts=512, keys={
             "algorithm.adv_estimator": "rlkit_hapo_tlga",  # B: token-level group average
             "actor_rollout_ref.actor.policy_loss.loss_mode": "rlkit_hapo",  # C, D: redistribution, clip
             # the paper's clip-higher (the recipes': 0.2), the recipes' c (method notes: HAPO)
@@ -287,12 +237,10 @@ PRESETS: dict[str, Preset] = {
         dapo={"data.max_response_length": 12288, **overlong(), **_val(8, 0.5, 0.7)},
     ),
     # DAPO (arXiv 2503.14476 §4.1): 512 prompts × 16, mini-batches of 512 responses (32 prompts: 16 updates per step).
-    # In verl, dynamic sampling is verl's filter_groups (its replay buffer refills the batch with groups of mixed
-    # accuracy, as the paper does, where the tiny engine's DapoHooks over-sample up front) and the overlong penalty
-    # verl's dapo reward manager.
+    # verl's filter_groups refills the batch with groups of mixed accuracy, as the paper does (the tiny
+    # engine's DapoHooks over-sample up front); the overlong penalty is verl's dapo reward manager.
     "dapo": Preset(
-        n=16, updates=16, dapo_prompts=512,
-        keys={
+        n=16, updates=16, dapo_prompts=512, keys={
             "algorithm.adv_estimator": "rlkit_grpo",  # GRPO's group advantage (Eq. 10)
             "actor_rollout_ref.actor.policy_loss.loss_mode": "rlkit_ppo",
             # clip-higher ε_low, ε_high (§3.1); c = 10: verl's DAPO recipe
@@ -308,8 +256,7 @@ PRESETS: dict[str, Preset] = {
     # Dr. GRPO (arXiv 2503.20783): GRPO's preset with the two terms §3 removes — nothing else changed, so the two
     # presets differ only there.
     "dr_grpo": Preset(
-        n=8, updates=8, dapo_prompts=128,  # GRPO's preset
-        keys={
+        n=8, updates=8, dapo_prompts=128, keys={  # GRPO's preset
             "algorithm.adv_estimator": "rlkit_dr_grpo",  # Â = R − mean R (§3.2, Fig. 1) ...
             "algorithm.norm_adv_by_std_in_grpo": DEFAULTS["dr_grpo"].norm_by_std,  # ... no std: verl's key
             "actor_rollout_ref.actor.policy_loss.loss_mode": "rlkit_ppo",
@@ -326,8 +273,7 @@ PRESETS: dict[str, Preset] = {
     # equal to verl's own `cispo` in values and gradients (tests/test_cispo.py), which also logs cispo/clipped_frac.
     # The paper states no batch for its CISPO runs: GRPO's preset.
     "cispo": Preset(
-        n=8, updates=8, dapo_prompts=128,  # GRPO's preset
-        keys={
+        n=8, updates=8, dapo_prompts=128, keys={  # GRPO's preset
             "algorithm.adv_estimator": "rlkit_grpo",
             "actor_rollout_ref.actor.policy_loss.loss_mode": "rlkit_cispo",
             # ε_low^IS 1.0: no lower bound on the weight (§3.1); ε_high^IS tuned, value not given: DAPO's 0.28;
@@ -338,12 +284,10 @@ PRESETS: dict[str, Preset] = {
         dapo={"data.max_response_length": 8192, **_SPO_VAL, **_SPO_FORMAT},  # GRPO's preset
     ),
     # SAPO (arXiv 2511.20347, Eq. 5) on GRPO's group advantage; rlkit's sapo loss, equal to verl's own `sapo` in values
-    # and gradients at the paper's aggregation (tests/test_sapo.py), which also logs the gate's slope. The paper's
-    # controlled runs split each rollout batch into 4 mini-batches and state no batch or lengths: GSPO's preset,
-    # the same team's setup with the same 4 updates per batch.
+    # and gradients at the paper's aggregation (tests/test_sapo.py). The paper states no batch or lengths:
+    # GSPO's preset, the same team's setup with the same 4 updates per batch.
     "sapo": Preset(
-        n=16, updates=4, dapo_prompts=256,  # GSPO's preset; 4 mini-batches per batch: the paper's runs
-        keys={
+        n=16, updates=4, dapo_prompts=256, keys={  # GSPO's preset; 4 mini-batches per batch: the paper's runs
             "algorithm.adv_estimator": "rlkit_grpo",
             "actor_rollout_ref.actor.policy_loss.loss_mode": "rlkit_sapo",
             # no clip: SAPO reads none of verl's clip_ratio_* keys (verl's defaults stand)
@@ -373,7 +317,6 @@ PRESETS: dict[str, Preset] = {
 }
 METHODS = tuple(PRESETS)
 
-# ------------------------------------------------------------------------------------------------ CPU runs
 DEVICES = ("gpu", "cpu")
 CPU_SAMPLES = 16
 """Responses per step in CPU runs: 4 prompts × :data:`CPU_GROUP`, or 16 prompts × 1 for SPO."""
@@ -384,7 +327,6 @@ CPU_UPDATES = 2
 CPU_STEPS = 10
 """Training steps of a CPU run unless ``--steps`` says otherwise."""
 CPU_MODEL = "tiny-random-llama"
-"""Name of the default CPU model in the cache (:func:`default_cpu_model`)."""
 
 CPU: dict[str, Any] = {
     # verl on the CPU (rlkit.verl.cpu): FSDP1 refuses CPU parameters with sync_module_states, so FSDP2 (gloo);
@@ -414,14 +356,9 @@ CPU: dict[str, Any] = {
     "actor_rollout_ref.rollout.free_cache_engine": False,
     "actor_rollout_ref.rollout.agent.num_workers": 1,
     "+actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend": "uni",  # no worker process
-    # the sampler's own log-probs kept beside the actor's recomputation: verl 0.9.1 then logs their mismatch
-    # (rollout_corr/kl, …/log_ppl_diff, …/chi2_token; training/rollout_probs_diff_*) from its default
-    # algorithm.rollout_correction (rollout_is and rollout_rs null: metrics only, the loss and mask unchanged).
-    # verl 0.9.1's rollout.yaml defaults to true already (every published twin has the metrics): set here so the
-    # measurement does not hang on a default
+    # the sampler's log-probs, whose mismatch with the actor's verl 0.9.1 logs (rollout_corr/*): pinned
     "actor_rollout_ref.rollout.calculate_log_probs": True,
-    # toy scale: 64-token answers, 256 training problems, 64 held-out problems greedily every 5 steps, a
-    # checkpoint every 5 steps
+    # toy scale: 64-token answers, 256 training problems, 64 held-out ones and a checkpoint every 5 steps
     "data.max_prompt_length": 256,
     "data.max_response_length": 64,
     "data.truncation": "error",
@@ -436,32 +373,25 @@ CPU: dict[str, Any] = {
     "+ray_kwargs.ray_init.num_gpus": 1,
     "+ray_kwargs.ray_init.include_dashboard": False,
     "+ray_kwargs.ray_init.address": "local",  # a Ray of its own, even where `ray start` left one running
-    # one process per role: every Ray actor is a Python process that imports verl (~10 s of CPU each), and
-    # verl's defaults start 8 reward-loop workers and 8 TransferQueue storage units
+    # one process per role (verl starts 8 of each): every Ray actor imports verl, ~10 s of CPU each
     "reward.num_workers": 1,
     "transfer_queue.backend.SimpleStorage.num_data_storage_units": 1,
 }
 """Overrides of every CPU run (after the method's preset; the user's own overrides still come last)."""
 
 CPU_PRETRAINED: dict[str, Any] = {
-    # a model of its own (--model DIR, e.g. `rlkit model smollm2`) talks: the GPU presets' learning rate (COMMON,
-    # verl's GSM8K examples), not the randomly initialised toy model's 1e-3, which would wreck it in a step
+    # a model that talks (--model DIR): the GPU presets' learning rate; the toy model's 1e-3 would wreck it
     "actor_rollout_ref.actor.optim.lr": COMMON["actor_rollout_ref.actor.optim.lr"],
-    # room for a worked answer: SmolLM2-135M-Instruct's GSM8K answers, cut at 256 tokens, averaged 212 and 69% of
-    # them were cut (reproductions/LOG.md, 2026-12-02 evening); still half the GSM8K preset's 1024, for CPU time
+    # SmolLM2-135M's GSM8K answers cut at 256 tokens averaged 212, 69% cut (reproductions/LOG.md, 2026-12-02)
     "data.max_response_length": 512,
     "actor_rollout_ref.rollout.max_model_len": 768,  # prompt (CPU's 256) + response
-    # a real vocabulary: the logits of a micro-batch are micro × tokens × vocab floats (SmolLM2: 8 × 768 × 49,152 ×
-    # 4 bytes = 1.2 GB a copy, where the toy model's 89 symbols made 2 MB); at CPU's 8 the FSDP worker held 12.2 GB
-    # through old log-probs and the update (LOG 2026-12-02 evening); 2 keeps a copy at 0.3 GB
+    # 8 × 768 × 49,152 logits (1.2 GB a copy) held the FSDP worker at 12.2 GB (LOG 2026-12-02); 2: 0.3 GB
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2,
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 2,
 }
-"""Overrides of a CPU run on a model of its own (after :data:`CPU`; not with the default model or ``--tiny-scale``,
-whose settings are the tiny engine's)."""
+"""Overrides of a CPU run on a model of its own (after :data:`CPU`; not with ``--tiny-scale``)."""
 
 
-# ------------------------------------------------------------------------------------------------ batches
 @dataclass(frozen=True)
 class Batch:
     """One step's batch in verl's units: prompts per step, prompts per mini-batch, responses per prompt."""
@@ -472,14 +402,11 @@ class Batch:
 
 
 def scaled_batch(method: str, dataset: str, n_gpus: int) -> Batch:
-    """The batch of ``method`` on ``dataset`` with ``n_gpus`` GPUs in all (module doc, Batch scaling)."""
+    """The batch of ``method`` on ``n_gpus``: GSM8K keeps the samples per GPU, DAPO-Math the paper's batch."""
     preset, _ = method_preset(method), dataset_spec(dataset)
     if n_gpus < 1:
         raise LaunchError(f"the number of GPUs must be ≥ 1, got {n_gpus}")
-    if dataset == "gsm8k":
-        prompts = GSM8K_SAMPLES_PER_GPU * n_gpus // preset.n
-    else:
-        prompts = preset.dapo_prompts
+    prompts = GSM8K_SAMPLES_PER_GPU * n_gpus // preset.n if dataset == "gsm8k" else preset.dapo_prompts
     return Batch(prompts=prompts, mini_batch=prompts // preset.updates, n=preset.n)
 
 
@@ -490,19 +417,13 @@ def cpu_batch(method: str) -> Batch:
     return Batch(prompts=prompts, mini_batch=prompts // CPU_UPDATES, n=n)
 
 
-def cache_dir() -> Path:
-    """``$RLKIT_CACHE`` (default ``~/.cache/rlkit``; :func:`rlkit.environ.cache_root`)."""
-    return cache_root()
-
-
 def default_cpu_model_path() -> Path:
-    """Where :func:`default_cpu_model` builds the default CPU model (in :func:`cache_dir`)."""
-    return cache_dir() / "models" / CPU_MODEL
+    """Where :func:`default_cpu_model` builds the default CPU model (in ``$RLKIT_CACHE``)."""
+    return cache_root() / "models" / CPU_MODEL
 
 
 def default_cpu_model() -> str:
-    """The default model of CPU runs, built on first use: a randomly initialised 2-layer Llama (d 64, 2 heads
-    of 32) over the tiny engine's character vocabulary, with its tokenizer (:func:`rlkit.tiny.hf.save_random_model`)."""
+    """The default CPU model, built once: a random 2-layer Llama over the tiny engine's vocabulary."""
     path = default_cpu_model_path()
     if not (path / "config.json").exists():
         from rlkit.tiny.hf import save_random_model
@@ -512,7 +433,6 @@ def default_cpu_model() -> str:
     return str(path)
 
 
-# ------------------------------------------------------------------------------------------------ lookups
 def method_preset(method: str) -> Preset:
     """``method``'s preset, or :class:`LaunchError` listing the valid methods."""
     if method not in PRESETS:

@@ -1,36 +1,14 @@
 """Running ``main_ppo`` under a watchdog, its metrics kept safe across kills and resumes.
 
-A launch (:func:`execute`) starts ``python -m verl.trainer.main_ppo`` in a session of its own, writes everything
-it prints to ``runs/<experiment>/launch.log``, and watches it:
-
-- **progress**: verl's ``file`` logger writes each step's line to ``verl_metrics.jsonl`` (:data:`VERL_METRICS`;
-  verl truncates that file at every start); the watchdog copies each new line into ``metrics.jsonl``, fsynced
-  (:class:`rlkit.metrics.MetricsWriter`), and prints a one-line summary of the step;
-- **phases** (:data:`PHASES`): the start-up phase the run is in (Ray, verl's trainer process, TransferQueue and
-  data, FSDP workers, vLLM servers, agent loop), read from the output, then the step; the launch records when
-  each began in ``launch.json``, and a stopped launch names the phase it stalled in;
-- **liveness** (:class:`Limits`): a run is alive while it makes progress — a metrics line, an output line (not a
-  periodic status line), or its process tree using CPU (``idle_cpu`` of a core, read from ``/proc``). It is stopped
-  when it makes none for ``idle_s``: a real hang waits without computing. A slow run on a loaded machine computes,
-  so it is not stopped for being slow, up to the ceilings: the first metrics line within ``startup_s``, each later
-  one within ``step_s`` of the last (a run that spins without progress ends there). Once a Python traceback
-  appears in the output the run must log a step or exit within ``error_grace_s`` (a failure inside a Ray worker or
-  vLLM can leave the driver waiting forever: the weight-sync failure of vLLM's CPU build did);
-- **ending**: on a limit, Ctrl-C or SIGTERM it stops the whole process tree — ``main_ppo``, Ray's processes and
-  vLLM's, found by an environment marker each of them inherits (:data:`MARKER`), since Ray starts some of them in
-  sessions of their own — and reports the underlying error (:func:`describe_error`): the first traceback in the
-  output (in Ray and vLLM the first error is the cause, later ones are its echoes) and the exception that ended
-  the run.
-
-Resume (:func:`resume_point`). verl saves checkpoint N *before* it logs step N, so a run killed in between has
-checkpoint N and no line N, and resuming from N would lose that step. The resume point is therefore the newest
-complete checkpoint (at or below verl's ``latest_checkpointed_iteration.txt``) whose step is also in
-``metrics.jsonl``; ``metrics.jsonl`` is cut back to that step (the steps after it are run again), so a killed
-and resumed run has each step exactly once.
+:func:`execute` copies each line verl's ``file`` logger writes (``verl_metrics.jsonl``, truncated by verl at
+every start) into ``metrics.jsonl``, stops the whole process tree (:data:`MARKER`) once it makes no progress
+(:class:`Limits`) and reports the first traceback (in Ray and vLLM the first error is the cause). verl saves
+checkpoint N *before* it logs step N: a run resumes at the newest checkpoint logged (:func:`resume_point`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -51,19 +29,17 @@ from rlkit.environ import HOLD, hold_before_step  # noqa: F401  (test support, r
 from rlkit.metrics import MetricsWriter, read_metrics
 
 VERL_METRICS = "verl_metrics.jsonl"
-"""verl's own file logger output in the run directory (``VERL_FILE_LOGGER_PATH``); rewritten at every start."""
 METRICS = "metrics.jsonl"
 LOG = "launch.log"
 LAUNCH = "launch.json"
 """The last launch of the run: its marker, command, start time and outcome."""
 MARKER = "RLKIT_LAUNCH_ID"
-"""Environment variable every process of a launch inherits: how its process tree is found and stopped."""
+"""Environment variable every process of a launch inherits: how its process tree is found."""
 _TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
 _FATAL = re.compile(r"Traceback \(most recent call last\)|Error executing job with overrides")
 _RAY_OOM = re.compile(r"\d+ Workers \(tasks / actors\) killed due to memory pressure \(OOM\)"
                       r"|\d+ worker\(s\) were killed due to the node running low on memory")  # Ray ≥ 2.56's words
-"""The raylet's line when its memory monitor killed workers (at 95% of the machine's memory, Ray's default): no
-traceback follows, the driver waits on the dead workers."""
+"""The raylet's memory monitor killed workers (no traceback follows; the driver waits on the dead workers)."""
 _EXCEPTION_LINE = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt|Exit)(?:\([\w.]+\))?(?::|$)"
                              r"|^[a-z_]\w*(?:\.[a-z_]\w*)*\.[A-Z]\w*: ")  # or any qualified class: rlkit.errors.X
 _RAY_TASK_ERROR = re.compile(r"^ray\.exceptions\.Ray\w*Error\(")
@@ -84,26 +60,20 @@ PHASES: tuple[tuple[str, re.Pattern | None], ...] = (
     ("rollout servers (vLLM)", re.compile(r"actor and ref model engine initialized")),
     ("agent loop, then validation before training", re.compile(r"all initialize finished, ready to fit")),
 )
-"""main_ppo's start-up phases, in order, each entered at the first output line matching its pattern (verl 0.9.1's
-and Ray's own messages); after the first metrics line the phase is the step being run."""
+"""main_ppo's start-up phases, each entered at the first output line matching its pattern (verl 0.9.1's)."""
 
 
 @dataclass(frozen=True)
 class Limits:
-    """How long a launch may go without progress before the watchdog stops it (seconds; None: no limit)."""
+    """How long a launch may go without progress (seconds; None: no limit): to the first metrics line, between
+    two, after a traceback, in all, and with no metrics line, output or CPU use of ``idle_cpu`` cores."""
 
     startup_s: float | None = 1800.0
-    """Ceiling from the start to the first metrics line (Ray, model loading, vLLM start-up, step 1 or validation)."""
     step_s: float | None = 3600.0
-    """Ceiling between two metrics lines (one step, with validation and checkpointing)."""
     error_grace_s: float = 120.0
-    """After a traceback appears in the output: time to log a step or exit before the run counts as hung."""
     total_s: float | None = None
-    """The whole launch."""
     idle_s: float | None = None
-    """No progress (metrics line, output line, CPU use of ``idle_cpu`` cores) for this long: stalled."""
     idle_cpu: float = 0.1
-    """Cores the process tree must use, averaged over a sample, for its CPU time to count as progress."""
 
     def __post_init__(self) -> None:
         for name in ("startup_s", "step_s", "error_grace_s", "total_s", "idle_s", "idle_cpu"):
@@ -114,30 +84,24 @@ class Limits:
 
 @dataclass
 class Result:
-    """What :func:`execute` returns."""
+    """``returncode`` (124: watchdog, 130: Ctrl-C/SIGTERM), ``outcome`` (``finished``, ``failed``,
+    ``stalled``, ``hung``, ``timeout``, ``interrupted``), the ``steps`` added to ``metrics.jsonl``, the
+    ``error`` and the phases entered (:data:`PHASES`, then ``step N``) with their seconds."""
 
     returncode: int
-    """``main_ppo``'s exit status; 124 when the watchdog stopped it, 130 on Ctrl-C/SIGTERM."""
     outcome: str
-    """``finished``, ``failed`` (non-zero exit), ``stalled``, ``hung``, ``timeout`` or ``interrupted``."""
     steps: list[int]
-    """Steps whose metrics lines this launch added to ``metrics.jsonl``."""
     error: str | None
-    """The underlying error (:func:`describe_error`: the first traceback, and the exception that ended the run),
-    when the launch did not finish."""
     seconds: float
     phases: list[tuple[str, float]] = field(default_factory=list)
-    """Each phase the launch entered (:data:`PHASES`, then ``step N``) and the second it began."""
 
     @property
     def phase(self) -> str | None:
-        """The phase the launch was in when it ended."""
         return self.phases[-1][0] if self.phases else None
 
     @property
     def cause(self) -> str | None:
-        """The error in one line: the watchdog's reason when it gave one, else the exception that began it all
-        (the first traceback's last line: for a Ray task, the remote exception's)."""
+        """The error in one line: the watchdog's reason, else the first traceback's (remote) exception."""
         if not self.error:
             return None
         lines = self.error.splitlines()
@@ -147,15 +111,8 @@ class Result:
                     next((line for line in lines if _EXCEPTION_LINE.match(line)), lines[-1]))
 
 
-# ------------------------------------------------------------------------------------------------ resume
-
-
 def checkpoint_steps(ckpt_dir: str | os.PathLike) -> list[int]:
-    """Steps of the complete checkpoints in verl's ``default_local_dir``, ascending.
-
-    Complete: at or below ``latest_checkpointed_iteration.txt`` (verl writes it after every part of a save) and
-    still holding the actor's state and the dataloader's (verl deletes the actor part of old checkpoints).
-    """
+    """Steps of verl's complete checkpoints (≤ ``latest_checkpointed_iteration.txt``), ascending."""
     ckpt_dir = Path(ckpt_dir)
     tracker = ckpt_dir / "latest_checkpointed_iteration.txt"
     try:
@@ -174,7 +131,6 @@ def checkpoint_steps(ckpt_dir: str | os.PathLike) -> list[int]:
 
 
 def logged_steps(run_dir: str | os.PathLike) -> list[int]:
-    """Steps of ``metrics.jsonl`` (empty when there is none)."""
     path = Path(run_dir) / METRICS
     return [r["step"] for r in read_metrics(path)] if path.exists() else []
 
@@ -186,12 +142,8 @@ def resume_point(run_dir: str | os.PathLike, ckpt_dir: str | os.PathLike) -> int
     return usable[-1] if usable else 0
 
 
-# ------------------------------------------------------------------------------------------------ processes
-
-
 def marked_pids(marker: str, variable: str = MARKER) -> list[int]:
-    """Processes (other than this one) whose environment holds ``RLKIT_LAUNCH_ID=marker`` (Linux ``/proc``), or
-    ``variable=marker``: the tests mark every process they start with a variable of their own."""
+    """Processes (other than this one) whose environment holds ``variable=marker`` (Linux ``/proc``)."""
     needle = f"{variable}={marker}".encode() + b"\0"
     pids = []
     for entry in Path("/proc").iterdir():
@@ -199,7 +151,7 @@ def marked_pids(marker: str, variable: str = MARKER) -> list[int]:
             continue
         try:
             environ = (entry / "environ").read_bytes()
-        except OSError:  # gone, or not ours to read
+        except OSError:
             continue
         if needle in environ + b"\0":
             pids.append(int(entry.name))
@@ -222,7 +174,7 @@ def cpu_seconds(pids: Sequence[int]) -> dict[int, float]:
 
 
 class _CpuUse:
-    """The cores a launch's process tree uses, sampled: CPU seconds gained since the last sample over its seconds."""
+    """The cores a launch's process tree used since the last sample."""
 
     def __init__(self, marker: str, proc: subprocess.Popen) -> None:
         self.marker, self.proc = marker, proc
@@ -241,19 +193,14 @@ class _CpuUse:
 
 def stop_tree(proc: subprocess.Popen | None, marker: str, *, grace_s: float = 10.0,
               variable: str = MARKER) -> None:
-    """SIGTERM the launch's session and every marked process (:func:`marked_pids`), SIGKILL what is left after
-    ``grace_s``."""
+    """SIGTERM the launch's session and every marked process, SIGKILL what is left after ``grace_s``."""
     def signal_all(sig: int) -> None:
         if proc is not None and proc.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                pass
         for pid in marked_pids(marker, variable):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
 
     signal_all(signal.SIGTERM)
     signal_all(signal.SIGCONT)  # a stopped process (Ctrl-Z, SIGSTOP) acts on SIGTERM only once it runs again
@@ -263,10 +210,8 @@ def stop_tree(proc: subprocess.Popen | None, marker: str, *, grace_s: float = 10
         time.sleep(0.2)
     signal_all(signal.SIGKILL)
     if proc is not None:
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            pass
 
 
 def stop_previous(run_dir: str | os.PathLike) -> int:
@@ -281,12 +226,8 @@ def stop_previous(run_dir: str | os.PathLike) -> int:
     return len(left)
 
 
-# ------------------------------------------------------------------------------------------------ errors
-
-
 def strip_ray_prefix(line: str) -> str:
-    """``(TaskRunner pid=12, ip=…) (Worker pid=9) ERROR 11-24 06:30:40 [x.py:1] text`` → ``text``: Ray's
-    per-process prefixes (colours included) and a vLLM log header."""
+    """``(TaskRunner pid=12, ip=…) (Worker pid=9) ERROR 11-24 06:30:40 [x.py:1] text`` → ``text``."""
     line = _RAY_REPEATED.sub("", line.rstrip("\n"))
     while True:
         stripped = _LOG_HEADER.sub("", _RAY_PREFIX.sub("", line))
@@ -325,8 +266,7 @@ def last_error(lines: Sequence[str], *, context: int = 30) -> str | None:
 
 
 def describe_error(first: Sequence[str], tail: Sequence[str], *, context: int = 30) -> str | None:
-    """The run's first traceback (``first``: the output from the first traceback on; in Ray and vLLM the first
-    error is the cause, the later ones its echoes), and the exception that ended it (``tail``) when different."""
+    """The run's first traceback (in ``first``) and, if different, the exception that ended it."""
     head, end = traceback_blocks(first), traceback_blocks(tail)
     if not head and not end:
         return None
@@ -347,18 +287,14 @@ _RAY_START_FAILED = re.compile(r"node timed out during startup|Failed to connect
 
 
 def ray_start_failed(result: Result) -> bool:
-    """The launch failed while Ray was starting its local node (Ray waits 30 s for its raylet, a limit fixed in
-    ``ray/_private/node.py``: on a loaded machine it can run out), before any step: worth one more try."""
+    """The launch failed as Ray started its local node (30 s for its raylet, fixed in Ray): worth a retry."""
     early = {name for name, _ in PHASES[:3]}
     return (result.outcome == "failed" and not result.steps and result.phase in early
             and bool(result.error and _RAY_START_FAILED.search(result.error)))
 
 
-# ------------------------------------------------------------------------------------------------ the watch
-
-
 class _Output(threading.Thread):
-    """Copies the child's output to the log (and, with ``echo``, to the terminal), noting tracebacks."""
+    """Copies the child's output to the log (and, with ``echo``, the terminal), noting tracebacks, phases."""
 
     def __init__(self, stream: IO[bytes], log: IO[str], echo: bool, start: float) -> None:
         super().__init__(daemon=True)
@@ -453,8 +389,7 @@ def execute(argv: Sequence[str], *, run_dir: str | os.PathLike, env: Mapping[str
             limits: Limits = Limits(), resume_after: int | None = None, total_steps: int | None = None, echo: bool = False,
             report: Callable[[Mapping[str, Any], int | None], None] | None = default_report,
             poll_s: float = 1.0) -> Result:
-    """Run ``argv`` (``main_ppo``) under the watchdog (module doc). ``metrics.jsonl`` starts empty, or with
-    ``resume_after`` keeps its lines up to that step; it receives this launch's steps. Returns a :class:`Result`; never raises for a failed run."""
+    """Run ``argv`` under the watchdog, ``metrics.jsonl`` kept up to ``resume_after``; never raises."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     stop_previous(run_dir)
