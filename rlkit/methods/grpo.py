@@ -50,10 +50,20 @@ def grpo_estimator(inputs: AdvantageInputs, *, norm_by_std: bool = True, eps: fl
 
 
 @register_policy_loss("ppo", method="grpo")
-def ppo_clip_loss(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, *, clip_low: float = 0.2,
-                  clip_high: float = 0.2, clip_c: float | None = None, agg: str = "token-mean",
-                  behav_logp: Tensor | None = None, behav_imp_weight_cap: float | None = None,
-                  loss_scale_factor: float | None = None) -> tuple[Tensor, dict[str, float]]:
+def ppo_clip_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    adv: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    clip_c: float | None = None,
+    agg: str = "token-mean",
+    behav_logp: Tensor | None = None,
+    behav_imp_weight_cap: float | None = None,
+    loss_scale_factor: float | None = None,
+) -> tuple[Tensor, dict[str, float]]:
     """PPO clipped surrogate on token ratios r_t = π_θ/π_old (GRPO's loss; verl's ``vanilla``):
 
         ℓ_t = max(−Â_t·r_t, −Â_t·clip(r_t, 1 − ε_low, 1 + ε_high))      (PPO, arXiv 1707.06347, Eq. 7, as a loss)
