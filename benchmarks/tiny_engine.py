@@ -182,7 +182,7 @@ def profile_run(method: str, regime: str, sets: dict, out: Path, scale: str = "c
     cfg = build_config(method, scale, {"seed": 0, **sets}, regime=regime)
     clock = PhaseClock()
     saved = {(o, a): getattr(o, a) for o, a in ((step, "rollout"), (sft, "rollout"), (rl, "evaluate"),
-                                                (step, "_policy_eval"), (step, "token_logprobs"),
+                                                (step, "policy_eval"), (step, "token_logprobs"),
                                                 (task, "token_logprobs"),
                                                 (torch.autograd, "backward"), (torch.autograd, "grad"),
                                                 (torch.optim.Adam, "step"),
@@ -194,7 +194,7 @@ def profile_run(method: str, regime: str, sets: dict, out: Path, scale: str = "c
         after_eval[0] = True
         return label
 
-    def which_rollout(*args, **kw):  # the stale policy's rollout is timed by _policy_eval around it
+    def which_rollout(*args, **kw):  # the stale policy's rollout is timed by policy_eval around it
         after_eval[0] = False
         return None if clock.stack[-1] == "stale policy's evaluation" else "generation"
 
@@ -202,7 +202,7 @@ def profile_run(method: str, regime: str, sets: dict, out: Path, scale: str = "c
         for owner in (step, sft):  # the training's rollouts, and SPO's offline pass
             clock.wrap(owner, "rollout", which_rollout)
         clock.wrap(rl, "evaluate", which_eval)
-        clock.wrap(step, "_policy_eval", "stale policy's evaluation")
+        clock.wrap(step, "policy_eval", "stale policy's evaluation")
         for owner in (step, task):
             clock.wrap(owner, "token_logprobs", "update: forward")
         clock.wrap(torch.autograd, "backward", "update: backward")

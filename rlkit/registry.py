@@ -8,18 +8,14 @@ here (verl's own registries are filled from this one by ``rlkit.verl.plugin``).
 - A **policy loss** is ``fn(logp, old_logp, adv, mask, *, <knobs>, <inputs>) -> (loss, metrics)``, the method's
   math as its paper writes it, and the one every trainer runs: there is no second implementation of it.
 
-Knobs are keyword-only parameters named exactly like ``Config`` fields: :func:`kwargs_for` is the one place a
-``Config`` becomes keyword arguments. A run's estimator and loss read its own method's ``Config`` and no other:
-a method's ``Config`` holds every knob of the functions it trains with (GSPO's the group advantage's
-``norm_by_std`` and ``eps`` beside its clip; the knobs several methods share, their ranges and choices:
-:mod:`rlkit.settings`). Inputs that are not knobs — the token ``entropy``, ``behav_logp``, ``loss_scale_factor``,
-an estimator's ``estimate`` (another estimator on the same batch and ``Config``, for ASPO's base advantage) — go to
-the functions whose signatures name them.
+Knobs are keyword-only parameters named exactly like ``Config`` fields (:func:`kwargs_for`). A run's estimator and
+loss read its own method's ``Config`` and no other, which holds every knob of the functions it trains with (the
+knobs several methods share, their ranges and choices: :mod:`rlkit.settings`). Inputs that are not knobs — the
+token ``entropy``, ``behav_logp``, ``loss_scale_factor``, an estimator's ``estimate`` (another estimator on the
+same batch and ``Config``, for ASPO's base advantage) — go to the functions whose signatures name them.
 
 :func:`advantage` and :func:`policy_loss` are the dispatch by method name. Registering a name twice fails; an
-unknown name lists the valid ones. :func:`check_settings` is the one check of a method's section against its
-``Config``'s declarations, which both engines run before any work (the tiny engine's ``--set hapo.…``, verl's
-``+algorithm.hapo.…``): a refusal is one line naming the full key, ``spo.d_half=-1: must be > 0``.
+unknown name lists the valid ones. Both engines run :func:`check_settings` before any work.
 """
 
 from __future__ import annotations
@@ -31,7 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from rlkit.settings import check_config, check_values, choices
+from rlkit.settings import check_config, check_section, choices
 
 if TYPE_CHECKING:
     import torch
@@ -102,8 +98,7 @@ class VerlKey:
 @dataclass(frozen=True)
 class OfflinePass:
     """Scored samples of the start policy on every pool prompt, taken before training (SPO's tracker starts from
-    them). The tiny engine samples them when the hooks ask (``engine.offline_scores(n)``); work outside training
-    (the shipped start, the verl twin's data) prepares them ahead, and a verl run reads them from a file."""
+    them): the tiny engine samples them when the hooks ask, a verl run reads them from a file."""
 
     samples: str
     """The ``Config`` field holding the samples per prompt (0: no pass)."""
@@ -126,11 +121,10 @@ class Method:
     """The registered policy loss it trains with."""
     entropy_switches: tuple[str, ...] = ()
     """Boolean ``Config`` fields under which its loss needs the token entropies (AEPO's entropy advantage, HAPO's
-    redistribution and adaptive clip); trainers compute and pass ``entropy`` when one is on."""
+    redistribution and adaptive clip)."""
     inputs: tuple[str, ...] = ()
-    """Per-response fields of :class:`AdvantageInputs` its estimator reads that an engine finds in the responses
-    (ASPO: correctness, the first code call's position, lengths, code success); an engine that computes them only
-    on demand (verl) reads this."""
+    """Per-response fields of :class:`AdvantageInputs` its estimator reads from the responses (ASPO's), for an
+    engine that computes them only on demand (verl)."""
     hooks: type | None = None
     """Its :class:`rlkit.hooks.Hooks` subclass: what it does in a run besides estimator and loss (None: nothing)."""
     logs: frozenset[str] = frozenset()
@@ -189,24 +183,19 @@ def _register(table: dict[str, Callable], kind: str, name: str, method: str | No
 
 
 def register_advantage(name: str, *, method: str | None = None) -> Callable[[F], F]:
-    """Decorator: register ``fn(inputs: AdvantageInputs, *, knobs) -> Tensor`` as estimator ``name``.
-
-    ``method``: its home method, whose module registers it.
-    """
+    """Decorator: register ``fn(inputs: AdvantageInputs, *, knobs) -> Tensor`` as estimator ``name`` of its home
+    ``method``."""
     return _register(_ADVANTAGES, "advantage estimator", name, method)
 
 
 def register_policy_loss(name: str, *, method: str | None = None) -> Callable[[F], F]:
-    """Decorator: register ``fn(logp, old_logp, adv, mask, *, knobs) -> (loss, metrics)`` as policy loss ``name``.
-
-    ``method``: its home method, whose module registers it.
-    """
+    """Decorator: register ``fn(logp, old_logp, adv, mask, *, knobs) -> (loss, metrics)`` as policy loss ``name``
+    of its home ``method``."""
     return _register(_POLICY_LOSSES, "policy loss", name, method)
 
 
 def register_method(method: Method) -> Method:
-    """Register ``method``; fails if the name is taken. Its estimator and loss are looked up when it runs (they may
-    be registered by another method's module, imported later)."""
+    """Register ``method``; fails if the name is taken. Its estimator and loss are looked up when it runs."""
     if method.name in _METHODS:
         raise ValueError(f"method {method.name!r} is already registered (Config {_METHODS[method.name].config})")
     if not (isinstance(method.config, type) and dataclasses.is_dataclass(method.config)):
@@ -238,8 +227,8 @@ def register_method(method: Method) -> Method:
 
 
 def make_hooks(method: str, configs: Mapping[str, Any] | None = None) -> Any:
-    """A run's instance of ``method``'s hooks (:mod:`rlkit.hooks`; the do-nothing defaults when it has none), given
-    ``method``'s ``Config`` alone (its ``configs`` too hold only that one)."""
+    """A run's instance of ``method``'s hooks (:mod:`rlkit.hooks`; the do-nothing defaults when it has none),
+    given ``method``'s ``Config`` alone."""
     from rlkit.hooks import Hooks
 
     m = get_method(method)
@@ -261,29 +250,9 @@ def unregister(name: str) -> None:
 
 
 def check_settings(method: str, section: Mapping[str, Any] | Any = None) -> Any:
-    """``method``'s ``Config`` from ``section`` — a mapping of its field names (verl's ``algorithm.<method>``), a
-    ``Config`` instance (the tiny engine's ``RLConfig.<method>``) or None (the defaults) — checked against the
-    ``Config``'s declarations: each range (:func:`knob`), each choice (``Config.CHOICES``), every number finite.
-
-    Refused with :class:`~rlkit.errors.InvalidSetting` (:class:`~rlkit.errors.UnknownSetting` for a key the
-    ``Config`` lacks), one line naming the full key: ``hapo.temperature_tau=-1: must be > 0``.
-    """
-    from rlkit.errors import InvalidSetting, UnknownSetting
-
-    cls = get_method(method).config
-    if isinstance(section, cls):
-        values = {f.name: getattr(section, f.name) for f in dataclasses.fields(cls)}
-    else:
-        values = dict(section or {})
-        names = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(set(values) - set(names))
-        if unknown:
-            raise UnknownSetting(f"{method}.{unknown[0]}: {method} has no such setting; valid: {', '.join(names)}")
-    try:
-        check_values(method, cls, values)  # before the Config is built: its own __post_init__ checks come after
-        return section if isinstance(section, cls) else cls(**values)
-    except ValueError as e:
-        raise InvalidSetting(str(e) if str(e).startswith(f"{method}.") else f"{method}: {e}") from None
+    """``method``'s ``Config`` from ``section`` (a mapping, a ``Config`` or None), checked:
+    :func:`rlkit.settings.check_section`."""
+    return check_section(method, get_method(method).config, section)
 
 
 # --------------------------------------------------------------------------- lookup
@@ -293,8 +262,7 @@ _LOADED = False
 
 
 def _load_methods() -> None:
-    """Import the method modules, once (importing them fills the tables): :mod:`rlkit.methods` and every other
-    module in its folder (:func:`import_method_modules`), so a new method's module needs no import added."""
+    """Import the method modules once (:func:`import_method_modules`): importing them fills the tables."""
     global _LOADED
     if _LOADED:
         return
@@ -307,8 +275,8 @@ def _load_methods() -> None:
 
 
 def import_method_modules() -> list[str]:
-    """Import :mod:`rlkit.methods`, then each module of its package path it did not import; returns the names
-    imported here."""
+    """Import :mod:`rlkit.methods` and every module in its folder (a new method needs no import added); returns
+    the names imported here."""
     import importlib
     import pkgutil
     import sys
@@ -376,14 +344,9 @@ def _keywords(fn: Callable) -> frozenset[str]:
 
 
 def kwargs_for(fn: Callable, config: Any) -> dict[str, Any]:
-    """The fields of ``config`` that are keyword-only parameters of ``fn``, by name: the one place a method's
-    ``Config`` becomes keyword arguments.
-
-    Fields ``fn`` does not take are left out (a ``Config`` also holds the knobs of the method's other functions and
-    of its trainer), and so are positional parameters (a function's data, not knobs). ``config`` None gives ``{}``.
-    Refused: a ``config`` that is not a dataclass instance, and an ``fn`` with ``**kwargs`` (its knobs have no
-    names to match).
-    """
+    """The fields of ``config`` that are keyword-only parameters of ``fn``: the one place a method's ``Config``
+    becomes keyword arguments (the knobs of its other functions and of its trainer are left out; None gives ``{}``).
+    Refused: a ``config`` that is not a dataclass instance, and an ``fn`` with ``**kwargs``."""
     if config is None:
         return {}
     if not dataclasses.is_dataclass(config) or isinstance(config, type):

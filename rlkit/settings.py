@@ -4,7 +4,7 @@
 several methods share, declared once with their ranges — :class:`GroupKnobs` (the group advantage),
 :class:`LossKnobs` (the aggregation), :class:`ClipKnobs` and :class:`DualClipKnobs` (the PPO clip). A method's
 ``Config`` extends them and overrides a default by assigning it (``clip_low: float = 3e-4``), its range kept.
-:func:`rlkit.registry.check_settings` checks a method's section against them.
+:func:`check_section` checks a method's section against them.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from rlkit.core.ops import AGG_MODES
+from rlkit.errors import InvalidSetting, UnknownSetting
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ def check_config(method: str, config: Any) -> None:
 
 
 def check_values(method: str, cls: type, values: Mapping[str, Any]) -> None:
-    """Refuse (``ValueError``, the message :func:`rlkit.registry.check_settings` gives) the first of ``values`` (field → value of
+    """Refuse (``ValueError``, the message :func:`check_section` gives) the first of ``values`` (field → value of
     the ``Config`` class ``cls``) that breaks its field's declaration."""
     hints = typing.get_type_hints(cls)
     rules = declared_rules(cls)
@@ -94,6 +95,29 @@ def check_values(method: str, cls: type, values: Mapping[str, Any]) -> None:
         problem = _problem(value, *rules.get(name, (None, None)), hints.get(name, Any))
         if problem:
             raise ValueError(f"{method}.{name}={_shown(value)}: {problem}")
+
+
+def check_section(method: str, cls: type, section: Mapping[str, Any] | Any = None) -> Any:
+    """``method``'s ``Config`` (the class ``cls``) from ``section`` — a mapping of its field names (verl's
+    ``algorithm.<method>``), a ``Config`` instance (the tiny engine's ``RLConfig.<method>``) or None (the
+    defaults) — checked against the ``Config``'s declarations: each range (:func:`knob`), each choice (``Config.CHOICES``), every number finite.
+
+    Refused with :class:`~rlkit.errors.InvalidSetting` (:class:`~rlkit.errors.UnknownSetting` for a key the
+    ``Config`` lacks), one line naming the full key: ``<method>.<field>=-1: must be > 0``.
+    """
+    if isinstance(section, cls):
+        values = {f.name: getattr(section, f.name) for f in dataclasses.fields(cls)}
+    else:
+        values = dict(section or {})
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(values) - set(names))
+        if unknown:
+            raise UnknownSetting(f"{method}.{unknown[0]}: {method} has no such setting; valid: {', '.join(names)}")
+    try:
+        check_values(method, cls, values)  # before the Config is built: its own __post_init__ checks come after
+        return section if isinstance(section, cls) else cls(**values)
+    except ValueError as e:
+        raise InvalidSetting(str(e) if str(e).startswith(f"{method}.") else f"{method}: {e}") from None
 
 
 def _problem(value: Any, where: Range | None, choices: tuple | None, hint: Any) -> str | None:

@@ -67,7 +67,7 @@ def test_stale_rollouts_come_from_the_policy_of_k_steps_earlier(tmp_path, cache,
         return torch.cat([p.detach().flatten() for p in model.parameters()]).clone()
 
     policies, sampled_by, in_step = [], [], []
-    from rlkit.tiny import step as step_module
+    from rlkit.tiny import mismatch, step as step_module
 
     real_rollout, real_step = step_module.rollout, rl.rl_step
 
@@ -85,6 +85,7 @@ def test_stale_rollouts_come_from_the_policy_of_k_steps_earlier(tmp_path, cache,
             in_step.pop()
 
     monkeypatch.setattr(step_module, "rollout", rollout)
+    monkeypatch.setattr(mismatch, "rollout", rollout)  # the current policy's own rollout (policy_eval)
     monkeypatch.setattr(rl, "rl_step", step)
     # the overlong penalty makes rewards differ within groups, so the untrained smoke model does move
     cfg = build_config("dapo", "smoke", {"steps": 5, "staleness": 2, "dapo.overlong_buffer": 40, "lr": 1e-2,
@@ -138,7 +139,7 @@ def test_the_current_policy_metrics_leave_the_training_untouched(method, tmp_pat
     assert timeless(read_metrics(part / "metrics.jsonl")) == timeless(read_metrics(on / "metrics.jsonl"))
     if method == "spo":
         assert {d["spo/sampling_focus_uniform"] for _, d in timeless(read_metrics(on / "metrics.jsonl"))[1:]} != {1.0}
-    monkeypatch.setattr(step_module, "_policy_eval", lambda *a, **k: {})
+    monkeypatch.setattr(step_module, "policy_eval", lambda *a, **k: {})
     off = train(cfg, tmp_path / "off", progress=False, sft_cache=cache)
     with_eval, without = timeless(read_metrics(on / "metrics.jsonl")), timeless(read_metrics(off / "metrics.jsonl"))
     new = {"policy/entropy", "policy/score/mean"}

@@ -45,28 +45,6 @@ def masked_share(flags: Tensor, mask: Tensor) -> float:
     return int((flags & valid).count_nonzero()) / max(int(valid.count_nonzero()), 1)
 
 
-def masked_var(values: Tensor, mask: Tensor, *, unbiased: bool = True) -> Tensor:
-    """Variance of the valid elements (two-pass). ``unbiased`` applies Bessel's n/(n−1); n ≤ 1 gives 0."""
-    mean = masked_mean(values, mask)
-    var = masked_mean((values - mean) ** 2, mask)
-    if unbiased:
-        n = masked_count(mask).to(values.dtype)
-        var = torch.where(n > 1, var * n / (n - 1).clamp(min=1.0), torch.zeros_like(var))
-    return var
-
-
-def masked_std(values: Tensor, mask: Tensor, *, unbiased: bool = True) -> Tensor:
-    """Standard deviation of the valid elements (see :func:`masked_var`)."""
-    return masked_var(values, mask, unbiased=unbiased).sqrt()
-
-
-def masked_whiten(values: Tensor, mask: Tensor, *, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
-    """(x − μ)/√(σ² + eps) with μ, σ² (unbiased) over the valid elements; μ is added back if not ``shift_mean``."""
-    mean = masked_mean(values, mask)
-    whitened = (values - mean) * torch.rsqrt(masked_var(values, mask) + eps)
-    return whitened if shift_mean else whitened + mean
-
-
 def check_shapes(mask: Tensor, **tensors: Tensor | None) -> None:
     """Raise a ValueError naming any ``(B, T)`` tensor whose shape differs from the mask's (None is skipped)."""
     if mask.dim() != 2:

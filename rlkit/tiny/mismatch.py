@@ -5,12 +5,21 @@ them disagree as a real stack does: ``rollout_dtype`` rounds its weights to ``bf
 weight per output row, 127 levels; compute stays float32), ``rollout_top_p`` samples the nucleus (Holtzman et al.
 2020) with the truncated log-probs, as vLLM, on the untempered logits (the tiny runs sample at T = 1, where the two
 agree). :func:`rlkit.tiny.step.rl_step` then recomputes the old log-probs with the trainer and logs the mismatch.
+A stale sampler (``staleness`` k, as an asynchronous trainer's) is the policy of k steps earlier
+(:func:`behaviour_policy`); :func:`policy_eval` measures the current policy beside it.
 """
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 import torch
 from torch import Tensor, nn
+
+from rlkit.core.ops import masked_mean
+from rlkit.hooks import side_generator
+from rlkit.tiny.task import rollout, score_rollout
 
 DTYPES = ("float32", "bfloat16", "int8")
 """The sampler's weights (``rollout_dtype``)."""
@@ -93,3 +102,34 @@ def old_logp_source(dtype: str, top_p: float, correction: str | None, chosen: st
 def measures_mismatch(dtype: str, top_p: float, correction: str | None, chosen: str | None) -> bool:
     """Whether a run computes the trainer's log-probs beside the sampler's, and so logs the mismatch."""
     return mismatched(dtype, top_p) or old_logp_source(dtype, top_p, correction, chosen) == "trainer"
+
+
+# ------------------------------------------------------------------------------------------------ a stale sampler
+
+
+def behaviour_policy(run: Any, state: Any) -> nn.Module:
+    """The model that samples this step: the policy itself, or with ``staleness`` k the policy as it was k steps
+    earlier (the SFT start while fewer than k steps have passed)."""
+    if run.behaviour is None:
+        return run.model
+    state.policies.append({k: v.detach().clone() for k, v in run.model.state_dict().items()})
+    del state.policies[: -(run.cfg.staleness + 1)]
+    run.behaviour.load_state_dict(state.policies[0])
+    return run.behaviour
+
+
+def policy_eval(run: Any, problems: list, temperature_fn: Any, step: int) -> dict[str, float]:
+    """With a stale sampler (``staleness`` > 0): one rollout of the current policy (before this step's update) on
+    ``problems`` at the training's temperatures, with its own generator: ``policy/entropy`` and
+    ``policy/score/mean``, defined as ``actor/entropy`` and ``critic/score/mean`` are."""
+    t0 = time.perf_counter()
+    device = next(run.model.parameters()).device
+    with torch.no_grad():
+        ro = rollout(run.model, run.tokenizer, problems, max_new_tokens=run.max_new, form=run.form,
+                     temperature=run.cfg.temperature, temperature_fn=temperature_fn,
+                     generator=side_generator(run.cfg.seed, step, "policy-eval", device))
+        scored = score_rollout(ro, problems)
+        out = {"policy/entropy": masked_mean(ro.entropy, ro.mask).item(),
+               "policy/score/mean": scored.rewards.mean().item()}
+    out["timing_s/policy_eval"] = time.perf_counter() - t0
+    return out

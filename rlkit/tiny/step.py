@@ -27,11 +27,13 @@ from rlkit import registry
 from rlkit.core.ops import masked_mean
 from rlkit.core.rollout_correction import correction_for, mismatch_metrics
 from rlkit.core.tool_use import tool_metrics
-from rlkit.hooks import Recalled, StepBatch, checked, draw, side_generator
+from rlkit.hooks import Recalled, StepBatch, checked, draw
 from rlkit.tasks import arithmetic
 from rlkit.tiny.checkpoint import RunState
 from rlkit.tiny.config import RLConfig
-from rlkit.tiny.mismatch import MismatchedSampler, measures_mismatch, old_logp_source
+from rlkit.tiny.mismatch import (
+    MismatchedSampler, behaviour_policy, measures_mismatch, old_logp_source, policy_eval,
+)
 from rlkit.tiny.model import token_logprobs
 from rlkit.tiny.sft import offline_scores
 from rlkit.tiny.task import response_logprobs, rollout, score_rollout, select_rows
@@ -122,7 +124,7 @@ def rl_step(run: Run, state: RunState) -> dict[str, float]:
     # ---- 2. rollout, at the method's per-token temperature where it sets one (hook)
     t0 = time.perf_counter()
     temperature_fn = hooks.temperature_fn(cfg.temperature)
-    policy = sampler = _behaviour_policy(run, state)
+    policy = sampler = behaviour_policy(run, state)
     if run.mismatched is not None:  # the same weights as another inference engine holds them
         sampler = run.mismatched.follow(policy)
     ro = rollout(sampler, tokenizer, problems, max_new_tokens=run.max_new, form=run.form,
@@ -131,7 +133,7 @@ def rl_step(run: Run, state: RunState) -> dict[str, float]:
     metrics["timing_s/gen"] = time.perf_counter() - t0
     metrics["rollout/response_tokens"] = ro.lengths.sum().item()  # all sampled, before any filtering
     if cfg.policy_eval_due(step):  # stale sampler: how the policy being trained does itself
-        metrics.update(_policy_eval(run, problems, temperature_fn, step))
+        metrics.update(policy_eval(run, problems, temperature_fn, step))
 
     # ---- 3. reward: correctness; the method may keep only some groups and reshape the rewards (hooks)
     rows, kept = checked(hooks, "keep_groups", hooks.keep_groups(scored.rewards.cpu(), cfg.group_size,
@@ -228,17 +230,6 @@ def rl_step(run: Run, state: RunState) -> dict[str, float]:
     return metrics
 
 
-def _behaviour_policy(run: Run, state: RunState):
-    """The model that samples this step: the policy itself, or with ``staleness`` k the policy as it was k steps
-    earlier (the SFT start while fewer than k steps have passed)."""
-    if run.behaviour is None:
-        return run.model
-    state.policies.append({k: v.detach().clone() for k, v in run.model.state_dict().items()})
-    del state.policies[: -(run.cfg.staleness + 1)]
-    run.behaviour.load_state_dict(state.policies[0])
-    return run.behaviour
-
-
 def _backward(loss: Tensor, probe: Tensor, logp: Tensor, silent: Tensor, with_graph: Callable[[], Tensor],
               params) -> None:
     """``loss.backward()`` through the model, without the passes that would add exact zeros to the gradients.
@@ -287,24 +278,6 @@ def _baseline_mse(rewards: Tensor, group_ids: Tensor, baselines: Tensor | None) 
         others = counts[idx] - 1
         b = torch.where(others > 0, (sums[idx] - r) / others.clamp(min=1), torch.full_like(r, float("nan")))
     return ((r - b) ** 2).nanmean().item()
-
-
-def _policy_eval(run: Run, problems: list, temperature_fn, step: int) -> dict[str, float]:
-    """With a stale sampler (``staleness`` > 0): one rollout of the current policy (``run.model``, before this
-    step's update) on ``problems``, at the training's temperature (and the hooks' ``temperature_fn``), with its own
-    generator (:func:`_side_generator`). ``policy/entropy`` is its masked-mean token entropy (``actor/entropy``'s
-    definition), ``policy/score/mean`` its mean correctness (``critic/score/mean``'s). No gradient is taken."""
-    t0 = time.perf_counter()
-    device = next(run.model.parameters()).device
-    with torch.no_grad():
-        ro = rollout(run.model, run.tokenizer, problems, max_new_tokens=run.max_new, form=run.form,
-                     temperature=run.cfg.temperature, temperature_fn=temperature_fn,
-                     generator=side_generator(run.cfg.seed, step, "policy-eval", device))
-        scored = score_rollout(ro, problems)
-        out = {"policy/entropy": masked_mean(ro.entropy, ro.mask).item(),
-               "policy/score/mean": scored.rewards.mean().item()}
-    out["timing_s/policy_eval"] = time.perf_counter() - t0
-    return out
 
 
 def _select_scored(scored, rows: Tensor):
