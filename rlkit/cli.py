@@ -43,10 +43,16 @@ def _methods(args: argparse.Namespace) -> int:
 def _env(args: argparse.Namespace) -> int:
     import torch
 
+    from rlkit.lab.paths import ProjectNotFound, published_dir
+    from rlkit.lab.reproduced import machine as recorded_machine
     from rlkit.tiny import machine
 
     here = machine.describe()
-    published = _published_machine()
+    try:
+        published = published_dir()
+    except ProjectNotFound:  # a wheel outside a checkout: nothing published to compare with
+        published = None
+    published = recorded_machine(published) if published is not None and published.exists() else None
     if args.json:
         print(json.dumps({"here": here, "published": published}, indent=2))
         return 0
@@ -66,17 +72,6 @@ def _env(args: argparse.Namespace) -> int:
                  if same else "a different float path: runs start from the same shipped weights, part after a few "
                               "steps, and agree with the publication within its seed spread (rlkit reproduced)"))
     return 0
-
-
-def _published_machine() -> dict | None:
-    from rlkit.lab.paths import ProjectNotFound, published_dir
-    from rlkit.lab.reproduced import machine
-
-    try:
-        published = published_dir()
-    except ProjectNotFound:  # a wheel outside a checkout: nothing published to compare with
-        return None
-    return machine(published) if published.exists() else None
 
 
 def _start(args: argparse.Namespace) -> int:

@@ -47,15 +47,14 @@ def os_errors() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def atomic_write(path: str | os.PathLike, mode: str = "w", *, encoding: str | None = "utf-8",
-                 fsync: bool = True) -> Iterator[IO[Any]]:
-    """Open a temporary sibling of ``path``; on success it is flushed (``fsync``) over ``path``, else removed."""
+def atomic_write(path: str | os.PathLike, mode: str = "w", *, fsync: bool = True) -> Iterator[IO[Any]]:
+    """Open a temporary sibling of ``path`` (UTF-8 text, or ``"b"`` in ``mode``); on success it is flushed
+    (``fsync``) over ``path``, else removed."""
     path = Path(path)
-    binary = "b" in mode
     with os_errors():
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
-            with os.fdopen(fd, mode, encoding=None if binary else encoding) as f:
+            with os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8") as f:
                 yield f
                 f.flush()
                 if fsync:
@@ -145,9 +144,7 @@ def read_marker(path: str | os.PathLike) -> dict[str, Any] | None:
         record = json.loads((Path(path) / MARKER).read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(record, dict):
-        return None
-    return {**record, "kind": kind_of(record)}
+    return {**record, "kind": kind_of(record)} if isinstance(record, dict) else None
 
 
 def kind_of(marker: dict[str, Any]) -> str | None:

@@ -91,7 +91,6 @@ class Hooks:
 
     def choose_prompts(self, n: int, step: int) -> list | None:
         """The pool ids of the step's ``n`` prompts; None: the engine draws them uniformly."""
-        return None
 
     def groups_to_draw(self, n: int) -> int:
         """How many groups to sample for ``n`` wanted."""
@@ -103,7 +102,6 @@ class Hooks:
 
     def temperature_fn(self, temperature: float) -> Callable[[Tensor], Tensor] | None:
         """``logits (N, V) → (N,)`` sampling temperatures around ``temperature``; None: ``temperature``."""
-        return None
 
     def keep_groups(self, rewards: Tensor, group_size: int, wanted: int) -> tuple[Tensor | None, dict[str, float]]:
         """Rows of the responses that train (whole groups of ``group_size``, rows in order) and metrics; None: all."""
@@ -127,7 +125,6 @@ class Hooks:
 
     def state_dict(self) -> dict[str, Any] | None:
         """What a checkpoint keeps (None: nothing)."""
-        return None
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
         """Restore :meth:`state_dict`'s."""
@@ -164,7 +161,7 @@ def checked(hooks: Hooks, name: str, result: Any, *, rows: int | None = None) ->
         kept = result[0]
         if kept is not None and (not isinstance(kept, Tensor) or kept.dim() != 1 or kept.dtype != torch.long):
             raise ValueError(f"{who} must return a 1-D long tensor of rows or None")
-    if name in ("choose_prompts",) and result is not None and len(result) != rows:
+    if name == "choose_prompts" and result is not None and len(result) != rows:
         raise ValueError(f"{who} must return {rows} prompt ids, got {len(result)}")
     if name == "groups_to_draw" and (not isinstance(result, int) or result < (rows or 1)):
         raise ValueError(f"{who} must return an int ≥ {rows}, got {result!r}")

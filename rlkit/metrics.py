@@ -57,8 +57,7 @@ def read_metrics(path: str | Path, *, whole: bool = False) -> list[dict[str, Any
     """A metrics file's records in file order; a bad line is :class:`~rlkit.errors.DamagedFile` naming it, a cut-off
     last line is skipped with a warning unless ``whole`` (a finished run's file: damaged)."""
     path = Path(path)
-    with path.open(encoding="utf-8", errors="replace") as f:
-        return _parse(f.read().split("\n"), path, whole=whole)
+    return _parse(path.read_text(encoding="utf-8", errors="replace").split("\n"), path, whole=whole)
 
 
 def metrics_frame(path: str | Path) -> pd.DataFrame:

@@ -57,18 +57,24 @@ def unpinned_env(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if not (k in SET_HERE and SET_HERE[k] == v)}
 
 
-def cpu_model() -> str:
-    """The processor's name, vendor, family, model and stepping (``/proc/cpuinfo``; VMs often show a generic name)."""
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's block of ``/proc/cpuinfo`` (empty where there is none)."""
     info: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if not line.strip():
-                    break  # the first processor's block is enough
+                    break
                 key, _, value = line.partition(":")
                 info[key.strip()] = value.strip()
     except OSError:
         pass
+    return info
+
+
+def cpu_model() -> str:
+    """The processor's name, vendor, family, model and stepping (``/proc/cpuinfo``; VMs often show a generic name)."""
+    info = _cpuinfo()
     if "model name" not in info:
         return platform.processor() or platform.machine()
     ids = " ".join(f"{k.split()[-1]} {info[k]}" for k in ("cpu family", "model", "stepping") if k in info)
@@ -78,15 +84,8 @@ def cpu_model() -> str:
 def cpu_flags() -> list[str]:
     """The instruction-set extensions that decide which float kernels run (a subset of ``/proc/cpuinfo``'s flags)."""
     wanted = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16")
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    have = set(line.split(":", 1)[1].split())
-                    return [w for w in wanted if w in have]
-    except OSError:
-        pass
-    return []
+    have = set(_cpuinfo().get("flags", "").split())
+    return [w for w in wanted if w in have]
 
 
 def kernels() -> dict[str, Any]:

@@ -45,7 +45,7 @@ def test_rlkit_project_names_the_checkout_from_anywhere(nowhere, monkeypatch):
     assert paths.specs_dir() == CHECKOUT / "reproductions" / "specs" and paths.specs_dir().is_dir()
     assert paths.results_dir() == CHECKOUT / "reproductions" / "results"
     assert paths.published_dir() == CHECKOUT / "reproductions" / "results-cpu"
-    assert paths.book_dir() == CHECKOUT / "book" and paths.notebooks_dir() == CHECKOUT / "notebooks"
+    assert paths.book_dir() == CHECKOUT / "book"
 
 
 def test_rlkit_project_naming_no_project_is_refused_not_ignored(nowhere, monkeypatch):

@@ -126,7 +126,6 @@ MENTIONS_EXEMPT = {
                     "manifest key spo_offline",
     "rlkit/lab/claims.py": "the reproduction app: papers' claims, per method",
     "rlkit/lab/notebook.py": "the reproduction app: the settings the method pages quote (DAPO's presets)",
-    "rlkit/lab/reproduce.py": "the shipped start's manifest key spo_offline",
     "rlkit/lab/two_engines.py": "the reproduction app: each method's metrics in both engines",
     "rlkit/tasks/dapo_math.py": "the DAPO-Math dataset is named after DAPO",
     "rlkit/tiny/config.py": "'grpo' the default method",
@@ -140,7 +139,7 @@ off."""
 
 PROSE_ONLY = {
     "rlkit/core/ops.py", "rlkit/core/rollout_correction.py", "rlkit/hooks.py",
-    "rlkit/registry.py", "rlkit/tasks/arithmetic.py", "rlkit/tasks/tools.py", "rlkit/tiny/model.py",
+    "rlkit/registry.py", "rlkit/tasks/arithmetic.py", "rlkit/tasks/tools.py",
     "rlkit/tiny/sampler.py", "rlkit/verl/__init__.py", "rlkit/verl/sampling.py", "rlkit/verl/tools.py",
 }
 """Files that name methods more than 3 times, in prose only (docstrings and comments: the methods as examples

@@ -13,8 +13,8 @@ import torch
 from conftest import default_sigint
 from rlkit.lab import plots
 from rlkit.metrics import MetricsWriter, read_metrics
-from rlkit.lab.reproduce import Spec, ensure_run, load_specs, run_complete
-from rlkit.lab.runs import load_run, load_runs
+from rlkit.lab.reproduce import Spec, ensure_run, load_specs
+from rlkit.lab.runs import finished, load_run, load_runs
 
 matplotlib.use("Agg")
 
@@ -110,7 +110,7 @@ def test_train_runs_side_by_side_then_reuses_them(tmp_path, monkeypatch):
     assert set(minutes) == {"grpo seed 0", "gspo-stress seed 1", "spo-x seed 0"}
     for p in plan:
         run = tmp_path / p.name / f"seed{p.seed}"
-        assert run_complete(run)
+        assert finished(run)
         config = json.loads((run / "config.json").read_text())
         assert config["method"] == p.method and config["seed"] == p.seed
     assert json.loads((tmp_path / "gspo-stress/seed1/config.json").read_text())["staleness"] > 0
@@ -154,7 +154,7 @@ def test_train_runs_progress_moves_as_each_run_ends(tmp_path, monkeypatch):
 def test_ensure_run_trains_reuses_and_refuses_another_config(tmp_path, monkeypatch):
     monkeypatch.setenv("RLKIT_CACHE", str(tmp_path / "cache"))
     run = ensure_run("grpo", scale="smoke", seed=0, results=tmp_path, progress=False, overrides={"steps": 2})
-    assert run_complete(run.path) and [r["step"] for r in read_metrics(run.path / "metrics.jsonl")] == [0, 1, 2]
+    assert finished(run.path) and [r["step"] for r in read_metrics(run.path / "metrics.jsonl")] == [0, 1, 2]
     stamp = (run.path / "metrics.jsonl").stat().st_mtime_ns
     again = ensure_run("grpo", scale="smoke", seed=0, results=tmp_path, progress=False, overrides={"steps": 2})
     assert (again.path / "metrics.jsonl").stat().st_mtime_ns == stamp  # reused, not retrained
@@ -174,12 +174,13 @@ def test_ensure_run_trains_reuses_and_refuses_another_config(tmp_path, monkeypat
 
 
 def test_ensure_run_resumes_a_killed_run(tmp_path, monkeypatch):
-    from rlkit.tiny.rl import build_config, train
+    from rlkit.tiny.config import build_config
+    from rlkit.tiny.rl import train
 
     monkeypatch.setenv("RLKIT_CACHE", str(tmp_path / "cache"))
     cfg = build_config("grpo", "smoke", {"steps": 3})
     train(cfg, tmp_path / "grpo" / "seed0", progress=False, stop_after=1)  # as if killed after step 1
-    assert not run_complete(tmp_path / "grpo" / "seed0")
+    assert not finished(tmp_path / "grpo" / "seed0")
     run = ensure_run("grpo", scale="smoke", seed=0, results=tmp_path, progress=False, overrides={"steps": 3})
     assert [r["step"] for r in read_metrics(run.path / "metrics.jsonl")] == [0, 1, 2, 3]
 

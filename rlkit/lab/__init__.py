@@ -1,6 +1,6 @@
 """The reproduction app, beside the library: specs → runs → executed notebooks → claims → the book.
 
-:mod:`~rlkit.lab.paths` (the project), :mod:`~rlkit.lab.reproduce` (specs, runs, papermill),
+:mod:`~rlkit.lab.paths` (the project), :mod:`~rlkit.lab.specs`, :mod:`~rlkit.lab.reproduce` (runs, papermill),
 :mod:`~rlkit.lab.claims` (rules, verdicts), :mod:`~rlkit.lab.stats`, :mod:`~rlkit.lab.judge`
 (``claims.json``), :mod:`~rlkit.lab.findings`, :mod:`~rlkit.lab.report`, :mod:`~rlkit.lab.reproduced` (did I
 reproduce?), :mod:`~rlkit.lab.runs` (the run files), :mod:`~rlkit.lab.notebook`, :mod:`~rlkit.lab.plots`,

@@ -20,7 +20,7 @@ from typing import Any
 from rlkit.errors import DamagedFile, ExecutionFailed, NotABook
 from rlkit.files import BOOK, claim_dir, lock_dir, os_errors, record_files, remove_owned
 from rlkit.lab import paths
-from rlkit.lab.reproduce import load_specs
+from rlkit.lab.specs import load_specs
 
 
 def executed_notebooks(results: Path | None = None, specs_dir: Path | None = None) -> dict[str, Path]:

@@ -19,7 +19,7 @@ from rlkit.lab import paths, two_engines
 from rlkit.lab.claims import VERDICTS
 from rlkit.lab.plots import methods
 from rlkit.lab.report import GLOSSARY
-from rlkit.lab.reproduce import Spec, load_specs
+from rlkit.lab.specs import Spec, load_specs
 from rlkit.lab.stats import SeedRule
 from rlkit.registry import get_method
 from rlkit.verl.launch import plan
@@ -126,7 +126,7 @@ def method_specs(specs_dir: Path | None = None) -> list[Spec]:
 
 
 def topic_specs(specs_dir: Path | None = None) -> list[Spec]:
-    """The specs of the topic pages (:attr:`rlkit.lab.reproduce.Spec.topic`), in notebook order."""
+    """The specs of the topic pages (:attr:`rlkit.lab.specs.Spec.topic`), in notebook order."""
     return [s for s in load_specs(specs_dir) if s.topic]
 
 
@@ -235,14 +235,10 @@ LAUNCH_FALLBACK_METRIC = "critic/advantages/max"
 """The own-metric column of a method that logs no metric named after it (GRPO's group advantages)."""
 
 
-def launches_file() -> Path:
-    """``toy-launches.json``: every method's 5-step CPU launch, timed (``benchmarks/verl_cpu_methods.py``)."""
-    return two_engines.published_twins_dir() / "toy-launches.json"
-
-
 def launches_table(path: Path | str | None = None) -> str:
-    """The page's table of CPU launches (:func:`launches_file`), one row per method, under its machine."""
-    path = Path(path) if path is not None else launches_file()
+    """The page's table of CPU launches, one row per method, under its machine: ``path`` (default: the
+    published ``toy-launches.json``), each method's 5-step launch, timed by benchmarks/verl_cpu_methods.py."""
+    path = Path(path) if path is not None else two_engines.published_twins_dir() / "toy-launches.json"
     if not path.exists():
         return ("<!-- rlkit cpu launches -->\nNo CPU launches measured yet (`python benchmarks/verl_cpu_methods.py`)."
                 "\n<!-- end -->")
@@ -272,14 +268,10 @@ PRETRAINED_FIGURE = "_static/smollm2_gsm8k.png"
 """The figure of :func:`pretrained_table`'s runs (``benchmarks/verl_cpu_pretrained.py`` draws it)."""
 
 
-def pretrained_file() -> Path:
-    """``smollm2-gsm8k/runs.json``: a pretrained model's GSM8K runs through ``main_ppo`` on a CPU."""
-    return two_engines.published_twins_dir() / "smollm2-gsm8k" / "runs.json"
-
-
 def pretrained_table(path: Path | str | None = None) -> str:
-    """The page's table and figure of a pretrained model's GSM8K runs (:func:`pretrained_file`)."""
-    path = Path(path) if path is not None else pretrained_file()
+    """The page's table and figure of a pretrained model's GSM8K runs through ``main_ppo`` on a CPU
+    (``path``, default: the published ``smollm2-gsm8k/runs.json``)."""
+    path = Path(path) if path is not None else two_engines.published_twins_dir() / "smollm2-gsm8k/runs.json"
     if not path.exists():
         return ("<!-- rlkit pretrained -->\nNo pretrained run measured yet (`python benchmarks/verl_cpu_pretrained.py`)."
                 "\n<!-- end -->")

@@ -182,8 +182,7 @@ def activity_value(run: Run, activity: Activity) -> float:
     """The run-mean of the mechanism's activity metric (NaN when never logged: the gate then fails)."""
     if activity.metric not in run.frame:
         return float("nan")
-    values = run.frame[activity.metric].dropna()
-    return float(values.mean()) if not values.empty else float("nan")
+    return float(run.frame[activity.metric].dropna().mean())  # an empty series' mean: NaN
 
 
 def verdict_of(expect: str, lo: float, hi: float, margin: float) -> str:
@@ -208,6 +207,15 @@ COLLAPSE_ZERO_FRAC = 0.9
 COLLAPSE_WINDOW = 10
 
 
+def accuracy_ends(frame: pd.DataFrame) -> tuple[float, float] | None:
+    """Held-out accuracy at a run's start and end (``val/acc_final`` if logged); None without ``val/acc``."""
+    if "val/acc" not in frame or frame["val/acc"].dropna().empty:
+        return None
+    final = "val/acc_final" if "val/acc_final" in frame and not frame["val/acc_final"].dropna().empty \
+        else "val/acc"
+    return float(frame["val/acc"].dropna().iloc[0]), float(frame[final].dropna().iloc[-1])
+
+
 def collapse_facts(run: Run) -> dict[str, Any] | None:
     """A run's accuracy start and end, zero-advantage share, KL, and whether it collapsed; or None."""
     frame = run.frame
@@ -217,12 +225,10 @@ def collapse_facts(run: Run) -> dict[str, Any] | None:
             return None
         return float(frame[metric].dropna().iloc[-COLLAPSE_WINDOW:].mean())
 
-    if "val/acc" not in frame or frame["val/acc"].dropna().empty or tail("adv/zero_frac") is None:
+    ends, zero = accuracy_ends(frame), tail("adv/zero_frac")
+    if ends is None or zero is None:
         return None
-    start = float(frame["val/acc"].dropna().iloc[0])
-    final = "val/acc_final" if "val/acc_final" in frame and not frame["val/acc_final"].dropna().empty \
-        else "val/acc"
-    end, zero = float(frame[final].dropna().iloc[-1]), tail("adv/zero_frac")
+    start, end = ends
     return {"seed": run.seed, "acc_start": start, "acc_end": end, "zero_adv_frac": zero,
             "ppo_kl": tail("actor/ppo_kl"), "collapsed": end < start and zero >= COLLAPSE_ZERO_FRAC}
 

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import tempfile
@@ -172,8 +173,6 @@ class RayRuns:
         self._pending: dict[Any, Any] = {}
 
     def __enter__(self) -> RayRuns:
-        import logging
-
         import ray
 
         if not ray.is_initialized():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import re
 import textwrap
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -14,13 +15,19 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import torch
 
+from rlkit import registry
 from rlkit.files import read_torch
 from rlkit.lab import claims, findings, judge, paths, plots, report
 from rlkit.lab.book_pages import verdict_legend_html
 from rlkit.lab.claims import run_name
 from rlkit.lab.runs import Run, available_seeds, first_seed, seed_numbers
-from rlkit.lab.reproduce import ensure_run, get_spec
+from rlkit.lab.reproduce import ensure_run
+from rlkit.lab.specs import ANATOMY, get_spec, load_specs
+from rlkit.lab.stability import gradient_weight
+from rlkit.tiny.config import build_config
+from rlkit.verl.launch.presets import PRESETS
 
 
 pd.set_option("display.max_colwidth", None)  # a page's tables print every value whole: no "0.26..." in a cell
@@ -224,12 +231,6 @@ def seeds_text(counts: Sequence[int]) -> str:
     return f"{lo}" if lo == hi else f"{lo}–{hi}"
 
 
-def spec_seed_counts(name: str, seeds: int | None, results: str | Path | None) -> list[int]:
-    """The number of seeds a page takes (:func:`seeds_of`) of each run group of spec ``name``."""
-    spec = get_spec(name)
-    return [len(seeds_of(p.name, seeds, results, spec.seeds)) for p in spec.runs(1)]
-
-
 def spec_runs(name: str, *, scale: str, seeds: int | None, results: str | Path | None, device: str = "cpu",
               progress: bool = True, regime: str = "standard", variant: str | None = None) -> list[Run]:
     """The seeds (:func:`seeds_of`) of a spec's method in ``regime`` or ``variant``, trained or reused."""
@@ -262,12 +263,12 @@ def compare_runs(method: str, metrics: Sequence[str], *, scale: str, seeds: int 
 
 def run_settings(name: str, scale: str, seeds: int | None, results: str | Path | None = None) -> dict[str, Any]:
     """The settings a page quotes about spec ``name``'s runs, by glue name, from their configs."""
-    from rlkit.tiny.config import build_config
-
-    method = get_spec(name).method or name
+    spec = get_spec(name)
+    method = spec.method or name
     std, stress = build_config(method, scale), build_config(method, scale, regime="stress")
     spo = build_config("spo", scale)
-    counts = [seeds] if seeds is not None else spec_seed_counts(name, None, results)
+    counts = [seeds] if seeds is not None else [len(seeds_of(p.name, None, results, spec.seeds))
+                                                 for p in spec.runs(1)]
     return {"steps": std.steps, "prompts": std.prompts_per_step, "group": std.group_size,
             "samples": std.prompts_per_step * std.group_size, "eval_every": std.eval_every,
             "eval_size": std.eval_size, "final_eval_size": f"{std.final_eval_size:,}",
@@ -280,8 +281,6 @@ def run_settings(name: str, scale: str, seeds: int | None, results: str | Path |
 
 def preset_settings() -> dict[str, str]:
     """The full-scale presets' settings (:data:`rlkit.verl.launch.presets.PRESETS`) a page quotes."""
-    from rlkit.verl.launch.presets import PRESETS
-
     out = {f"preset_{m}_{k}": f"{v:,}" for m, p in PRESETS.items()
            for k, v in (("prompts", p.dapo_prompts), ("n", p.n), ("updates", p.updates))}
     dapo = {**PRESETS["dapo"].keys, **PRESETS["dapo"].dapo}
@@ -300,8 +299,6 @@ def glue_settings(name: str, scale: str, seeds: int | None, results: str | Path 
 
 def regime_settings(method: str, scale: str, regime: str = "stress") -> str:
     """Sentences explaining ``regime``'s settings beside the standard run's, from the configs."""
-    from rlkit.tiny.config import build_config
-
     std, cfg = build_config(method, scale), build_config(method, scale, regime=regime)
     said = []
     if cfg.staleness:
@@ -400,14 +397,10 @@ def endings(runs: Sequence[Run]) -> list[Ending]:
     for label, group in plots.by_method(runs).items():
         ends = []
         for run in group:
-            frame = run.frame
-            if "val/acc" not in frame or frame["val/acc"].dropna().empty:
+            if (acc := claims.accuracy_ends(run.frame)) is None:
                 continue
-            last = "val/acc_final" if "val/acc_final" in frame and not frame["val/acc_final"].dropna().empty \
-                else "val/acc"
             facts = claims.collapse_facts(run)
-            ends.append((float(frame["val/acc"].dropna().iloc[0]), float(frame[last].dropna().iloc[-1]),
-                         bool(facts and facts["collapsed"])))
+            ends.append((*acc, bool(facts and facts["collapsed"])))
         if ends:
             n = len(ends)
             finals = [e for _, e, _ in ends]
@@ -486,8 +479,6 @@ def records_sentences(records: Sequence[Mapping[str, Any]]) -> list[str]:
 
 def say_html(sentences: Sequence[str]) -> str:
     """``sentences`` as the book's result words: a paragraph of class ``rlkit-say`` (inline `code` kept)."""
-    import re
-
     text = re.sub(r"`([^`]+)`", r"<code>\1</code>", escape(" ".join(sentences)))
     return f"<p class='rlkit-say'>{text}</p>"
 
@@ -509,8 +500,6 @@ def say(runs: Sequence[Run] = (), records: Sequence[Mapping[str, Any]] | None = 
 
 def anatomy_table() -> str:
     """The overview's Markdown table of the four parts every method shares, one row per method page's spec."""
-    from rlkit.lab.reproduce import ANATOMY, load_specs
-
     rows = ["| method | " + " | ".join(ANATOMY.values()) + " |", "|---" * (len(ANATOMY) + 1) + "|"]
     for spec in load_specs():
         if spec.method_page:
@@ -532,12 +521,6 @@ EXAMPLE_FIRST_CALLS = (2.0, -1.0, 6.0, 3.0, -1.0, 10.0, 4.0, -1.0)
 
 def worked_example(methods: Sequence[str] | None = None) -> pd.DataFrame:
     """:data:`EXAMPLE_REWARDS` through every method: advantages, gradient weights (at 1.5, 0.7), the loss."""
-    import torch
-
-    from rlkit import registry
-    from rlkit.lab.stability import gradient_weight
-    from rlkit.tiny.config import build_config
-
     rewards = torch.tensor(EXAMPLE_REWARDS, dtype=torch.float64)
     n = len(rewards)
     mask = torch.ones(n, 1, dtype=torch.float64)
@@ -592,8 +575,6 @@ NON_INFERIORITY = ("not lower", "within ±margin")
 
 def forest_panels(records: Sequence[Mapping[str, Any]], width: int = 44):
     """The forest plot, claims of a gain and of no loss apart, in units of each claim's margin."""
-    import textwrap
-
     import matplotlib.pyplot as plt
 
     shown = [r for r in judged(records) if r["margin"]]

@@ -29,12 +29,6 @@ def _checkout() -> Path:
     return Path(__file__).resolve().parents[2]
 
 
-def _candidates() -> list[Path]:
-    """Where the project is looked for without ``$RLKIT_PROJECT``, in order."""
-    here = Path.cwd().resolve()
-    return [here, *here.parents, _checkout()]
-
-
 def find_project() -> Path | None:
     """The project root (the module's order), or None; ``$RLKIT_PROJECT`` naming no project is an error."""
     named = os.environ.get(ENV)
@@ -45,7 +39,8 @@ def find_project() -> Path | None:
             raise ProjectNotFound(f"{ENV}={named} is not an rlkit project (no {' or '.join(missing)} in {root}): "
                                   f"point {ENV} at a checkout of rlkit, or unset it")
         return root
-    return next((c for c in _candidates() if is_project(c)), None)
+    here = Path.cwd().resolve()
+    return next((c for c in (here, *here.parents, _checkout()) if is_project(c)), None)
 
 
 def project_root() -> Path:
@@ -77,11 +72,6 @@ def published_dir() -> Path:
 def book_dir() -> Path:
     """``<project>/book``: the Jupyter Book's hand-written pages and configuration (:mod:`rlkit.lab.book`)."""
     return project_root() / "book"
-
-
-def notebooks_dir() -> Path:
-    """``<project>/notebooks``: the MyST notebooks the specs name."""
-    return project_root() / "notebooks"
 
 
 def results_shown(results: Path | str | None = None) -> str:

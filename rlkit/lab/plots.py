@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import functools
+import textwrap
 import zlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -152,8 +153,6 @@ def legend_outside(fig, axes: Sequence[Any], spare: Sequence[Any] = (), **kwargs
 
 def add_caption(fig, text: str, fontsize: float = 10):
     """``text`` in grey under everything drawn so far, wrapped to the figure's width. Call it last."""
-    import textwrap
-
     bottom = fig.get_tightbbox(fig.canvas.get_renderer()).y0 / fig.get_figheight()  # inches → figure fraction
     chars = int(fig.get_figwidth() * 72 / (0.55 * fontsize))
     return fig.text(0.01, min(bottom, 0.0) - 0.01, textwrap.fill(text, chars), fontsize=fontsize, color="#555555",

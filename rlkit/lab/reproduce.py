@@ -1,191 +1,39 @@
-"""Reproductions: specs executed with papermill, the runs they make, and the paper claims they test.
+"""Reproductions: the specs' runs (:mod:`rlkit.lab.specs`), trained side by side, the notebooks executed with
+papermill, and the paper claims they test.
 
-A spec (``reproductions/specs/<name>.yaml``) names a notebook, its method, seeds, scale and claims;
 :func:`reproduce` trains the runs, then executes each notebook into ``<results>/<name>/``."""
 
 from __future__ import annotations
 
+import contextlib
+import datetime
+import heapq
 import json
+import multiprocessing
 import os
+import shutil
+import signal
 import time
 import warnings
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from rlkit import registry
+import torch
+
+from rlkit import numerics, registry
 from rlkit.errors import InvalidSetting
-from rlkit.lab import findings, judge, paths
-from rlkit.lab.claims import Claim, run_name
-from rlkit.lab.runs import FIRST_SEED, Run, finished, first_seed, load_run, seed_numbers
-from rlkit.lab.stats import SeedRule
-from rlkit.tiny.config import REGIMES, build_config, default_config
-
-
-ANATOMY = {"samples": "samples", "advantage": "advantage", "ratio": "ratio and clip", "aggregation": "aggregation"}
-"""The four parts every method shares (a spec's ``anatomy`` keys → the overview table's column headings)."""
-
-
-@dataclass
-class Spec:
-    """One reproduction: ``reproductions/specs/<name>.yaml``."""
-
-    name: str
-    notebook: str
-    """Path of the MyST notebook, relative to the project root."""
-    title: str = ""
-    method: str | None = None
-    """The method the notebook trains (None: overview / comparison, which read the others' runs)."""
-    topic: bool = False
-    """The page is about a topic: it trains and judges runs of ``method``, which has its own page."""
-    paper: str = ""
-    """Citation key in book/references.bib."""
-    scale: str = "cpu"
-    seeds: int = 3
-    """Seeds of every run to start with, from :data:`rlkit.lab.runs.FIRST_SEED`."""
-    regimes: list[str] = field(default_factory=lambda: ["standard"])
-    """The regimes the method is run in (:data:`rlkit.tiny.config.REGIMES`)."""
-    variants: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Further runs of the method: directory name → config overrides (in each of :attr:`variant_regimes`)."""
-    variant_regimes: list[str] = field(default_factory=lambda: ["standard"])
-    """The regimes every variant runs in (``<variant>-<regime>`` outside the standard one)."""
-    parameters: dict[str, Any] = field(default_factory=dict)
-    """Extra papermill parameters."""
-    claims: list[Claim] = field(default_factory=list)
-    seed_rule: dict[str, int] = field(default_factory=dict)
-    """The sequential seed rule's ``batch`` and ``cap`` (:class:`rlkit.lab.stats.SeedRule`)."""
-    anatomy: dict[str, str] = field(default_factory=dict)
-    """A method's row of the overview's table (:data:`ANATOMY`, Markdown; "as GRPO" where alike)."""
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.seeds, int) or self.seeds < 1:
-            raise ValueError(f"spec {self.name!r}: seeds must be an integer ≥ 1, got {self.seeds!r}")
-        unknown = sorted((set(self.regimes) | set(self.variant_regimes)) - set(REGIMES))
-        if unknown:
-            raise ValueError(f"spec {self.name!r}: unknown regimes {unknown}; valid: {', '.join(REGIMES)}")
-        if (self.variants or self.regimes != ["standard"]) and not self.method:
-            raise ValueError(f"spec {self.name!r}: regimes and variants need a method")
-        if self.method and self.claims:
-            SeedRule(start=self.seeds, **self.seed_rule)  # a bad rule fails when the spec loads
-        if self.anatomy and set(self.anatomy) - {"label"} != set(ANATOMY):
-            raise ValueError(f"spec {self.name!r}: anatomy must give {', '.join(ANATOMY)} (and may give a label) — "
-                             f"its row of the overview's table; got {', '.join(sorted(self.anatomy))}")
-        if self.anatomy and not self.method:
-            raise ValueError(f"spec {self.name!r}: anatomy is a method's row; this spec trains no method")
-        if self.topic and not self.method:
-            raise ValueError(f"spec {self.name!r}: a topic page trains runs of a method: give its method")
-        if self.topic and (self.anatomy or self.paper):
-            raise ValueError(f"spec {self.name!r}: a topic page is not its method's page: anatomy and paper are the "
-                             f"method page's (reproductions/specs/{self.method}.yaml)")
-
-    @property
-    def method_page(self) -> bool:
-        """Whether the page is its method's own (a method, no :attr:`topic`): the book lists these."""
-        return bool(self.method) and not self.topic
-
-    @classmethod
-    def load(cls, path: str | Path) -> Spec:
-        import yaml
-
-        path = Path(path)
-        try:
-            raw = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as e:
-            raise ValueError(f"{path}: not valid YAML: {e}") from None
-        if not isinstance(raw, dict):
-            raise ValueError(f"{path}: a spec is a mapping")
-        valid = set(cls.__dataclass_fields__)
-        unknown = sorted(set(raw) - valid)
-        if unknown:
-            raise ValueError(f"{path}: unknown keys {unknown}; valid: {', '.join(sorted(valid))}")
-        try:
-            claims = [Claim(**c) for c in raw.pop("claims", [])]
-            spec = cls(claims=claims, **raw)
-            spec.check()
-        except (TypeError, ValueError, KeyError) as e:
-            raise ValueError(f"{path}: {e}") from None
-        return spec
-
-    def runs(self, seeds: int | None = None, results: str | Path | None = None) -> list[PlannedRun]:
-        """Every run this reproduction trains, each seed from the first of the publication in ``results``."""
-        if not self.method:
-            return []
-        named = [(run_name(self.method, r), r, {}) for r in self.regimes]
-        named += [(run_name(name, r), r, dict(overrides)) for name, overrides in self.variants.items()
-                  for r in self.variant_regimes]
-        first = first_seed(results) if results else FIRST_SEED
-        return [PlannedRun(name, self.method, regime, k, tuple(sorted(overrides.items())))
-                for name, regime, overrides in named for k in seed_numbers(seeds or self.seeds, first)]
-
-    def check(self) -> None:
-        """Fail now, not on the page, if a run's overrides do not build or a claim reads no logged metric."""
-        from rlkit.tiny.rl import LOGGED_WHEN_STALE, logged_metrics
-
-        planned = {p.name: p for p in self.runs(1)}
-        configs = {name: build_config(p.method, self.scale, dict(p.overrides), regime=p.regime)
-                   for name, p in planned.items()}
-        for k, claim in enumerate(self.claims, 1):
-            claim.id = claim.id or f"{self.name}-{k}"
-            if not claim.judged:
-                continue
-            name = run_name(claim.run or self.method or "", claim.regime)
-            cfg = configs.get(name)
-            if cfg is None:
-                raise ValueError(f"claim {claim.claim!r}: run {name!r} is not one of this spec's runs "
-                                 f"({', '.join(configs) or 'none'})")
-            compared = [] if claim.expect in ("rise", "at_least") or claim.baseline_metric else \
-                [claim.baseline, *claim.without]
-            # what each run logs: its method's metrics in its regime, with its own overrides (if of this spec)
-            needs = [(m, name, cfg.method, claim.regime) for m in claim.metrics()]
-            needs += [(claim.metric, n, n.split("-")[0], claim.baseline_regime or claim.regime) for n in compared]
-            for metric, run, method, regime in needs:
-                own = dict(planned[run].overrides) if run in planned else {}
-                logged = logged_metrics(method, regime=regime, overrides=own)
-                if metric not in logged:
-                    raise ValueError(f"claim {claim.claim!r}: metric {metric!r} is not logged by {run} runs "
-                                     f"({regime} regime); logged: {', '.join(sorted(logged))}")
-                tail = cfg.policy_eval_tail
-                if metric in LOGGED_WHEN_STALE and tail is not None and claim.window > tail:
-                    raise ValueError(f"claim {claim.claim!r}: reads the last {claim.window} values of {metric!r}, "
-                                     f"logged at every step of a {claim.regime} run's last {tail} only "
-                                     "(policy_eval_tail): a longer window would mix in steps far apart")
-
-    def out_dir(self, results: Path) -> Path:
-        """Where the executed notebook goes (its runs: ``seed<k>/`` below the run names)."""
-        return Path(results) / self.name
-
-
-@dataclass(frozen=True)
-class PlannedRun:
-    """One tiny-engine run a reproduction needs: ``<results>/<name>/seed<seed>``."""
-
-    name: str
-    method: str
-    regime: str
-    seed: int
-    overrides: tuple[tuple[str, Any], ...] = ()
-
-
-def load_specs(specs_dir: str | Path | None = None) -> list[Spec]:
-    """Every spec in ``specs_dir`` (default: the project's), in notebook order."""
-    specs_dir = Path(specs_dir) if specs_dir else paths.specs_dir()
-    specs = [Spec.load(p) for p in sorted(specs_dir.glob("*.yaml"))]
-    if not specs:
-        raise FileNotFoundError(f"no specs in {specs_dir}")
-    return sorted(specs, key=lambda s: Path(s.notebook).name)
-
-
-def get_spec(name: str, specs_dir: str | Path | None = None) -> Spec:
-    specs = {s.name: s for s in load_specs(specs_dir)}
-    if name not in specs:
-        raise KeyError(f"no spec {name!r}; valid: {', '.join(specs)}")
-    return specs[name]
-
-
-def run_complete(run_dir: Path) -> bool:
-    """True when ``run_dir`` holds a finished tiny run (a damaged one is not)."""
-    return finished(Path(run_dir))
+from rlkit.files import os_errors
+from rlkit.lab import findings, judge, paths, reproduced
+from rlkit.lab.claims import run_name
+from rlkit.lab.cluster import RayRuns, probe
+from rlkit.lab.runs import Run, finished, first_seed, load_run, seed_numbers
+from rlkit.lab.specs import PlannedRun, Spec, load_specs
+from rlkit.lab.specs import get_spec as get_spec  # the notebooks import it from here
+from rlkit.tiny.config import build_config, default_config
 
 
 def ensure_run(method: str, *, scale: str = "cpu", seed: int = 0, results: str | Path | None = None,
@@ -196,7 +44,7 @@ def ensure_run(method: str, *, scale: str = "cpu", seed: int = 0, results: str |
 
     cfg = build_config(method, scale, {"seed": seed, **(overrides or {})}, regime=regime)
     run_dir = Path(results or paths.results_dir()) / (name or run_name(method, regime)) / f"seed{seed}"
-    if run_complete(run_dir):
+    if finished(run_dir):
         saved = json.loads((run_dir / "config.json").read_text())
         wanted = json.loads(json.dumps(asdict(cfg), default=list))
         if changed := differing_settings(saved, wanted):
@@ -212,8 +60,6 @@ def execute(spec: Spec, out_dir: Path, parameters: dict[str, Any], *, progress: 
     import jupytext
     import papermill
     from papermill.exceptions import PapermillExecutionError
-
-    from rlkit.files import os_errors
 
     root = paths.project_root()
     if not (root / spec.notebook).exists():
@@ -287,12 +133,10 @@ def train_runs(runs: Sequence[PlannedRun], *, scale: str, results: str | Path | 
                device: str = "cpu", workers: int | None = None, ray_address: str | None = None,
                ray_shared: bool = False, progress: bool = True) -> dict[str, float]:
     """Train the planned runs not finished, one CPU thread each, side by side or on a Ray cluster."""
-    import contextlib
-
-    from tqdm.auto import tqdm
+    from tqdm.auto import tqdm  # looked up at the call: tests replace the bar
 
     results = Path(results or paths.results_dir())
-    todo = [p for p in runs if not run_complete(results / p.name / f"seed{p.seed}")]
+    todo = [p for p in runs if not finished(results / p.name / f"seed{p.seed}")]
     if not todo:
         return {}
     workers = default_workers() if workers is None else usable_workers(workers)
@@ -302,8 +146,6 @@ def train_runs(runs: Sequence[PlannedRun], *, scale: str, results: str | Path | 
     label = {p: f"{p.name} seed {p.seed}" for p in todo}
     with contextlib.ExitStack() as stack:
         if ray_address:
-            from rlkit.lab.cluster import RayRuns
-
             cluster = stack.enter_context(RayRuns(ray_address, results, shared=ray_shared))
             slots = cluster.cpus
             where = f"on the {slots} CPUs of the Ray cluster at {ray_address}"
@@ -342,10 +184,6 @@ def train_runs(runs: Sequence[PlannedRun], *, scale: str, results: str | Path | 
 def _in_processes(todo: Sequence[PlannedRun], scale: str, results: str, device: str, workers: int,
                   tick: float = 5.0):
     """Train ``todo`` in ``workers`` processes; yield ``(run, minutes)`` as each ends, None each ``tick``."""
-    import multiprocessing
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-    from concurrent.futures.process import BrokenProcessPool
-
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_quiet_interrupt)
     try:
         futures = {pool.submit(_train_one, p, scale, results, device): p for p in todo}
@@ -385,8 +223,6 @@ def _ended_by_ctrl_c(processes, wait: float = 5.0) -> bool:
 
 def _quiet_interrupt() -> None:
     """A worker's Ctrl-C: end at once, without a traceback (the run resumes from its last checkpoint)."""
-    import signal
-
     signal.signal(signal.SIGINT, lambda *_: os._exit(130))
 
 
@@ -413,8 +249,6 @@ class TimeLeft:
 
     def seconds(self, now: float | None = None) -> float:
         """Seconds until the last run ends: the running ones' rest, then the waiting ones on free slots."""
-        import heapq
-
         now = time.monotonic() if now is None else now
         rate = self.seconds_done / self.cost_done if self.cost_done else 1.0
         free = [max(self.costs[i] * rate - (now - t), 0.0) for i, t in self.started.items() if i not in self.done]
@@ -442,8 +276,6 @@ def _work(cfg) -> float:
 
 def _train_one(p: PlannedRun, scale: str, results: str, device: str) -> float:
     """One planned run in a worker process, local or a Ray task, on one torch thread."""
-    import torch
-
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     ensure_run(p.method, scale=scale, seed=p.seed, results=results, device=device, name=p.name, regime=p.regime,
@@ -471,8 +303,6 @@ def reproduce(*, only: Sequence[str] | None = None, scale: str | None = None, se
     specs = load_specs(specs_dir)  # no project: ProjectNotFound, before anything is trained
     workers = usable_workers(workers)
     if ray_address:
-        from rlkit.lab.cluster import probe
-
         probe(ray_address)  # one that does not answer: refused now, not after minutes of Ray's retries
     root, published = paths.project_root(), paths.published_dir()
     if only:
@@ -522,9 +352,7 @@ def reproduce(*, only: Sequence[str] | None = None, scale: str | None = None, se
         print(f"[{i}/{len(specs)}] {spec.name}: done in {minutes[spec.name]:.1f} min -> {done[-1]}", flush=True)
     compared = None
     if published.is_dir() and results != published.resolve():  # did I reproduce? (rlkit/lab/reproduced.py)
-        from rlkit.lab.reproduced import report
-
-        compared = report(results, published, specs)
+        compared = reproduced.report(results, published, specs)
     return {"notebooks": done, "minutes": minutes, "reproduced": compared}
 
 
@@ -558,18 +386,10 @@ def ship_start(scale: str = "cpu", *, specs_dir: str | Path | None = None, cache
                progress: bool = True) -> dict[str, Any]:
     """Maintainers: train and ship the SFT start of ``scale`` with the offline passes of the planned runs;
     returns its manifest entry (``spo_offline``: the passes' files)."""
-    import datetime
-    import shutil
-
-    import torch
-
-    from rlkit import numerics
-    from rlkit.tasks import arithmetic
     from rlkit.tiny.checkpoint import environment
     from rlkit.tiny.machine import fingerprint
     from rlkit.tiny.rl import side_run
-    from rlkit.tiny.sft import offline_scores
-    from rlkit.tiny.sft import SHIPPED_DIR, load_checkpoint, shipped_manifest, warm_start
+    from rlkit.tiny.sft import SHIPPED_DIR, load_checkpoint, offline_scores, shipped_manifest, warm_start
     from rlkit.tiny.task import build_tokenizer
 
     sft = default_config(scale).sft

@@ -16,11 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from scipy import stats
 
 from rlkit.errors import DamagedFile
-from rlkit.lab.claims import regime_of
 from rlkit.files import RESULTS, os_errors, read_json, writable_dir, write_text
+from rlkit.lab import judge
+from rlkit.lab.claims import INCONCLUSIVE, regime_of
 from rlkit.lab.runs import check_finished, whole_number
+from rlkit.lab.specs import load_specs
 from rlkit.metrics import read_metrics
 
 IDENTICAL, SAME_RUN, WITHIN, OUTSIDE, MISSING, DAMAGED, UNFINISHED = (
@@ -136,8 +139,6 @@ def regime_band(low: float, high: float, published: Sequence[float], spread: tup
     """[``low``, ``high``] widened to the :data:`PREDICTION` interval of one more seed of the regime."""
     if not published or spread is None:
         return low, high
-    from scipy import stats
-
     sd, df = spread
     mean = sum(published) / len(published)
     half = float(stats.t.ppf(0.5 + PREDICTION / 2, df)) * sd * math.sqrt(1 + 1 / len(published))
@@ -184,9 +185,6 @@ def compare_runs(results: str | Path, published: str | Path) -> pd.DataFrame:
 def compare_claims(results: str | Path, published: str | Path, specs: Sequence[Any],
                    not_judged: list[dict[str, str]] | None = None) -> pd.DataFrame:
     """Each judged claim's verdict here and in the publication, on the same seeds (else ``not_judged``)."""
-    from rlkit.lab.claims import INCONCLUSIVE
-    from rlkit.lab.judge import judge_spec
-
     mine, theirs = _runs(Path(results)), _runs(Path(published))
     rows, judged_there, judged_here = [], [], []
     for spec in specs:
@@ -201,8 +199,8 @@ def compare_claims(results: str | Path, published: str | Path, specs: Sequence[A
         problem = next((found[1] for found in map(check_run, own) if found), None)
         try:
             if problem is None:
-                there = judge_spec(spec, published, seeds=seeds, judged=judged_there)
-                here = judge_spec(spec, results, seeds=seeds, judged=judged_here)
+                there = judge.judge_spec(spec, published, seeds=seeds, judged=judged_there)
+                here = judge.judge_spec(spec, results, seeds=seeds, judged=judged_here)
                 judged_there, judged_here = judged_there + there, judged_here + here  # for claims requiring them
         except DamagedFile as e:  # a run of another reproduction it compares with
             problem = str(e)
@@ -253,8 +251,6 @@ def report(results: str | Path, published: str | Path, specs: Sequence[Any] | No
     out_dir = writable_dir(out or results, RESULTS, "pass --out a folder you may write for the report "
                                                     "(reproduced.json, reproduced.md)")
     if specs is None:
-        from rlkit.lab.reproduce import load_specs
-
         specs = load_specs()
     not_judged: list[dict[str, str]] = []
     runs = compare_runs(results, published)

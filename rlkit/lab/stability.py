@@ -18,7 +18,9 @@ import torch
 
 from rlkit import registry
 from rlkit.lab.claims import run_name
+from rlkit.lab.plots import PAGE_WIDTH, method_color
 from rlkit.lab.runs import available_seeds, load_run
+from rlkit.lab.specs import load_specs
 from rlkit.lab.stats import t_interval
 from rlkit.tiny.config import REGIMES, build_config
 
@@ -69,8 +71,6 @@ def stability_figure(frame: pd.DataFrame, rungs: Sequence[str], colors: Mapping[
     """The map: a panel per metric, the rungs left to right, a line per method with error bars."""
     import matplotlib.pyplot as plt
 
-    from rlkit.lab.plots import PAGE_WIDTH
-
     shown = [m for m in MAP_METRICS if m in set(frame["metric"])]
     fig, axes = plt.subplots(1, len(shown), figsize=(PAGE_WIDTH, 3.2), squeeze=False)
     x = {rung: i for i, rung in enumerate(rungs)}
@@ -96,8 +96,6 @@ def stability_figure(frame: pd.DataFrame, rungs: Sequence[str], colors: Mapping[
 
 def map_rows(specs: Sequence[Any] | None = None) -> dict[str, str]:
     """The map's rows, ``{label: run group}``: the methods and variants the specs run on the ladder."""
-    from rlkit.lab.reproduce import load_specs
-
     rows: dict[str, str] = {}
     for spec in load_specs() if specs is None else specs:
         if not spec.method_page:
@@ -112,8 +110,6 @@ def map_rows(specs: Sequence[Any] | None = None) -> dict[str, str]:
 
 def map_rungs(specs: Sequence[Any] | None = None) -> tuple[str, ...]:
     """The map's columns: the rungs its rows run on, in :data:`rlkit.tiny.config.REGIMES`' order."""
-    from rlkit.lab.reproduce import load_specs
-
     ran: set[str] = set()
     for spec in load_specs() if specs is None else specs:
         if spec.method_page:
@@ -189,8 +185,6 @@ def ladder_table(frame: pd.DataFrame, rungs: Sequence[str] = tuple(REGIMES),
 def ladder_figure(frame: pd.DataFrame, rungs: Sequence[str] = tuple(REGIMES),
                   groups: Mapping[str, str] | None = None):
     """:func:`stability_figure` of ``frame`` in the run groups' colours; None when it is empty."""
-    from rlkit.lab.plots import method_color
-
     if frame.empty:
         return None
     groups = map_rows() if groups is None else groups

@@ -373,16 +373,21 @@ def _config(knobs: dict) -> TaskConfig:
     return TaskConfig(**knobs)
 
 
+def _stream(rng: random.Random, cfg: TaskConfig, split: str) -> Iterator[Problem]:
+    """The problems ``rng`` generates that belong to ``split``, endlessly."""
+    while True:
+        problem = generate(rng, cfg)
+        if split_of(problem.question) == split:
+            yield problem
+
+
 def iter_split(split: str = "train", seed: int = 0, **knobs) -> Iterator[Problem]:
     """An endless seeded stream of ``split``'s problems (repeats possible), e.g. fresh SFT batches."""
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; valid: {', '.join(SPLITS)}")
     cfg = _config(knobs)
     rng = random.Random(f"{split}:{seed}")  # str seeds hash with sha512: the same stream in every process
-    while True:
-        problem = generate(rng, cfg)
-        if split_of(problem.question) == split:
-            yield problem
+    yield from _stream(rng, cfg, split)
 
 
 MAX_PROBLEMS = 1_000_000
@@ -419,16 +424,7 @@ def make_split(n: int, split: str = "train", seed: int = 0, **knobs) -> list[Pro
 
 def make_pool(n: int, seed: int = 0, **knobs) -> list[Problem]:
     """A fixed list of ``n`` distinct training problems (SPO's pool), not ``make_split``'s stream."""
-    cfg = _config(knobs)
-    rng = random.Random(f"pool:{seed}")
-
-    def stream() -> Iterator[Problem]:
-        while True:
-            problem = generate(rng, cfg)
-            if split_of(problem.question) == "train":
-                yield problem
-
-    return _distinct(stream(), n, "train")
+    return _distinct(_stream(random.Random(f"pool:{seed}"), _config(knobs), "train"), n, "train")
 
 
 # ------------------------------------------------------------------------------------------ prompt, reward

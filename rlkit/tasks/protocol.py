@@ -21,6 +21,3 @@ TOOL_ERROR = "error"
 def tool_call(expression: str, answer: str) -> str:
     """``<code>expression</code><output>answer</output>``: one call and its answer as a response holds them."""
     return f"{CODE}{expression}{END_CODE}{OUTPUT}{answer}{END_OUTPUT}"
-
-
-__all__ = ["CODE", "END_CODE", "END_OUTPUT", "OUTPUT", "TOOL_ERROR", "TOOL_TAGS", "tool_call"]

@@ -191,12 +191,9 @@ def default_config(scale: str = "cpu", overrides: dict[str, Any] | None = None) 
     return build_config(RunSettings.method, scale, overrides)
 
 
-def _apply(obj: Any, values: dict[str, Any], prefix: str = "") -> None:
-    for key, value in values.items():
-        if isinstance(value, dict):
-            _apply(obj, value, f"{prefix}{key}.")
-        else:
-            set_field(obj, prefix + key, value)
+def _apply(obj: Any, values: dict[str, Any]) -> None:
+    for key, value in flat_settings(values).items():
+        set_field(obj, key, value)
 
 
 def parse_sets(items: list[str] | None) -> dict[str, str]:
@@ -257,7 +254,7 @@ def _parse_scalar(text: str) -> Any:
 
 # ------------------------------------------------------------------------------------------------ checks
 def _choices() -> dict[str, tuple]:
-    """Dotted key → the values it may take (a method's choices are its ``Config``'s: :func:`check_methods`)."""
+    """Dotted key → the values it may take (a method's own: :func:`rlkit.registry.check_settings`)."""
     return {"sft.form": arithmetic.FORMS, "scale": tuple(SCALES), "rollout_dtype": DTYPES,
             "rollout_correction": (None, *MODES), "old_logp_source": (None, "sampler", "trainer")}
 
@@ -313,18 +310,12 @@ def check_settings(obj: Any, prefix: str = "") -> None:
             raise InvalidSetting(f"{key}: expected {_describe(hint)}, got {value!r} (--set {key}=VALUE)")
         _check_range(key, value)
     if choices is not None:  # the whole tree, once, from the top
-        flat = flat_settings(obj)
-        for key, value in flat.items():
+        for key, value in flat_settings(obj).items():
             allowed = choices.get(key)
             if allowed is not None and value not in allowed:
                 raise InvalidSetting(f"{key}: {value!r} is not one of {', '.join(map(str, allowed))}")
-        check_methods(obj)
-
-
-def check_methods(cfg: Any) -> None:
-    """Each method's section against its ``Config``'s ranges and choices (:func:`rlkit.registry.check_settings`)."""
-    for name, section in cfg.method_configs.items():
-        registry.check_settings(name, section)
+        for name, section in obj.method_configs.items():  # against its Config's ranges and choices
+            registry.check_settings(name, section)
 
 
 def _check_range(key: str, value: Any) -> None:

@@ -49,13 +49,10 @@ def hf_tokenizer(tokenizer: CharTokenizer) -> Any:
     return fast
 
 
-def llama_config(config: ModelConfig, tokenizer: CharTokenizer | None = None) -> Any:
+def llama_config(config: ModelConfig, tokenizer: CharTokenizer) -> Any:
     """The ``LlamaConfig`` of a :class:`~rlkit.tiny.model.ModelConfig` (float32; the tokenizer's special ids)."""
     from transformers import LlamaConfig
 
-    ids = {}
-    if tokenizer is not None:
-        ids = {"pad_token_id": tokenizer.pad_id, "bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id}
     if not config.tie_embeddings:
         raise ValueError("export writes tied embeddings (the tiny engine's default): tie_embeddings=False is not "
                          "supported")
@@ -64,7 +61,9 @@ def llama_config(config: ModelConfig, tokenizer: CharTokenizer | None = None) ->
                        num_key_value_heads=config.kv_heads, head_dim=config.d_head,
                        max_position_embeddings=config.max_len, rms_norm_eps=config.norm_eps,
                        rope_theta=config.rope_base, initializer_range=config.init_std, tie_word_embeddings=True,
-                       attention_bias=False, mlp_bias=False, hidden_act="silu", torch_dtype="float32", **ids)
+                       attention_bias=False, mlp_bias=False, hidden_act="silu", torch_dtype="float32",
+                       pad_token_id=tokenizer.pad_id, bos_token_id=tokenizer.bos_id,
+                       eos_token_id=tokenizer.eos_id)
 
 
 def llama_state_dict(model: TinyDecoder) -> dict[str, torch.Tensor]:
@@ -138,7 +137,3 @@ def save_random_model(path: str | os.PathLike, tokenizer: CharTokenizer, *, d_mo
         model = TinyDecoder(config)
     return export(model, tokenizer, path, record={"kind": "random", "seed": seed, "model_config": config.to_dict()},
                   check_vllm=False)
-
-
-__all__ = ["CHAT_TEMPLATE", "VLLM_HEAD_SIZES", "check_vllm_shape", "export", "export_sft", "hf_tokenizer",
-           "llama_config", "llama_state_dict", "save_random_model"]

@@ -6,10 +6,7 @@ lets a model this small copy digits from the question (learned absolute position
 
 Batches are left-padded with an ``attention_mask`` (True = real token); a token's position counts the real tokens
 before it (:func:`positions_from_mask`), so a padded row computes what it would alone, and every query sees itself
-(an all-padding prefix gives finite, ignored outputs). A :class:`KVCache`'s first forward is the *prefill* (one copy
-of each prompt's keys and values); :meth:`KVCache.select` maps rows to prompts (a GRPO group's G samples read one
-copy) or drops finished rows, and later forwards append real tokens. :func:`token_logprobs` recomputes log-probs
-with gradient, each GRPO group's prompt run once (:meth:`TinyDecoder.forward_after_prefixes`).
+(an all-padding prefix gives finite, ignored outputs).
 """
 
 from __future__ import annotations
@@ -68,7 +65,6 @@ class ModelConfig:
 
     @property
     def ffn(self) -> int:
-        """The MLP width: ``d_ff``, or its default (field doc)."""
         if self.d_ff is not None:
             return self.d_ff
         return -(-math.ceil(8 * self.d_model / 3) // 8) * 8  # 128 → 344
@@ -467,7 +463,6 @@ def token_logprobs(model: TinyDecoder, ids: Tensor, attention_mask: Tensor, resp
             temperature.to(ids.device, torch.float32).reshape(1, 1).expand(B, 1)
     elif temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    # rows of similar length, and of one prompt, go together; each chunk is cut to its longest prompt and response
     mask = attention_mask.bool()
     prompt_len, response_len = mask[:, :response_start].sum(-1), mask[:, response_start:].sum(-1)
     prompt_cols = ids[:, :response_start].masked_fill(~mask[:, :response_start], -1)

@@ -23,10 +23,7 @@ from rlkit.files import TRAINING_RUN, claim_dir, lock_dir, os_errors, read_json,
 from rlkit.metrics import MetricsWriter, read_metrics
 from rlkit.tasks import arithmetic
 from rlkit.tiny.checkpoint import RunState, environment, load_checkpoint, restore_checkpoint, save_checkpoint
-# METHODS, build_config, parse_sets: re-exported for importers not moved yet (rlkit.verl.launch,
-# tests/test_reproduce.py, notebooks/07_comparison.md); new code imports them from rlkit.tiny.config
-from rlkit.tiny.config import METHODS, REGIMES, RLConfig, build_config, flat_settings, parse_sets  # noqa: F401
-from rlkit.tiny.config import estimated_minutes
+from rlkit.tiny.config import REGIMES, RLConfig, estimated_minutes, flat_settings
 from rlkit.tiny.mismatch import MismatchedSampler, measures_mismatch, mismatched
 from rlkit.tiny.sft import roughly, start_source, warm_start
 from rlkit.tiny.step import Run, rl_step

@@ -104,7 +104,6 @@ def _sample(model, tok, prompts, T, temperature, temperature_fn, tool, generator
     forced_out = torch.zeros((B, T), dtype=torch.bool, device=device)
     calls = [0] * B
 
-    # prefill each distinct prompt once (GRPO samples every prompt G times); its rows share that prefix
     first_row: dict[str, int] = {}  # prompt -> its first row, in order of first appearance
     for i, p in enumerate(prompts):
         first_row.setdefault(p, i)
@@ -118,7 +117,6 @@ def _sample(model, tok, prompts, T, temperature, temperature_fn, tool, generator
         logits = logits[which]
     rows = torch.arange(B, device=device)  # original index of each running row
     compacted = False
-    # one uniform per original row and step, drawn up front: a token's draw does not depend on which rows still run
     uniforms = None if greedy else torch.rand(T, B, generator=generator, device=device)
 
     # forced tool-output tokens: per running row a queue (Q,) with a read pointer and a length

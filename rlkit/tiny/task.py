@@ -103,10 +103,9 @@ def accuracy(correct: Tensor) -> float:
 
 def select_rows(ro: Rollout, rows: Tensor) -> Rollout:
     """The responses ``rows`` (a 1-D index) of a rollout, every per-response field kept aligned."""
-    picked = {}
-    for name, value in vars(ro).items():
-        picked[name] = [value[i] for i in rows.tolist()] if isinstance(value, list) else value[rows]
-    return Rollout(**picked)
+    index = rows.tolist()
+    return Rollout(**{name: [value[i] for i in index] if isinstance(value, list) else value[rows]
+                      for name, value in vars(ro).items()})
 
 
 def response_logprobs(model: TinyDecoder, tokenizer: CharTokenizer, prompts: Sequence[str],

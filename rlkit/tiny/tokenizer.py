@@ -53,9 +53,6 @@ class CharTokenizer:
     def vocab_size(self) -> int:
         return len(self.itos)
 
-    def __len__(self) -> int:
-        return len(self.itos)
-
     def __repr__(self) -> str:
         return f"CharTokenizer(vocab_size={self.vocab_size}, alphabet={self.alphabet!r})"
 

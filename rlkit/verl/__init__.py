@@ -5,6 +5,7 @@ The plugin runs inside verl's processes; the launcher, :mod:`rlkit.verl.launch`,
 """
 
 from collections.abc import Iterator, Mapping
+from functools import cached_property
 
 from rlkit.errors import UsageError
 
@@ -17,27 +18,26 @@ class _Registered(Mapping):
     """``rlkit_<name>`` of each function of a kind in :mod:`rlkit.registry` → its home method, read lazily."""
 
     def __init__(self, kind: str) -> None:
-        self.kind, self._names = kind, None
+        self.kind = kind
 
+    @cached_property
     def _table(self) -> dict[str, str]:
-        if self._names is None:
-            from rlkit import registry
+        from rlkit import registry
 
-            self._names = {f"rlkit_{name}": registry.home_method(self.kind, name)
-                           for name in registry.list_methods()[self.kind]}
-        return self._names
+        return {f"rlkit_{name}": registry.home_method(self.kind, name)
+                for name in registry.list_methods()[self.kind]}
 
     def __getitem__(self, key: str) -> str:
-        return self._table()[key]
+        return self._table[key]
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._table())
+        return iter(self._table)
 
     def __len__(self) -> int:
-        return len(self._table())
+        return len(self._table)
 
     def __repr__(self) -> str:
-        return repr(self._table())
+        return repr(self._table)
 
 
 #: verl policy-loss name (``actor_rollout_ref.actor.policy_loss.loss_mode``) → rlkit method whose loss it runs

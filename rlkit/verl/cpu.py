@@ -70,47 +70,27 @@ def rollout_stack() -> str | None:
     return None
 
 
-def _nothing(*args: Any, **kwargs: Any) -> None:
-    return None
+def _returns(value: Any) -> Any:
+    """A method (or function) taking any arguments and returning ``value``."""
+    return lambda *args, **kwargs: value
 
 
 class _CPUDeviceModule(types.ModuleType):
     """``torch.cpu`` plus the CUDA-style queries verl makes of a device module (memory in bytes: 0)."""
 
-    def __init__(self) -> None:
-        super().__init__("rlkit_cpu_device")
-
     def __getattr__(self, name: str) -> Any:
         return getattr(torch.cpu, name)
 
-    @staticmethod
-    def mem_get_info(device: Any = None) -> tuple[int, int]:
-        return 0, 0
-
-    @staticmethod
-    def memory_stats(device: Any = None) -> dict:
-        return {}
-
-    @staticmethod
-    def get_device_name(device: Any = None) -> str:
-        return "cpu"
-
-    @staticmethod
-    def get_rng_state(device: Any = None) -> torch.Tensor:
-        return torch.get_rng_state()
-
-    @staticmethod
-    def set_rng_state(state: torch.Tensor, device: Any = None) -> None:
-        torch.set_rng_state(state)
-
-    def _zero(self, *args: Any, **kwargs: Any) -> int:
-        return 0
-
-    memory_allocated = memory_reserved = max_memory_allocated = max_memory_reserved = _zero
-    empty_cache = ipc_collect = reset_peak_memory_stats = set_per_process_memory_fraction = _nothing
+    mem_get_info = _returns((0, 0))
+    memory_stats = staticmethod(lambda device=None: {})
+    get_device_name = _returns("cpu")
+    get_rng_state = staticmethod(lambda device=None: torch.get_rng_state())
+    set_rng_state = staticmethod(lambda state, device=None: torch.set_rng_state(state))
+    memory_allocated = memory_reserved = max_memory_allocated = max_memory_reserved = _returns(0)
+    empty_cache = ipc_collect = reset_peak_memory_stats = set_per_process_memory_fraction = _returns(None)
 
 
-device_module = _CPUDeviceModule()
+device_module = _CPUDeviceModule("rlkit_cpu_device")
 """What :class:`PlatformCPU` returns as ``torch.<device>``."""
 
 
@@ -124,53 +104,27 @@ def platform_class() -> type:
     class PlatformCPU(PlatformBase):
         """verl on the CPU: one device, gloo collectives, no IPC; Ray counts the process's fake GPU resource."""
 
-        device_name = property(lambda self: "cpu")
-        vendor_name = property(lambda self: "cpu")
+        device_name = vendor_name = property(_returns("cpu"))
         device_module = property(lambda self: device_module)
-
-        def is_available(self) -> bool:
-            return True
-
-        def is_platform_available(self, use_smi_check: bool = False) -> bool:
-            return False  # chosen only by name (VERL_PLATFORM=cpu), never by verl's auto-detection
-
-        def current_device(self) -> str:
-            return "cpu"  # verl moves modules with .to(device=current_device()): an index would mean an accelerator
-
-        def device_count(self) -> int:
-            return 1
+        is_available = _returns(True)
+        is_platform_available = _returns(False)  # chosen by name only (VERL_PLATFORM=cpu), never detected
+        # verl moves modules with .to(device=current_device()): an index would mean an accelerator
+        current_device = _returns("cpu")
+        device_count = _returns(1)
 
         def manual_seed(self, seed: int) -> None:
             torch.manual_seed(seed)
 
         manual_seed_all = manual_seed
-        set_device = synchronize = set_allocator_settings = empty_cache = _nothing
-        profiler_start = profiler_stop = _nothing
-
-        def get_device_capability(self, device_index: int = 0) -> tuple[None, None]:
-            return None, None
-
-        def communication_backend_name(self) -> str:
-            return "gloo"
-
-        def visible_devices_envvar(self) -> str:
-            return "CUDA_VISIBLE_DEVICES"
-
-        @contextlib.contextmanager
-        def nvtx_range(self, msg: str):
-            yield
-
-        def ray_resource_name(self) -> str:
-            return "GPU"  # the run's Ray cluster has one fake GPU resource (ray_init.num_gpus=1)
-
-        def ray_noset_envvars(self) -> list[str]:
-            return ["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"]
-
-        def is_ipc_supported(self) -> bool:
-            return False  # verl then sends weights to vLLM through shared memory
-
-        def cudart(self) -> None:
-            return None
+        set_device = synchronize = set_allocator_settings = empty_cache = _returns(None)
+        profiler_start = profiler_stop = cudart = _returns(None)
+        get_device_capability = _returns((None, None))
+        communication_backend_name = _returns("gloo")
+        visible_devices_envvar = _returns("CUDA_VISIBLE_DEVICES")
+        nvtx_range = _returns(contextlib.nullcontext())
+        ray_resource_name = _returns("GPU")  # the run's Ray cluster has one fake GPU (ray_init.num_gpus=1)
+        ray_noset_envvars = _returns(["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"])
+        is_ipc_supported = _returns(False)  # verl then sends weights to vLLM through shared memory
 
     return PlatformCPU
 
@@ -182,23 +136,26 @@ def dedupe_backend(backend: Any) -> Any:
     return ",".join(dict.fromkeys(part.strip() for part in backend.split(",")))
 
 
-def _patch_init_process_group() -> None:
-    import torch.distributed as dist
-
-    original = dist.init_process_group
+def _wrap_once(owner: Any, name: str, wrapper: Any) -> None:
+    """``owner.<name>`` replaced by ``wrapper(original, *args, **kwargs)``, once (marked ``_rlkit_cpu``)."""
+    original = getattr(owner, name)
     if getattr(original, "_rlkit_cpu", False):
         return
 
     @functools.wraps(original)
-    def init_process_group(backend: Any = None, *args: Any, **kwargs: Any) -> Any:
-        if "backend" in kwargs:
-            kwargs["backend"] = dedupe_backend(kwargs["backend"])
-        else:
-            backend = dedupe_backend(backend)
-        return original(backend, *args, **kwargs)
+    def patched(*args: Any, **kwargs: Any) -> Any:
+        return wrapper(original, *args, **kwargs)
 
-    init_process_group._rlkit_cpu = True
-    dist.init_process_group = init_process_group
+    patched._rlkit_cpu = True
+    setattr(owner, name, patched)
+
+
+def _init_process_group(original: Any, backend: Any = None, *args: Any, **kwargs: Any) -> Any:
+    if "backend" in kwargs:
+        kwargs["backend"] = dedupe_backend(kwargs["backend"])
+    else:
+        backend = dedupe_backend(backend)
+    return original(backend, *args, **kwargs)
 
 
 class _VllmCpuRecord(importlib.metadata.Distribution):
@@ -244,18 +201,13 @@ def keep_vllm_weights() -> None:
     """Make vLLM's CPU GEMM dispatch keep ``layer.weight`` (verl syncs into it) and use ``F.linear`` on it."""
     from vllm.model_executor.layers import utils
 
-    original = utils.dispatch_cpu_unquantized_gemm
-    if getattr(original, "_rlkit_cpu", False):
-        return
+    _wrap_once(utils, "dispatch_cpu_unquantized_gemm", _dispatch_cpu_unquantized_gemm)
 
-    @functools.wraps(original)
-    def dispatch_cpu_unquantized_gemm(layer: torch.nn.Module, remove_weight: bool) -> None:
-        if layer.weight.ndim != 2:  # convolutions and MoE experts: vLLM's own handling
-            return original(layer, remove_weight)
-        layer.cpu_linear = torch.nn.functional.linear  # vLLM's own fallback
 
-    dispatch_cpu_unquantized_gemm._rlkit_cpu = True
-    utils.dispatch_cpu_unquantized_gemm = dispatch_cpu_unquantized_gemm
+def _dispatch_cpu_unquantized_gemm(original: Any, layer: torch.nn.Module, remove_weight: bool) -> None:
+    if layer.weight.ndim != 2:  # convolutions and MoE experts: vLLM's own handling
+        return original(layer, remove_weight)
+    layer.cpu_linear = torch.nn.functional.linear  # vLLM's own fallback
 
 
 KEEP_WEIGHTS = "RLKIT_VLLM_KEEP_WEIGHTS"
@@ -276,7 +228,9 @@ def install() -> None:
     """From rlkit's verl plugin: the platform's registration; in CPU runs the backend and version fixes."""
     platform_class()
     if active():
-        _patch_init_process_group()
+        from torch import distributed
+
+        _wrap_once(distributed, "init_process_group", _init_process_group)
         install_version_record()
 
 

@@ -8,7 +8,7 @@ import copy
 import dataclasses
 import json
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -59,10 +59,6 @@ def _code_detection(value: Any, key: str) -> CodeDetection:
     return CodeDetection(**value)
 
 
-PARSED_KEYS = {"code_detection": _code_detection}
-"""verl-only keys whose value the trainer parses into a type the method modules cannot import."""
-
-
 def rlkit_blocks(algorithm: Any) -> list[str]:
     """The keys of verl's ``algorithm`` block that are rlkit methods' blocks, by the live registry."""
     if algorithm is None:
@@ -107,9 +103,9 @@ def _parse_section(method: str, cls: type, section: dict[str, Any]) -> tuple[Any
     for key in list(section):
         if key in extras:
             extras[key] = section.pop(key)
-    for key, parse in PARSED_KEYS.items():
-        if extras.get(key) is not None:
-            extras[key] = parse(extras[key], f"algorithm.{method}.{key}")
+    if extras.get("code_detection") is not None:  # parsed here: the method modules cannot import its type
+        key = f"algorithm.{method}.code_detection"
+        extras["code_detection"] = _code_detection(extras["code_detection"], key)
     config = registry.check_settings(method, section)
     for key, valid in registry.get_method(method).verl_choices.items():
         if getattr(config, key) not in valid:
@@ -150,31 +146,28 @@ class LossInputs(NamedTuple):
 
 
 LOSS_INPUTS: ContextVar[LossInputs | None] = ContextVar("rlkit_loss_inputs", default=None)
-
-
-@contextmanager
-def loss_inputs(entropy: Tensor | None = None, options: Mapping[str, Any] | None = None,
-                method: str | None = None) -> Iterator[None]:
-    """Within the block, ``rlkit_*`` losses read ``entropy`` and the run's ``method`` with its ``options``."""
-    token = LOSS_INPUTS.set(LossInputs(entropy, dict(options or {}), method))
-    try:
-        yield
-    finally:
-        LOSS_INPUTS.reset(token)
-
-
 ESTIMATOR_INPUTS: ContextVar[Mapping[str, Any] | None] = ContextVar("rlkit_estimator_inputs", default=None)
 
 
 @contextmanager
-def estimator_inputs(**per_response: Any) -> Iterator[None]:
-    """Within the block, ``rlkit_*`` estimators read what ``compute_advantage`` does not pass (``method``,
-    ``AdvantageInputs`` fields, ``real_rows``, ``on_advantage``)."""
-    token = ESTIMATOR_INPUTS.set(per_response)
+def _within(var: ContextVar, value: Any) -> Iterator[None]:
+    token = var.set(value)
     try:
         yield
     finally:
-        ESTIMATOR_INPUTS.reset(token)
+        var.reset(token)
+
+
+def loss_inputs(entropy: Tensor | None = None, options: Mapping[str, Any] | None = None,
+                method: str | None = None) -> AbstractContextManager[None]:
+    """Within the block, ``rlkit_*`` losses read ``entropy`` and the run's ``method`` with its ``options``."""
+    return _within(LOSS_INPUTS, LossInputs(entropy, dict(options or {}), method))
+
+
+def estimator_inputs(**per_response: Any) -> AbstractContextManager[None]:
+    """Within the block, ``rlkit_*`` estimators read what ``compute_advantage`` does not pass (``method``,
+    ``AdvantageInputs`` fields, ``real_rows``, ``on_advantage``)."""
+    return _within(ESTIMATOR_INPUTS, per_response)
 
 
 def rows_of(inputs: registry.AdvantageInputs, keep: Any) -> registry.AdvantageInputs:
@@ -191,15 +184,11 @@ def rows_of(inputs: registry.AdvantageInputs, keep: Any) -> registry.AdvantageIn
     return dataclasses.replace(inputs, **{f.name: rows(getattr(inputs, f.name)) for f in dataclasses.fields(inputs)})
 
 
-def engine_settings(cfg) -> SimpleNamespace:
-    """What a method's :meth:`rlkit.hooks.Hooks.check` reads, by the tiny engine's names, from verl's keys."""
-    return SimpleNamespace(temperature=float(cfg.actor_rollout_ref.rollout.temperature),
-                           max_new_tokens=int(cfg.data.max_response_length))
-
-
 def check_hooks(cfg, setup) -> None:
-    """The run's method's own check of the engine's settings (:meth:`rlkit.hooks.Hooks.check`)."""
-    settings = engine_settings(cfg)
+    """The run's method's own check (:meth:`rlkit.hooks.Hooks.check`) of verl's settings, which it reads by
+    the tiny engine's names."""
+    settings = SimpleNamespace(temperature=float(cfg.actor_rollout_ref.rollout.temperature),
+                               max_new_tokens=int(cfg.data.max_response_length))
     options = {m: verl_owned(c, temperature=settings.temperature) for m, c in setup.options.items()}
     try:
         registry.make_hooks(setup.name, options).check(settings)

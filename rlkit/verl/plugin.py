@@ -35,13 +35,6 @@ Tensor = torch.Tensor
 _log = logging.getLogger("rlkit.verl")
 
 
-def _clip_range(config: Any) -> tuple[float, float]:
-    """verl's ε_low, ε_high: ``clip_ratio_low``/``clip_ratio_high``, each falling back to ``clip_ratio``."""
-    clip = config.get("clip_ratio", 0.2)
-    low, high = config.get("clip_ratio_low", None), config.get("clip_ratio_high", None)
-    return (clip if low is None else low), (clip if high is None else high)
-
-
 def global_scale(mask: Tensor, agg: str, batch_info: Mapping[str, Any]) -> Tensor | float:
     """Factor turning rlkit's micro-batch mean into verl 0.9.1's ``agg_loss``: local/global × dp_size."""
     dp_size = batch_info.get("dp_size", 1) or 1
@@ -54,14 +47,6 @@ def global_scale(mask: Tensor, agg: str, batch_info: Mapping[str, Any]) -> Tenso
             raise ValueError(f"loss_agg_mode {agg!r} with dp_size {dp_size} needs the global batch size from verl")
         return 1.0
     return local.clamp(min=1).to(torch.float64).item() / float(total) * dp_size
-
-
-def _options(method: str, given: Any, inputs: LossInputs | None) -> Any:
-    if given is not None:
-        return given
-    if inputs is not None and method in inputs.options:
-        return inputs.options[method]
-    return CONFIGS[method]()
 
 
 def _method_of(name: str, kind: str, told: str | None, config: Any = None) -> str:
@@ -86,13 +71,18 @@ def _verl_policy_loss(name: str) -> Callable:
             raise ValueError(f"{name} reads the clip ranges from verl's actor config: pass config=ActorConfig(...)")
         if rollout_is_weights is not None:  # w_t·ℓ_t(A_t) = ℓ_t(w_t·A_t): the loss is homogeneous in A
             advantages = advantages * rollout_is_weights.detach()
-        inputs = _LOSS_INPUTS.get()
-        entropy = entropy if entropy is not None else (inputs.entropy if inputs is not None else None)
-        method = _method_of(name, "policy_loss", inputs.method if inputs is not None else None)
+        inputs = _LOSS_INPUTS.get() or LossInputs(None, {})
+        entropy = entropy if entropy is not None else inputs.entropy
+        method = _method_of(name, "policy_loss", inputs.method)
+        if options is None:
+            options = inputs.options[method] if method in inputs.options else CONFIGS[method]()
         batch_info = config.get("global_batch_info", None) or {}
-        clip_low, clip_high = _clip_range(config)
-        opts = verl_owned(_options(method, options, inputs), clip_low=clip_low, clip_high=clip_high,
-                          clip_c=config.get("clip_ratio_c", None), agg=loss_agg_mode)
+        # verl's ε_low, ε_high: clip_ratio_low/clip_ratio_high, each falling back to clip_ratio
+        clip = config.get("clip_ratio", 0.2)
+        low, high = config.get("clip_ratio_low", None), config.get("clip_ratio_high", None)
+        opts = verl_owned(options, clip_low=clip if low is None else low,
+                          clip_high=clip if high is None else high, clip_c=config.get("clip_ratio_c", None),
+                          agg=loss_agg_mode)
         try:
             loss, metrics = registry.policy_loss(method, log_prob, old_log_prob, advantages, response_mask,
                                                  {method: opts}, entropy=entropy,
@@ -151,15 +141,13 @@ def _verl_estimator(name: str) -> Callable:
         try:
             if real is None:
                 kept, adv = inputs, registry.advantage(method, inputs, configs)
-                if report is not None:
-                    report(adv, kept)
             else:
                 real = torch.as_tensor(real, dtype=torch.bool, device=rewards.device)
                 kept = rows_of(inputs, real)
                 adv = torch.zeros(response_mask.shape, dtype=rewards.dtype, device=rewards.device)
                 adv[real] = registry.advantage(method, kept, configs)
-                if report is not None:
-                    report(adv[real], kept)
+            if report is not None:
+                report(adv if real is None else adv[real], kept)
         except MissingInputs as e:
             verl_names = ", ".join(f"{n}: {VERL_INPUT_NAMES[n]}" for n in e.names if n in VERL_INPUT_NAMES)
             raise ValueError(f"{name}: {e}{f' ({verl_names})' if verl_names else ''}, which verl's estimator call "

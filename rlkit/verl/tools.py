@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import itertools
 import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
-from uuid import uuid4
 
 from omegaconf import OmegaConf
 from verl.experimental.agent_loop.tool_parser import FunctionCall, ToolParser
@@ -40,9 +40,6 @@ CALCULATOR = "calculator"
 
 class CalculatorTool(BaseTool):
     """verl tool answering ``{"expression": ...}`` with :func:`rlkit.tasks.calculator.run_tool` (module doc)."""
-
-    async def create(self, instance_id: str | None = None, **kwargs) -> tuple[str, ToolResponse]:
-        return instance_id or str(uuid4()), ToolResponse()
 
     @rollout_trace_op
     async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs) -> tuple[ToolResponse, float, dict]:
@@ -102,12 +99,6 @@ class SandboxTool(BaseTool):
                              max_processes=config["max_processes"],
                              max_output_bytes=config["max_output_bytes"])
         self._pool = ThreadPoolExecutor(max_workers=int(config["num_workers"]), thread_name_prefix="rlkit-sandbox")
-        self._instances: set[str] = set()
-
-    async def create(self, instance_id: str | None = None, **kwargs) -> tuple[str, ToolResponse]:
-        instance_id = instance_id or str(uuid4())
-        self._instances.add(instance_id)
-        return instance_id, ToolResponse()
 
     @rollout_trace_op
     async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs) -> tuple[ToolResponse, float, dict]:
@@ -120,9 +111,6 @@ class SandboxTool(BaseTool):
         result = await asyncio.get_running_loop().run_in_executor(self._pool, run_code, code, self.limits)
         return ToolResponse(text=self.describe(result)), float(result.ok), {
             "status": result.status, "wall_time": result.wall_time}
-
-    async def release(self, instance_id: str, **kwargs) -> None:
-        self._instances.discard(instance_id)
 
     def describe(self, result: SandboxResult) -> str:
         """stdout + stderr, with a note when the run was stopped."""
@@ -147,9 +135,7 @@ def print_last_expression(code: str) -> str:
     if isinstance(last.value, ast.Call) and isinstance(last.value.func, ast.Name) and last.value.func.id == "print":
         return code
     src = code.encode()  # ast offsets count UTF-8 bytes
-    starts = [0]
-    for line in src.splitlines(keepends=True):
-        starts.append(starts[-1] + len(line))
+    starts = [0, *itertools.accumulate(len(line) for line in src.splitlines(keepends=True))]
     begin = starts[last.lineno - 1] + last.col_offset
     end = starts[last.end_lineno - 1] + last.end_col_offset
     shown = b"print(_rlkit_value) if (_rlkit_value := (" + src[begin:end] + b")) is not None else None"

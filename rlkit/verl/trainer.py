@@ -152,8 +152,7 @@ class MethodSetup:
         if self.loss_mode in POLICY_LOSSES and distillation is not None and distillation.get("enabled", False):
             raise ValueError("the rlkit trainer replaces verl's actor loss, so distillation (distillation.enabled) "
                              "cannot be combined with an rlkit policy loss")
-        if self.name is not None:
-            check_hooks(config, self)
+        check_hooks(config, self)
 
     @property
     def needs_entropy(self) -> bool:
@@ -215,15 +214,12 @@ def correctness(rewards: Tensor, extra_fields: Sequence[Any] | None = None) -> T
 
 def code_pass_flags(extra_fields: Sequence[Any] | None, batch: int) -> Tensor:
     """``(B,)`` bool: ``reward_extra_info["code_pass"]`` where reported, else ≥ 1 tool reward and all > 0."""
-    reported = _reward_info(extra_fields, "code_pass", batch)
+    rows = extra_fields if extra_fields is not None else [None] * batch
     flags = []
-    for i, value in enumerate(reported):
-        if value is not None:
-            flags.append(bool(value))
-            continue
-        row = extra_fields[i] if extra_fields is not None else None
+    for value, row in zip(_reward_info(extra_fields, "code_pass", batch), rows):
         tool_rewards = list(row.get("tool_rewards", None) or []) if isinstance(row, Mapping) else []
-        flags.append(bool(tool_rewards) and all(r > 0 for r in tool_rewards))
+        passed = bool(tool_rewards) and all(r > 0 for r in tool_rewards)
+        flags.append(bool(value) if value is not None else passed)
     return torch.tensor(flags, dtype=torch.bool)
 
 
@@ -389,7 +385,7 @@ class RlkitTrainer(PPOTrainerSync):
         if self.sampler_state_path is not None:  # the entropies the next temperatures are set from
             data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
                                    select_fields=["entropy", "response_mask"])
-            real = _real_rows(batch)
+            real = torch.tensor([not tag.get("is_padding", False) for tag in batch.tags], dtype=torch.bool)
             self._step["entropy"] = _padded(data["entropy"])[real]
             self._step["mask"] = _padded(data["response_mask"])[real]
         return batch
@@ -559,10 +555,6 @@ def _overrides(hooks: Any, *names: str) -> bool:
 
 def _padded(t: Tensor) -> Tensor:
     return t.to_padded_tensor(0.0) if t.is_nested else t
-
-
-def _real_rows(batch: KVBatchMeta) -> Tensor:
-    return torch.tensor([not tag.get("is_padding", False) for tag in batch.tags], dtype=torch.bool)
 
 
 __all__ = ["MethodSetup", "RlkitTrainer", "actor_loss", "code_pass_flags", "correctness", "first_code_token",

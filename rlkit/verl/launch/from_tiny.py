@@ -47,15 +47,6 @@ def cache_key(cfg: RLConfig) -> str:
     return f"{cfg.scale}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
 
 
-def _method_options(name: str, config: Any) -> dict[str, Any]:
-    """``+algorithm.<name>.<field>`` for every field verl does not own."""
-    from rlkit.verl import VERL_OWNED
-
-    values = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
-    return {f"+algorithm.{name}.{key}": list(value) if isinstance(value, tuple) else value
-            for key, value in values.items() if key not in VERL_OWNED and not dataclasses.is_dataclass(value)}
-
-
 def overrides(cfg: RLConfig) -> dict[str, Any]:
     """verl keys reproducing ``cfg`` (module doc), applied after the method's preset and the CPU preset."""
     from rlkit import registry
@@ -117,25 +108,28 @@ def overrides(cfg: RLConfig) -> dict[str, Any]:
         keys.update(overlong(options.overlong_buffer, options.overlong_penalty))
         if keys["algorithm.filter_groups.enable"]:  # groups kept by correctness, before the shaping (as the tiny's)
             keys["algorithm.filter_groups.metric"] = "acc"
-    run, section = _section(cfg)
-    keys.update(_method_options(run, section))
-    keys.pop(f"+algorithm.{run}.base_advantage", None)  # the tiny engine's base: the registry's default
+    keys.update(_method_options(cfg))
     return keys
 
 
-def _section(cfg: RLConfig) -> tuple[str, Any]:
-    """``(method, Config)`` of the one section the verl run reads, with the tiny run's values."""
+def _method_options(cfg: RLConfig) -> dict[str, Any]:
+    """``+algorithm.<method>.<field>`` of the one section the verl run reads, with the tiny run's values:
+    every field verl does not own, bar ``base_advantage`` (the tiny engine's base: the registry's default)."""
     from rlkit import registry
+    from rlkit.verl import VERL_OWNED
     from rlkit.verl.inputs import run_method
 
-    own = cfg.method_configs[cfg.method]
+    config = cfg.method_configs[cfg.method]
     m = registry.get_method(cfg.method)
-    run = run_method(f"rlkit_{m.estimator(own)}", f"rlkit_{m.policy_loss}")
-    if run == cfg.method:
-        return run, own
-    fields = {f.name for f in dataclasses.fields(registry.get_method(run).config)}
-    return run, registry.get_method(run).config(**{f.name: getattr(own, f.name) for f in dataclasses.fields(own)
-                                                   if f.name in fields})
+    run = run_method(f"rlkit_{m.estimator(config)}", f"rlkit_{m.policy_loss}")
+    if run != cfg.method:
+        fields = {f.name for f in dataclasses.fields(registry.get_method(run).config)}
+        config = registry.get_method(run).config(**{f.name: getattr(config, f.name)
+                                                    for f in dataclasses.fields(config) if f.name in fields})
+    values = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    return {f"+algorithm.{run}.{key}": list(value) if isinstance(value, tuple) else value
+            for key, value in values.items()
+            if key not in VERL_OWNED and key != "base_advantage" and not dataclasses.is_dataclass(value)}
 
 
 def prepare(cfg: RLConfig, root: str | os.PathLike, *, device: str = "cpu", progress: bool = True) -> dict[str, Path]:
