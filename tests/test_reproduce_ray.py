@@ -137,11 +137,17 @@ def test_a_run_lost_with_its_node_is_retried_and_ends_as_an_uninterrupted_one(tm
     try:
         head = ray.get_runtime_context().get_node_id()
 
-        def sleep(seconds):
+        def sleep(seconds, started):
+            Path(started).touch()
             time.sleep(seconds)
 
+        holding = tmp_path / "holding"
         hold = ray.remote(num_cpus=1)(sleep).options(  # the head's CPU taken: the run goes to the other node
-            scheduling_strategy=NodeAffinitySchedulingStrategy(head, soft=False)).remote(600)
+            scheduling_strategy=NodeAffinitySchedulingStrategy(head, soft=False)).remote(600, str(holding))
+        deadline = time.monotonic() + 120
+        while not holding.exists():  # running, not just submitted: else the run may take the head's CPU first
+            assert time.monotonic() < deadline, "the task holding the head's CPU never started"
+            time.sleep(0.1)
         out: dict = {}
         # every attempt stops before step 3 (steps 0-2 logged, step 2's checkpoint saved) until the test lets it on:
         # the node is killed at that point, not raced to it (environ.HOLD reaches the Ray workers: cluster.worker_env)
